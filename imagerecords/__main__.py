@@ -1,0 +1,8 @@
+"""`python -m imagerecords ...` is the same as the `imagerecords` command."""
+
+import sys
+
+from imagerecords.pipeline.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""Image references and the pure functions that list, label, split and order them."""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import dataclasses
+import hashlib
+import json
+import math
+import posixpath
+import re
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+_SCHEME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageRef:
+    """One listed image; what travels through the shuffle instead of the image bytes.
+
+    Attributes:
+      key: stable unique id (the path relative to the input root, or the manifest's key column).
+      uri: where the bytes are (local path or FileSystems URI).
+      label: class name or integer label as text; None until known.
+      split: split name.
+      size: file size in bytes at listing time (-1 when unknown).
+      label_id: label id with the offset applied; set by AssignLabels.
+    """
+
+    key: str
+    uri: str
+    label: Optional[str]
+    split: str
+    size: int = -1
+    label_id: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    """An input that did not become a record, and why (one row of errors.jsonl)."""
+
+    uri: str
+    reason: str
+    key: str = ""
+    split: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, ensure_ascii=False)
+
+
+def has_scheme(path: str) -> bool:
+    return bool(_SCHEME_RE.match(path))
+
+
+def join(base: str, relative: str) -> str:
+    """Resolves a manifest path against the manifest's folder; absolute paths and URIs win."""
+    if has_scheme(relative) or relative.startswith("/"):
+        return relative
+    if has_scheme(base):
+        return base.rstrip("/") + "/" + relative
+    return posixpath.normpath(posixpath.join(base, relative))
+
+
+def dirname(path: str) -> str:
+    if has_scheme(path):
+        return path.rsplit("/", 1)[0]
+    return posixpath.dirname(posixpath.abspath(path))
+
+
+def hash64(salt: str, key: str) -> int:
+    """Returns a 64-bit salted hash of `key`; stable across Python versions and machines."""
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8, person=_person(salt)).digest(), "big")
+
+
+def _person(salt: str) -> bytes:
+    return hashlib.sha256(salt.encode("utf-8")).digest()[:16]
+
+
+def shuffle_hash(seed: int, key: str) -> int:
+    """The position of `key` in the global order: ascending hash, key as tie-break."""
+    return hash64(f"shuffle:{seed}", key)
+
+
+def assign_split(splits: Sequence[Tuple[str, float]], split_seed: int, key: str) -> str:
+    """Returns the split of `key` for fractions `splits`; depends on nothing but the key and seed,
+    so adding images never moves an existing image to another split."""
+    u = hash64(f"split:{split_seed}", key) / 2.0**64
+    cumulative = 0.0
+    for name, fraction in splits:
+        cumulative += fraction
+        if u < cumulative:
+            return name
+    return splits[-1][0]
+
+
+def ref_from_folder_path(root: str, path: str, size: int) -> Tuple[Optional[ImageRef], Optional[Rejected]]:
+    """Makes the ref of a file found under a class-folder root (`root/<label>/**/<file>`).
+
+    Returns:
+      (ref, None), or (None, rejected) for a file directly under the root (it has no class folder).
+    """
+    relative = path[len(root):].lstrip("/") if path.startswith(root) else path
+    parts = relative.split("/")
+    if len(parts) < 2:
+        return None, Rejected(path, "file is directly under the input root, not inside a class folder", key=relative)
+    return ImageRef(key=relative, uri=path, label=parts[0], split="", size=size), None
+
+
+def is_hidden(path: str, root: str) -> bool:
+    """True for files or folders whose name starts with '.', such as .DS_Store; they are not listed."""
+    relative = path[len(root):] if path.startswith(root) else path
+    return any(part.startswith(".") for part in relative.split("/") if part)
+
+
+@dataclasses.dataclass(frozen=True)
+class ManifestColumns:
+    path: str = "path"
+    label: str = "label"
+    split: str = "split"
+    key: str = "key"
+
+
+def parse_manifest_row(
+    row: Mapping[str, object], base: str, columns: ManifestColumns
+) -> Tuple[Optional[ImageRef], Optional[Rejected]]:
+    """Makes the ref of one manifest row (CSV or JSONL, already a mapping)."""
+    path = row.get(columns.path)
+    if path in (None, "") and columns.path == "path":
+        path = row.get("uri")
+    raw = json.dumps(dict(row), sort_keys=True, ensure_ascii=False, default=str)
+    if path in (None, ""):
+        return None, Rejected(raw, f"manifest row has no {columns.path!r} value")
+    label = row.get(columns.label)
+    if label in (None, ""):
+        return None, Rejected(str(path), f"manifest row has no {columns.label!r} value")
+    path = str(path)
+    key = row.get(columns.key)
+    key = str(key) if key not in (None, "") else path
+    split = row.get(columns.split)
+    return ImageRef(key=key, uri=join(base, path), label=str(label), split=str(split or ""), size=-1), None
+
+
+def csv_row_parser(header_line: str):
+    """Returns a function that parses one CSV data line into a dict keyed by the header's columns."""
+    fields = next(csv.reader([header_line]))
+
+    def parse(line: str) -> Dict[str, str]:
+        values = next(csv.reader([line]), [])
+        if len(values) != len(fields):
+            raise ValueError(f"expected {len(fields)} CSV columns, found {len(values)}")
+        return dict(zip(fields, values))
+
+    return parse
+
+
+def parse_jsonl_line(line: str) -> Dict[str, object]:
+    value = json.loads(line)
+    if not isinstance(value, dict):
+        raise ValueError("a JSONL manifest line must be a JSON object")
+    return value
+
+
+# Labels ---------------------------------------------------------------------------------------
+
+
+def is_int_label(label: str) -> bool:
+    return bool(re.fullmatch(r"\d+", label.strip()))
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelMap:
+    """Label names and ids (offset applied).
+
+    Attributes:
+      names: class name of id `i + offset` at position i.
+      offset: added to every index to give the stored label id.
+      integer: True when labels were integers in the input (stored as given, plus the offset).
+    """
+
+    names: Tuple[str, ...]
+    offset: int = 0
+    integer: bool = False
+
+    def label_id(self, label: str) -> Optional[int]:
+        """Returns the stored id of `label`, or None when the map does not know it."""
+        if self.integer:
+            if not is_int_label(label):
+                return None
+            value = int(label)
+            return value + self.offset if value < len(self.names) else None
+        index = self._index().get(label)
+        return None if index is None else index + self.offset
+
+    def _index(self) -> Dict[str, int]:
+        cached = self.__dict__.get("_cached_index")
+        if cached is None:
+            cached = {name: i for i, name in enumerate(self.names)}
+            object.__setattr__(self, "_cached_index", cached)
+        return cached
+
+    def to_json(self) -> Dict[str, object]:
+        return {"names": list(self.names), "offset": self.offset, "integer": self.integer}
+
+
+def vocabulary(labels: Sequence[str], label_type: str, offset: int) -> LabelMap:
+    """Builds the label map from the distinct labels seen: sorted names, or integers as given."""
+    distinct = sorted(set(labels))
+    integer = label_type == "int" or (label_type == "auto" and bool(distinct) and all(map(is_int_label, distinct)))
+    if integer:
+        top = max((int(x) for x in distinct if is_int_label(x)), default=-1)
+        return LabelMap(tuple(str(i) for i in range(top + 1)), offset, integer=True)
+    return LabelMap(tuple(distinct), offset, integer=False)
+
+
+def read_label_map(text: str, filename: str, offset: int) -> LabelMap:
+    """Parses a label-map file: .json {name: id} with ids 0..n-1, or text with one name per line.
+
+    Raises:
+      ValueError: naming the file when ids are not exactly 0..n-1 or names repeat.
+    """
+    if filename.endswith(".json"):
+        mapping = json.loads(text)
+        if not isinstance(mapping, dict):
+            raise ValueError(f"{filename}: a JSON label map must be an object {{name: id}}")
+        ids = sorted(mapping.values())
+        if ids != list(range(len(ids))):
+            raise ValueError(f"{filename}: label ids must be exactly 0..{len(ids) - 1}")
+        names = [None] * len(ids)
+        for name, i in mapping.items():
+            names[i] = name
+    else:
+        names = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{filename}: a label name repeats")
+    if not names:
+        raise ValueError(f"{filename}: the label map is empty")
+    return LabelMap(tuple(names), offset, integer=False)
+
+
+# Shards ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """How one split is cut into shards.
+
+    Attributes:
+      split: split name.
+      count: images listed in the split.
+      num_bytes: their input bytes (sizes seen at listing time).
+      num_shards: shards of the split.
+      boundaries: shuffle-hash lower bounds of shards 1..num_shards-1, so that shard i holds the
+        images ranked [i*count//num_shards, (i+1)*count//num_shards) in hash order.
+    """
+
+    split: str
+    count: int
+    num_bytes: int
+    num_shards: int
+    boundaries: Tuple[int, ...]
+
+    def shard_of(self, h: int) -> int:
+        return bisect.bisect_right(self.boundaries, h)
+
+
+def choose_num_shards(count: int, num_bytes: int, num_shards: Optional[int], target_mb: float, min_shards: int) -> int:
+    """Returns the shard count: as asked, or from the target size with a floor; never more than
+    the image count (no empty shards), never fewer than one."""
+    if num_shards is not None:
+        return num_shards
+    by_size = math.ceil(num_bytes / (target_mb * 1e6)) if num_bytes > 0 else 1
+    return max(1, min(max(by_size, min_shards), count))
+
+
+def plan_shards(split: str, sorted_hashes: Sequence[int], num_bytes: int, num_shards: int) -> ShardPlan:
+    """Cuts a split's ascending shuffle hashes into `num_shards` near-equal ranges."""
+    n = len(sorted_hashes)
+    boundaries = tuple(sorted_hashes[(i * n) // num_shards] for i in range(1, num_shards)) if n else ()
+    # An empty split still gets one (empty) shard per requested shard.
+    return ShardPlan(split, n, num_bytes, num_shards, boundaries if n else tuple([2**64] * (num_shards - 1)))
+
+
+def shard_name(name: str, split: str, index: int, num_shards: int) -> str:
+    return f"{name}-{split}.tfrecord-{index:05d}-of-{num_shards:05d}"

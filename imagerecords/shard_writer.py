@@ -1,0 +1,123 @@
+"""Writes one shard: load, prepare and serialize its images in hash order, streaming to a file."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple, Union
+
+from imagerecords import codec, schema
+from imagerecords.records import RecordWriter
+from imagerecords.refs import ImageRef, LabelMap, Rejected
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """One image ready to write: the serialized Example and what the manifest counts."""
+
+    record: bytes
+    label_id: int
+    passthrough: bool
+
+
+def encode_ref(
+    ref: ImageRef,
+    read_bytes: Callable[[str], bytes],
+    preset: str,
+    labels: LabelMap,
+    options: codec.ImageOptions,
+) -> Union[Encoded, Rejected]:
+    """Loads and prepares one image and returns its Example, or the reason it cannot be used."""
+    try:
+        data = read_bytes(ref.uri)
+    except (OSError, IOError) as e:  # FileSystems raises BeamIOError, an IOError
+        return Rejected(ref.uri, f"cannot read file: {e}", ref.key, ref.split)
+    try:
+        image = codec.prepare_image(data, options)
+    except codec.ImageError as e:
+        return Rejected(ref.uri, str(e), ref.key, ref.split)
+    index = ref.label_id - labels.offset
+    record = schema.make_example(
+        preset,
+        image=image.jpeg,
+        label=ref.label_id,
+        label_text=labels.names[index],
+        filename=ref.key,
+        height=image.height,
+        width=image.width,
+    )
+    return Encoded(record, ref.label_id, image.passthrough)
+
+
+def dedupe_sorted(refs: Sequence[ImageRef]) -> Tuple[List[ImageRef], List[Rejected]]:
+    """Drops repeated keys from hash-sorted refs (repeats are adjacent); each repeat is rejected."""
+    kept: List[ImageRef] = []
+    rejected: List[Rejected] = []
+    for ref in refs:
+        if kept and kept[-1].key == ref.key:
+            rejected.append(Rejected(ref.uri, f"duplicate key {ref.key!r}: already listed as {kept[-1].uri}", ref.key, ref.split))
+        else:
+            kept.append(ref)
+    return kept, rejected
+
+
+@dataclasses.dataclass
+class ShardStats:
+    count: int
+    num_bytes: int
+    sha256: str
+    labels: Tuple[Tuple[int, int], ...]
+    passthrough: int
+    offsets: List[int]
+
+
+def _ordered_map(fn, items: Iterable, executor: Optional[concurrent.futures.Executor], window: int):
+    """Like map(fn, items) but up to `window` calls run in `executor` at once; order is kept and
+    at most `window` results are held, so a shard's memory is bounded whatever its size."""
+    if executor is None:
+        yield from map(fn, items)
+        return
+    pending = collections.deque()
+    for item in items:
+        pending.append(executor.submit(fn, item))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def write_shard(
+    refs: Sequence[ImageRef],
+    stream: BinaryIO,
+    *,
+    read_bytes: Callable[[str], bytes],
+    preset: str,
+    labels: LabelMap,
+    options: codec.ImageOptions,
+    executor: Optional[concurrent.futures.Executor] = None,
+    window: int = 16,
+    on_progress: Optional[Callable[[int], None]] = None,
+) -> Tuple[ShardStats, List[Rejected]]:
+    """Writes `refs` (already in hash order, repeats removed) as framed records to `stream`.
+
+    Returns:
+      The shard's statistics and the rejected inputs.
+    """
+    writer = RecordWriter(stream)
+    histogram = collections.Counter()
+    rejected: List[Rejected] = []
+    passthrough = 0
+    done = 0
+    for result in _ordered_map(lambda r: encode_ref(r, read_bytes, preset, labels, options), refs, executor, window):
+        done += 1
+        if isinstance(result, Rejected):
+            rejected.append(result)
+        else:
+            writer.write(result.record)
+            histogram[result.label_id] += 1
+            passthrough += result.passthrough
+        if on_progress is not None:
+            on_progress(done)
+    stats = ShardStats(writer.count, writer.num_bytes, writer.sha256(), tuple(sorted(histogram.items())), passthrough, writer.offsets)
+    return stats, rejected

@@ -1,0 +1,13 @@
+"""The build's composite PTransforms, one module per stage of the data flow."""
+
+from imagerecords.transforms.listing import ListImages, ReadManifest
+from imagerecords.transforms.labels import AssignLabels
+from imagerecords.transforms.shuffle import GlobalShuffle
+from imagerecords.transforms.write_shards import WriteShards
+from imagerecords.transforms.beam_sink import WriteWithBeamSink
+from imagerecords.transforms.finalize import Finalize
+
+__all__ = ["ListImages", "ReadManifest", "AssignLabels", "GlobalShuffle", "WriteShards", "WriteWithBeamSink", "Finalize"]
+
+
+

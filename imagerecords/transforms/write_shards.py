@@ -1,0 +1,121 @@
+"""WriteShards: one worker streams each shard to a temporary file and renames it when complete."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import time
+import uuid
+from typing import Iterable, List, Optional, Tuple, Union
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from imagerecords import codec, shard_writer
+from imagerecords import refs as refs_lib
+from imagerecords.metadata import ShardResult
+from imagerecords.refs import ImageRef, LabelMap
+from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED, read_bytes, write_bytes
+
+__all__ = ["WriteShards"]
+
+
+class _Progress:
+    """Reports a shard's progress as a small JSON file the local launcher sums up (local runs only)."""
+
+    def __init__(self, progress_dir: Optional[str], name: str, total: int):
+        self._path = os.path.join(progress_dir, name + ".json") if progress_dir else None
+        self._total = total
+        self._last = 0.0
+
+    def __call__(self, done: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._path is None or (not force and now - self._last < 0.5):
+            return
+        self._last = now
+        tmp = f"{self._path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"done": done, "total": self._total}, f)
+        os.replace(tmp, self._path)
+
+
+class _WriteShardFn(beam.DoFn):
+    def __init__(self, output: str, name: str, preset: str, options: codec.ImageOptions, threads: int,
+                 write_index: bool, progress_dir: Optional[str]):
+        self._output = output
+        self._name = name
+        self._preset = preset
+        self._options = options
+        self._threads = threads
+        self._write_index = write_index
+        self._progress_dir = progress_dir
+        self._written = Metrics.counter(METRICS_NAMESPACE, "written")
+        self._rejected = Metrics.counter(METRICS_NAMESPACE, "rejected_at_write")
+        self._passthrough = Metrics.counter(METRICS_NAMESPACE, "passthrough")
+        self._bytes = Metrics.counter(METRICS_NAMESPACE, "bytes_written")
+
+    def setup(self):
+        self._executor = concurrent.futures.ThreadPoolExecutor(self._threads) if self._threads > 1 else None
+
+    def teardown(self):
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+    def process(self, element: Tuple[Tuple[str, int, int], List[ImageRef]], labels: LabelMap
+                ) -> Iterable[Union[ShardResult, beam.pvalue.TaggedOutput]]:
+        (split, index, num_shards), refs = element
+        filename = refs_lib.shard_name(self._name, split, index, num_shards)
+        final = FileSystems.join(self._output, filename)
+        # A unique temporary name per attempt: a retried or speculative bundle never writes into
+        # another attempt's file, and the last rename wins with identical bytes.
+        tmp = FileSystems.join(self._output, f".{filename}.{uuid.uuid4().hex}.tmp")
+        kept, duplicates = shard_writer.dedupe_sorted(refs)
+        progress = _Progress(self._progress_dir, filename, len(refs))
+        try:
+            with FileSystems.create(tmp, mime_type="application/octet-stream",
+                                    compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+                stats, rejected = shard_writer.write_shard(
+                    kept, stream, read_bytes=read_bytes, preset=self._preset, labels=labels,
+                    options=self._options, executor=self._executor, window=2 * self._threads,
+                    on_progress=lambda done: progress(done + len(duplicates)),
+                )
+            FileSystems.rename([tmp], [final])
+        except BaseException:
+            if FileSystems.exists(tmp):
+                FileSystems.delete([tmp])
+            raise
+        progress(len(refs), force=True)
+        if self._write_index:
+            write_bytes(final + ".index", "".join(f"{o}\n" for o in stats.offsets).encode())
+        self._written.inc(stats.count)
+        self._passthrough.inc(stats.passthrough)
+        self._bytes.inc(stats.num_bytes)
+        for r in duplicates + rejected:
+            self._rejected.inc()
+            yield beam.pvalue.TaggedOutput(REJECTED, r)
+        yield ShardResult(split, index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels, stats.passthrough)
+
+
+class WriteShards(beam.PTransform):
+    """Writes each (ShardKey, [ImageRef]) group as one TFRecord shard in `output`.
+
+    Outputs: main (ShardResult) and REJECTED (Rejected: unreadable, undecodable, duplicate).
+    """
+
+    def __init__(self, output: str, name: str, labels, preset: str = "tfds",
+                 options: codec.ImageOptions = codec.ImageOptions(), threads: int = 4,
+                 write_index: bool = False, progress_dir: Optional[str] = None):
+        super().__init__()
+        if not output:
+            raise ValueError("WriteShards: output folder is empty")
+        if threads < 1:
+            raise ValueError(f"WriteShards: threads must be >= 1, got {threads}")
+        self._fn = _WriteShardFn(output, name, preset, options, threads, write_index, progress_dir)
+        self._labels = labels
+
+    def expand(self, shards):
+        return shards | "Write" >> beam.ParDo(self._fn, beam.pvalue.AsSingleton(self._labels)).with_outputs(
+            REJECTED, main="results")
