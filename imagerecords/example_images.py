@@ -7,7 +7,7 @@ import os
 from typing import Dict, List
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFilter
 
 CLASSES = ("circle", "square", "stripes", "triangle")
 
@@ -30,7 +30,8 @@ def draw(cls: str, index: int, size=(48, 40)) -> np.ndarray:
     else:
         mask = (yy - cy + r >= 0) & (abs(xx - cx) <= (yy - cy + r) // 2) & (yy <= cy + r)
     img[mask] = colour
-    return img
+    # Soften the edges as a camera's optics do, so JPEG behaves as it does on photos.
+    return np.asarray(Image.fromarray(img).filter(ImageFilter.GaussianBlur(1.2)))
 
 
 def write_tree(root: str, per_class: int = 12, broken: bool = False) -> Dict[str, List[str]]:
@@ -57,7 +58,7 @@ def write_tree(root: str, per_class: int = 12, broken: bool = False) -> Dict[str
                 rgba.putalpha(200)
                 rel, fmt, img2, kw = f"{cls}_{i:03d}_alpha.png", "PNG", rgba, {}
             elif kind == 4:
-                rel, fmt, img2, kw = f"more/{cls}_{i:03d}.gif", "GIF", img.convert("P"), {}
+                rel, fmt, img2, kw = f"more/{cls}_{i:03d}.gif", "GIF", img.quantize(colors=64, dither=Image.Dither.NONE), {}
             elif kind == 5:
                 rel, fmt, img2, kw = f"{cls}_{i:03d}_cmyk.jpg", "JPEG", img.convert("CMYK"), {"quality": 95}
             elif kind == 6:

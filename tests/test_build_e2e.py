@@ -1,0 +1,170 @@
+"""End to end: real builds on DirectRunner into tmp folders, read back with TensorFlow."""
+
+import filecmp
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import build, manifest_without_time, read_examples, shard_files
+from imagerecords.pipeline.build import OutputNotEmpty
+from imagerecords.pipeline import cli
+
+SPLITS = "train=0.7,validation=0.3"
+
+
+@pytest.fixture(scope="module")
+def built(image_tree, tmp_path_factory):
+    root, files = image_tree
+    out = tmp_path_factory.mktemp("built") / "ds"
+    manifest = build(root, out, "--splits", SPLITS, "--num_shards", 3, "--max_reject_fraction", 0.05)
+    return root, files, out, manifest
+
+
+def _source_pixels(path):
+    img = Image.open(path)
+    rotated = img.getexif().get(0x0112, 1) == 6
+    rgba = img.convert("RGBA")
+    bg = Image.new("RGB", rgba.size, (255, 255, 255))
+    bg.paste(rgba, mask=rgba.getchannel("A"))
+    if rotated:
+        bg = bg.transpose(Image.Transpose.ROTATE_270)
+    return np.asarray(bg).astype(int)
+
+
+def test_every_input_appears_once_with_its_label(built):
+    root, files, out, manifest = built
+    examples = read_examples(out)
+    want = {f"{cls}/{rel}": cls for cls, rels in files.items() for rel in rels}
+    assert sorted(examples) == sorted(want)
+    names = manifest["label_names"]
+    assert names == ["circle", "square", "stripes", "triangle"]
+    for key, ex in examples.items():
+        assert names[ex.features.feature["label"].int64_list.value[0]] == want[key]
+    total = sum(s["num_examples"] for s in manifest["splits"].values())
+    assert total == len(want) and manifest["num_rejected"] == 1
+    rows = [json.loads(line) for line in open(out / "errors.jsonl")]
+    assert [r["key"] for r in rows] == ["circle/truncated.jpg"] and "truncated" in rows[0]["reason"].lower()
+
+
+def test_pixels_within_jpeg_tolerance_and_passthrough_is_exact(built):
+    root, files, out, _ = built
+    passthrough = 0
+    for key, ex in read_examples(out).items():
+        f = ex.features.feature
+        data = f["image"].bytes_list.value[0]
+        source = root / key
+        got = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int)
+        want = _source_pixels(source)
+        assert got.shape == want.shape, key
+        assert (f["image/height"].int64_list.value[0], f["image/width"].int64_list.value[0]) == got.shape[:2]
+        assert np.abs(got - want).mean() < 6, key
+        if data == source.read_bytes():
+            passthrough += 1
+    # Plain baseline RGB JPEGs (kinds 0 and 7 of example_images) pass through unchanged.
+    plain = sum(1 for rels in files.values() for r in rels if r.endswith(".jpg") and "_" in r and r.count("_") == 1)
+    assert passthrough == plain > 0
+
+
+def test_shards_are_balanced_and_named(built):
+    _, _, out, manifest = built
+    names = [os.path.basename(p) for p in shard_files(out)]
+    assert names == [f"images-{s}.tfrecord-{i:05d}-of-00003" for s in ("train", "validation") for i in range(3)]
+    for split in manifest["splits"].values():
+        counts = [s["count"] for s in split["shards"]]
+        assert max(counts) - min(counts) <= 1 + 1  # +1: the rejected image was planned in a shard
+    assert cli.verify(str(out)) == []
+
+
+def test_same_seed_same_bytes_and_worker_count_does_not_matter(built, tmp_path):
+    root, _, out, _ = built
+    again = tmp_path / "again"
+    build(root, again, "--splits", SPLITS, "--num_shards", 3, "--max_reject_fraction", 0.05, workers=2)
+    for a, b in zip(shard_files(out), shard_files(again)):
+        assert filecmp.cmp(a, b, shallow=False), a
+    assert len(shard_files(again)) == 6
+    assert manifest_without_time(out) == manifest_without_time(again)
+
+
+def test_another_seed_gives_another_order(built, tmp_path):
+    root, _, out, _ = built
+    other = tmp_path / "other"
+    build(root, other, "--splits", SPLITS, "--num_shards", 3, "--max_reject_fraction", 0.05, "--seed", 1)
+    assert sorted(read_examples(other)) == sorted(read_examples(out))
+    first = open(shard_files(out)[0], "rb").read()
+    assert first != open(shard_files(other)[0], "rb").read()
+
+
+def test_beam_writer_yields_the_same_records(built, tmp_path):
+    root, _, out, _ = built
+    beam_out = tmp_path / "beam"
+    manifest = build(root, beam_out, "--splits", SPLITS, "--num_shards", 2, "--max_reject_fraction", 0.05, "--writer", "beam")
+    ours = {k: v.SerializeToString(deterministic=True) for k, v in read_examples(out).items()}
+    theirs = {k: v.SerializeToString(deterministic=True) for k, v in read_examples(beam_out).items()}
+    assert ours == theirs
+    assert manifest["num_rejected"] == 1 and cli.verify(str(beam_out)) == []
+
+
+def test_tfds_builder_from_directory_reads_the_output(built):
+    import tensorflow_datasets as tfds
+
+    _, files, out, manifest = built
+    builder = tfds.builder_from_directory(str(out))
+    assert builder.info.features["label"].names == ["circle", "square", "stripes", "triangle"]
+    for split in ("train", "validation"):
+        assert builder.info.splits[split].num_examples == manifest["splits"][split]["num_examples"]
+    seen = 0
+    for ex in builder.as_dataset(split="train"):
+        assert ex["image"].shape[-1] == 3 and ex["image"].dtype.name == "uint8"
+        seen += 1
+    assert seen == manifest["splits"]["train"]["num_examples"]
+
+
+def test_manifest_and_folder_builds_agree(built, tmp_path):
+    root, files, out, _ = built
+    jsonl = tmp_path / "list.jsonl"
+    with open(jsonl, "w") as f:
+        for cls, rels in sorted(files.items()):
+            for rel in rels:
+                # Relative paths resolve against the manifest's folder; keys match the folder build's.
+                f.write(json.dumps({"path": os.path.relpath(root / cls / rel, tmp_path), "label": cls,
+                                    "key": f"{cls}/{rel}"}) + "\n")
+        f.write(json.dumps({"path": os.path.relpath(root / "circle/truncated.jpg", tmp_path), "label": "circle",
+                            "key": "circle/truncated.jpg"}) + "\n")
+    from_manifest = tmp_path / "from_manifest"
+    build(jsonl, from_manifest, "--splits", SPLITS, "--num_shards", 3, "--max_reject_fraction", 0.05)
+    for a, b in zip(shard_files(out), shard_files(from_manifest)):
+        assert filecmp.cmp(a, b, shallow=False), a
+    assert manifest_without_time(out)["splits"] == manifest_without_time(from_manifest)["splits"]
+
+
+def test_refuses_to_overwrite_and_fails_over_reject_budget(built, tmp_path):
+    root, _, out, _ = built
+    with pytest.raises(OutputNotEmpty, match="--overwrite"):
+        build(root, out, "--splits", SPLITS)
+    strict = tmp_path / "strict"
+    with pytest.raises(Exception, match="over the budget"):
+        build(root, strict, "--max_reject_fraction", 0)
+    assert not (strict / "manifest.json").exists()
+    assert json.loads((strict / "errors.jsonl").read_text().splitlines()[0])["key"] == "circle/truncated.jpg"
+
+
+def test_tf_models_schema_with_offset_and_resize(built, tmp_path):
+    root, files, _, _ = built
+    out = tmp_path / "tfm"
+    manifest = build(root, out, "--schema", "tf-models", "--label_offset", 1, "--max_side", 24, "--num_shards", 2,
+                     "--max_reject_fraction", 0.05)
+    assert manifest["label_offset"] == 1 and not (out / "dataset_info.json").exists()
+    for key, ex in read_examples_tfm(out).items():
+        f = ex.features.feature
+        label = f["image/class/label"].int64_list.value[0]
+        assert manifest["label_names"][label - 1] == key.split("/")[0] == f["image/class/text"].bytes_list.value[0].decode()
+        assert max(f["image/height"].int64_list.value[0], f["image/width"].int64_list.value[0]) == 24
+        assert f["image/format"].bytes_list.value[0] == b"JPEG"
+
+
+def read_examples_tfm(out):
+    return read_examples(out)

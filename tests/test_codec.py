@@ -1,0 +1,123 @@
+"""Unit tests of the image codec with real Pillow encode/decode."""
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from imagerecords import codec
+
+
+def encode(arr_or_img, fmt, **kw):
+    img = arr_or_img if isinstance(arr_or_img, Image.Image) else Image.fromarray(arr_or_img)
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def decode(data):
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int)
+
+
+@pytest.fixture
+def pixels():
+    # Smooth gradient: JPEG round trips stay within a few levels.
+    y, x = np.mgrid[0:40, 0:64]
+    return np.stack([x * 4, y * 6, (x + y) * 2], axis=-1).clip(0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("fmt,name", [("JPEG", "jpeg"), ("PNG", "png"), ("GIF", "gif"), ("BMP", "bmp"),
+                                      ("TIFF", "tiff"), ("WEBP", "webp")])
+def test_sniff_format_reads_the_bytes(pixels, fmt, name):
+    assert codec.sniff_format(encode(pixels, fmt)) == name
+
+
+def test_sniff_format_ignores_names_and_rejects_text():
+    assert codec.sniff_format(b"hello, not an image") is None
+    with pytest.raises(codec.ImageError, match="unrecognized file signature"):
+        codec.prepare_image(b"<html>404</html>")
+
+
+def test_rgb_jpeg_passes_through_byte_for_byte(pixels):
+    data = encode(pixels, "JPEG", quality=92)
+    out = codec.prepare_image(data)
+    assert out.passthrough and out.jpeg == data
+    assert (out.width, out.height) == (64, 40)
+
+
+def test_reencode_forces_a_new_jpeg(pixels):
+    data = encode(pixels, "JPEG", quality=92)
+    out = codec.prepare_image(data, codec.ImageOptions(reencode=True, quality=50))
+    assert not out.passthrough and out.jpeg != data
+    assert np.abs(decode(out.jpeg) - pixels.astype(int)).mean() < 8
+
+
+def test_png_is_converted_within_jpeg_tolerance(pixels):
+    out = codec.prepare_image(encode(pixels, "PNG"))
+    assert out.source_format == "png" and not out.passthrough
+    assert np.abs(decode(out.jpeg) - pixels.astype(int)).mean() < 3
+
+
+def test_alpha_is_composited_over_white(pixels):
+    rgba = np.dstack([pixels, np.zeros(pixels.shape[:2], np.uint8)])  # fully transparent
+    out = codec.prepare_image(encode(rgba, "PNG"))
+    assert decode(out.jpeg).min() >= 250
+
+
+def test_grey_cmyk_and_palette_become_rgb(pixels):
+    for img in (Image.fromarray(pixels).convert("L"), Image.fromarray(pixels).convert("CMYK"),
+                Image.fromarray(pixels).convert("P")):
+        fmt = "PNG" if img.mode == "P" else "JPEG"
+        out = codec.prepare_image(encode(img, fmt, **({"quality": 95} if fmt == "JPEG" else {})))
+        assert not out.passthrough
+        assert Image.open(io.BytesIO(out.jpeg)).mode == "RGB"
+    cmyk = codec.prepare_image(encode(Image.fromarray(pixels).convert("CMYK"), "JPEG", quality=95))
+    assert np.abs(decode(cmyk.jpeg) - pixels.astype(int)).mean() < 6
+
+
+def test_16_bit_grey_png_keeps_its_range():
+    ramp = (np.arange(64 * 8, dtype=np.uint16).reshape(8, 64) * 128).astype(np.uint16)
+    out = codec.prepare_image(encode(Image.fromarray(ramp), "PNG"))
+    got = decode(out.jpeg)[..., 0]
+    want = (ramp >> 8).astype(int)
+    assert abs(got.mean() - want.mean()) < 3 and got.max() > 200
+
+
+def test_exif_orientation_is_applied(pixels):
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 degrees clockwise to display"
+    stored = Image.fromarray(pixels).transpose(Image.Transpose.ROTATE_90)
+    out = codec.prepare_image(encode(stored, "JPEG", quality=95, exif=exif.tobytes()))
+    assert not out.passthrough
+    assert (out.width, out.height) == (64, 40)
+    assert np.abs(decode(out.jpeg) - pixels.astype(int)).mean() < 6
+
+
+def test_resize_never_enlarges_and_keeps_aspect():
+    assert codec.target_size(640, 480, codec.ImageOptions(max_side=320)) == (320, 240)
+    assert codec.target_size(640, 480, codec.ImageOptions(short_side=240)) == (320, 240)
+    assert codec.target_size(640, 480, codec.ImageOptions(max_side=400, short_side=100)) == (133, 100)
+    assert codec.target_size(64, 48, codec.ImageOptions(max_side=320)) == (64, 48)
+
+
+def test_shrinking_a_jpeg_uses_draft_and_hits_the_size():
+    big = np.kron(np.arange(12, dtype=np.uint8).reshape(3, 4) * 20, np.ones((160, 160), np.uint8))
+    data = encode(np.dstack([big] * 3), "JPEG", quality=95)
+    out = codec.prepare_image(data, codec.ImageOptions(max_side=100))
+    assert (out.width, out.height) == (100, 75)
+    small = decode(out.jpeg)
+    assert abs(small[..., 0].mean() - big.mean()) < 3
+
+
+def test_truncated_jpeg_is_an_error_naming_the_cause(pixels):
+    data = encode(pixels, "JPEG", quality=95)
+    with pytest.raises(codec.ImageError, match="(?i)truncated"):
+        codec.prepare_image(data[: len(data) // 2])
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="quality"):
+        codec.ImageOptions(quality=0)
+    with pytest.raises(ValueError, match="max_side"):
+        codec.ImageOptions(max_side=0)

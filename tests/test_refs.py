@@ -1,0 +1,98 @@
+"""Unit tests of listing, labelling, splitting and shard planning (pure functions, no Beam)."""
+
+import pytest
+
+from imagerecords import config, refs
+from imagerecords.refs import ImageRef, ManifestColumns
+
+
+def test_golden_shuffle_order():
+    # Pins the shuffle: if this changes, every dataset built before gets a new order. Decide it.
+    keys = [f"cls/{i:03d}.jpg" for i in range(8)]
+    order = sorted(keys, key=lambda k: refs.shuffle_hash(0, k))
+    assert order == GOLDEN_ORDER_SEED0
+    assert refs.shuffle_hash(0, "cls/000.jpg") == GOLDEN_HASH
+    assert sorted(keys, key=lambda k: refs.shuffle_hash(1, k)) != order
+
+
+GOLDEN_ORDER_SEED0 = ["cls/006.jpg", "cls/007.jpg", "cls/003.jpg", "cls/000.jpg",
+                      "cls/004.jpg", "cls/001.jpg", "cls/002.jpg", "cls/005.jpg"]
+GOLDEN_HASH = 5430367262580387544
+
+
+def test_split_assignment_is_stable_when_images_are_added():
+    splits = (("train", 0.8), ("validation", 0.2))
+    first = {f"k{i}": refs.assign_split(splits, 0, f"k{i}") for i in range(2000)}
+    more = {f"k{i}": refs.assign_split(splits, 0, f"k{i}") for i in range(4000)}
+    assert all(more[k] == v for k, v in first.items())
+    share = sum(v == "validation" for v in more.values()) / len(more)
+    assert 0.17 < share < 0.23
+    assert {refs.assign_split(splits, 1, f"k{i}") for i in range(50)} == {"train", "validation"}
+
+
+def test_plan_cuts_balanced_shards():
+    hashes = sorted(refs.shuffle_hash(0, f"k{i}") for i in range(103))
+    plan = refs.plan_shards("train", hashes, 0, 10)
+    sizes = [0] * 10
+    for h in hashes:
+        sizes[plan.shard_of(h)] += 1
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 103
+
+
+@pytest.mark.parametrize("count,num_bytes,asked,want", [
+    (10, 10_000, None, 8),             # floor of 8 shards
+    (3, 10_000, None, 3),              # never more shards than images
+    (100_000, 10 * 192_000_000, None, 10),  # target size wins above the floor
+    (5, 1, 7, 7),                      # explicit count is kept
+])
+def test_choose_num_shards(count, num_bytes, asked, want):
+    assert refs.choose_num_shards(count, num_bytes, asked, 192, 8) == want
+
+
+def test_vocabulary_sorted_names_or_integers():
+    names = refs.vocabulary(["dog", "cat", "dog", "ant"], "auto", 0)
+    assert names.names == ("ant", "cat", "dog") and names.label_id("dog") == 2
+    assert names.label_id("bird") is None
+    ints = refs.vocabulary(["3", "0", "1"], "auto", 1)
+    assert ints.integer and ints.names == ("0", "1", "2", "3") and ints.label_id("3") == 4
+    assert not refs.vocabulary(["3", "0"], "name", 0).integer
+
+
+def test_label_map_files():
+    lm = refs.read_label_map("zebra\napple\n", "labels.txt", 1)
+    assert lm.label_id("zebra") == 1 and lm.label_id("apple") == 2
+    lm = refs.read_label_map('{"b": 1, "a": 0}', "m.json", 0)
+    assert lm.names == ("a", "b")
+    with pytest.raises(ValueError, match="m.json: label ids must be exactly 0..1"):
+        refs.read_label_map('{"b": 2, "a": 0}', "m.json", 0)
+    with pytest.raises(ValueError, match="repeats"):
+        refs.read_label_map("a\na\n", "x.txt", 0)
+
+
+def test_manifest_rows_resolve_relative_paths():
+    cols = ManifestColumns()
+    ref, rej = refs.parse_manifest_row({"path": "img/a.jpg", "label": "cat"}, "/data/m", cols)
+    assert rej is None and ref.uri == "/data/m/img/a.jpg" and ref.key == "img/a.jpg"
+    ref, _ = refs.parse_manifest_row({"uri": "gs://b/x.png", "label": 3, "key": "x", "split": "validation"}, "/d", cols)
+    assert ref.uri == "gs://b/x.png" and ref.label == "3" and ref.key == "x" and ref.split == "validation"
+    ref, _ = refs.parse_manifest_row({"path": "a.jpg", "label": "c"}, "gs://bucket/dir", cols)
+    assert ref.uri == "gs://bucket/dir/a.jpg"
+    _, rej = refs.parse_manifest_row({"path": "a.jpg"}, "/d", cols)
+    assert "no 'label'" in rej.reason
+
+
+def test_folder_paths_give_class_from_first_folder():
+    ref, rej = refs.ref_from_folder_path("/r/", "/r/cat/sub/a.jpg", 10)
+    assert (ref.label, ref.key, ref.size) == ("cat", "cat/sub/a.jpg", 10)
+    _, rej = refs.ref_from_folder_path("/r/", "/r/loose.jpg", 10)
+    assert "not inside a class folder" in rej.reason
+    assert refs.is_hidden("/r/cat/.DS_Store", "/r/") and not refs.is_hidden("/r/cat/a.jpg", "/r/")
+
+
+def test_config_reports_every_problem_together():
+    with pytest.raises(ValueError) as e:
+        config.make_config({"input": "x", "output": "y", "name": "Bad Name", "num_shards": 0, "label_offset": 1})
+    msg = str(e.value)
+    assert "name 'Bad Name'" in msg and "num_shards" in msg and "label_offset must be 0 with schema 'tfds'" in msg
+    with pytest.raises(ValueError, match="sum to 0.9"):
+        config.parse_splits("train=0.7,validation=0.2")
