@@ -1,0 +1,313 @@
+"""make_dataset: manifest -> host's shards -> interleave -> shuffle -> parse and preprocess -> batch -> prefetch."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import random
+from typing import Iterator, List, Optional, Tuple, Union
+
+import tensorflow as tf
+
+from imagerecords import schema
+from imagerecords.reader import config as config_lib
+from imagerecords.reader import hosts as hosts_lib
+from imagerecords.reader import preprocess as preprocess_lib
+from imagerecords.reader.config import ReadConfig
+from imagerecords.reader.info import DatasetInfo, load_info, missing_files
+from imagerecords.reader.shards import ReadStats, shard_records
+
+log = logging.getLogger("imagerecords.reader")
+
+PAD_LABEL = -1  # label of the padding elements the "pad" host remainder policy adds
+
+
+def make_dataset(
+    path: Union[str, DatasetInfo],
+    split: str = "train",
+    *,
+    batch_size: int,
+    image_size: int,
+    training: bool = False,
+    seed: Optional[int] = None,
+    input_context: Optional[tf.distribute.InputContext] = None,
+    num_hosts: Optional[int] = None,
+    host_index: Optional[int] = None,
+    config: Optional[ReadConfig] = None,
+    stats: Optional[ReadStats] = None,
+) -> tf.data.Dataset:
+    """Returns this host's batches of (images, labels) from a dataset the builder wrote.
+
+    Usage:
+        from imagerecords import reader
+
+        train = reader.make_dataset("gs://bucket/ds", "train", batch_size=256, image_size=224,
+                                    training=True, seed=0)
+        val = reader.make_dataset("gs://bucket/ds", "validation", batch_size=256, image_size=224)
+        model.fit(train, epochs=90, validation_data=val,
+                  steps_per_epoch=reader.steps_per_epoch("gs://bucket/ds", "train", 256, training=True))
+
+        # tf.distribute: one pipeline per host, batch_size is what each pipeline yields.
+        def dataset_fn(ctx):
+            return reader.make_dataset(path, "train", batch_size=ctx.get_per_replica_batch_size(1024),
+                                       image_size=224, training=True, seed=0, input_context=ctx)
+        dist = strategy.distribute_datasets_from_function(dataset_fn)
+
+    Stages: the split's shards from manifest.json (missing ones named in the error) -> this host's
+    share (see imagerecords.reader.hosts) -> shard order shuffled per epoch -> interleave of
+    TFRecordDatasets -> the same record count on every host -> cache -> repeat -> shuffle buffer ->
+    parse (schema preset from the manifest) and decode/preprocess in parallel -> batch -> prefetch.
+
+    Args:
+      path: dataset folder (local or gs://) or its DatasetInfo.
+      split: split name.
+      batch_size: elements per batch this dataset yields.
+      image_size: side of the square images.
+      training: training defaults (random crop and flip, shuffling, endless repeat, dropped last
+        batch, "drop" host remainder) instead of evaluation ones; see ReadConfig.
+      seed: seed of file order, shuffle buffer and augmentation. Equal seeds with deterministic
+        order give equal batches. None draws one at random.
+      input_context: tf.distribute.InputContext; this host reads input pipeline
+        `input_pipeline_id` of `num_input_pipelines`.
+      num_hosts: number of hosts, when there is no input_context (default 1).
+      host_index: this host, in [0, num_hosts), when there is no input_context (default 0).
+      config: the knobs; ReadConfig() when None.
+      stats: a ReadStats to fill with the host plan and the count of skipped records.
+
+    Returns:
+      A tf.data.Dataset of (images [B, image_size, image_size, 3], labels [B] int32), plus
+      filenames [B] tf.string when config.with_filename. Padding elements (policy "pad") have label
+      PAD_LABEL, an all-zero image and an empty filename.
+
+    Raises:
+      ValueError: listing every invalid or conflicting setting, or naming an unknown split.
+      FileNotFoundError: naming the manifest or every missing shard file.
+    """
+    config = config or ReadConfig()
+    problems = _call_problems(batch_size, image_size, training, seed, input_context, num_hosts, host_index, config)
+    if problems:
+        raise ValueError("make_dataset: " + "; ".join(problems))
+    info = load_info(path)
+    split_info = info.split(split)
+    n_hosts, host = _hosts(input_context, num_hosts, host_index)
+    r = config_lib.resolve(config, training, seed is not None)
+    if config.check_files:
+        missing = missing_files(split_info)
+        if missing:
+            raise FileNotFoundError(f"{len(missing)} of {len(split_info.shards)} shard(s) of split {split!r} "
+                                    f"listed in manifest.json are missing: {', '.join(missing)}")
+    plan = hosts_lib.plan(split_info.files, split_info.shard_lengths, n_hosts, host, r.host_remainder)
+    if stats is None:
+        stats = ReadStats()
+    stats.plan = plan
+    if plan.dropped_total:
+        log.info("%s/%s: %d records per host per epoch; %d record(s) over all %d hosts are left out each epoch "
+                 "(host_remainder='drop')", info.path, split, plan.records_per_epoch, plan.dropped_total, n_hosts)
+    if plan.padded_total:
+        log.info("%s/%s: %d records per host per epoch; %d padding element(s) with label %d over all %d hosts "
+                 "(host_remainder='pad')", info.path, split, plan.records_per_epoch, plan.padded_total,
+                 PAD_LABEL, n_hosts)
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+        log.info("make_dataset(%s, %r): seed=None, drew seed %d", info.path, split, seed)
+
+    # --- serialized records of one epoch, this host only
+    slices = plan.slices
+    files = tf.data.Dataset.from_tensor_slices((
+        tf.constant([s.path for s in slices], tf.string),
+        tf.constant([s.count for s in slices], tf.int64),
+        tf.constant([s.stride for s in slices], tf.int64),
+        tf.constant([s.offset for s in slices], tf.int64),
+    ))
+    if r.shuffle_files and len(slices) > 1:
+        files = files.shuffle(len(slices), seed=_derive(seed, host, "files"), reshuffle_each_iteration=True)
+    read = functools.partial(shard_records, policy=config.corrupt_records, stats=stats)
+    records = files.interleave(
+        read,
+        cycle_length=min(config.cycle_length or 16, max(len(slices), 1)),
+        block_length=config.block_length,
+        num_parallel_calls=config.num_parallel_calls,
+        deterministic=r.deterministic,
+    )
+    if plan.remainder == "pad" and n_hosts > 1:
+        # Padding is an empty string (no Example the builder writes serializes to zero bytes). It
+        # also stands in for records a "skip" policy dropped, so hosts stay in step.
+        records = records.concatenate(tf.data.Dataset.from_tensors(tf.constant("")).repeat())
+    records = records.take(plan.records_per_epoch)
+    if config.cache:
+        records = records.cache("" if config.cache is True else config.cache)
+    records = records.repeat(None if r.repeat == -1 else r.repeat)
+    if r.shuffle_buffer > 0:
+        records = records.shuffle(r.shuffle_buffer, seed=_derive(seed, host, "buffer"), reshuffle_each_iteration=True)
+
+    # --- examples
+    decode = _decoder(info, image_size, config, r, _derive(seed, host, "augment"))
+    examples = records.enumerate().map(decode, num_parallel_calls=config.num_parallel_calls,
+                                       deterministic=r.deterministic)
+    batches = examples.batch(batch_size, drop_remainder=r.drop_remainder,
+                             num_parallel_calls=config.num_parallel_calls, deterministic=r.deterministic)
+    if config.prefetch:
+        batches = batches.prefetch(config.prefetch)
+    options = tf.data.Options()
+    options.deterministic = r.deterministic
+    # This reader already gave each host its share; tf.distribute must not shard it again.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    batches = batches.with_options(options)
+    if config.options is not None:
+        batches = batches.with_options(config.options)
+    return batches
+
+
+def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_lib.Resolved, augment_seed: int):
+    """Returns the map function (index, serialized) -> (image, label[, filename])."""
+    keys = schema.keys(info.schema)
+    spec = {k: v for k, v in schema.parse_spec(info.schema).items() if k in (keys.image, keys.label, keys.filename)}
+    if r.preprocess == "train":
+        image_fn = functools.partial(preprocess_lib.train_image, area_range=config.crop_area_range,
+                                     aspect_ratio_range=config.crop_aspect_ratio_range, flip=config.random_flip)
+    elif r.preprocess == "eval":
+        def image_fn(encoded, size, seed):
+            return preprocess_lib.eval_image(encoded, size, config.eval_crop_fraction)
+    else:
+        image_fn = r.preprocess
+    label_shift = info.label_offset if config.zero_based_labels else 0
+    out_dtype = tf.dtypes.as_dtype(config.dtype)
+
+    @tf.autograph.experimental.do_not_convert
+    def real(index, serialized):
+        example = tf.io.parse_single_example(serialized, spec)
+        seed = tf.random.experimental.stateless_fold_in(tf.constant([augment_seed, 0], tf.int64), index)
+        image = image_fn(example[keys.image], image_size, seed)
+        image = tf.ensure_shape(image, [image_size, image_size, 3])
+        image = preprocess_lib.finish(image, config.dtype, r.normalization)
+        label = tf.cast(example[keys.label] - label_shift, tf.int32)
+        return image, label, example[keys.filename]
+
+    def pad():
+        return tf.zeros([image_size, image_size, 3], out_dtype), tf.constant(PAD_LABEL, tf.int32), tf.constant("")
+
+    @tf.autograph.experimental.do_not_convert
+    def decode(index, serialized):
+        image, label, filename = tf.cond(tf.equal(tf.strings.length(serialized), 0), pad,
+                                         lambda: real(index, serialized))
+        return (image, label, filename) if config.with_filename else (image, label)
+
+    return decode
+
+
+def _derive(seed: int, host: int, purpose: str) -> int:
+    """A 31-bit seed for one use on one host, so hosts and stages do not share random streams."""
+    digest = hashlib.sha256(f"{seed}/{host}/{purpose}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def _hosts(input_context, num_hosts, host_index) -> Tuple[int, int]:
+    if input_context is not None:
+        return input_context.num_input_pipelines, input_context.input_pipeline_id
+    return (num_hosts or 1), (host_index or 0)
+
+
+def _call_problems(batch_size, image_size, training, seed, input_context, num_hosts, host_index,
+                   config: ReadConfig) -> List[str]:
+    """Every invalid or conflicting argument of one make_dataset call, ReadConfig's own included."""
+    out = list(config.problems())
+    if not isinstance(batch_size, int) or batch_size < 1:
+        out.append(f"batch_size must be a positive int, got {batch_size!r}")
+    if not isinstance(image_size, int) or image_size < 1:
+        out.append(f"image_size must be a positive int, got {image_size!r}")
+    if input_context is not None and (num_hosts is not None or host_index is not None):
+        out.append("give input_context or num_hosts/host_index, not both "
+                   f"(input_context says {input_context.num_input_pipelines} pipelines)")
+    if (num_hosts is None) != (host_index is None):
+        out.append(f"num_hosts and host_index go together, got num_hosts={num_hosts!r}, host_index={host_index!r}")
+    elif num_hosts is not None:
+        if num_hosts < 1:
+            out.append(f"num_hosts must be >= 1, got {num_hosts}")
+        elif not 0 <= host_index < num_hosts:
+            out.append(f"host_index must be in [0, {num_hosts}), got {host_index}")
+    shuffles = (config.shuffle_files if config.shuffle_files is not None else training) or \
+        (config.shuffle_buffer if config.shuffle_buffer is not None else (10_000 if training else 0)) > 0
+    random_crop = (config.preprocess or ("train" if training else "eval")) == "train"
+    if config.deterministic is True and seed is None and (shuffles or random_crop):
+        out.append("deterministic=True promises a repeatable order, but seed=None draws a new seed per call; "
+                   "pass a seed")
+    return out
+
+
+def steps_per_epoch(
+    path: Union[str, DatasetInfo],
+    split: str,
+    batch_size: int,
+    *,
+    training: bool = False,
+    input_context: Optional[tf.distribute.InputContext] = None,
+    num_hosts: Optional[int] = None,
+    host_index: Optional[int] = None,
+    config: Optional[ReadConfig] = None,
+) -> int:
+    """Returns the batches per epoch make_dataset yields with the same arguments (the same on every host).
+
+    Computed from the manifest's counts and the host split; nothing is read.
+    """
+    config = config or ReadConfig()
+    info = load_info(path)
+    split_info = info.split(split)
+    n_hosts, host = _hosts(input_context, num_hosts, host_index)
+    r = config_lib.resolve(config, training, True)
+    plan = hosts_lib.plan(split_info.files, split_info.shard_lengths, n_hosts, host, r.host_remainder)
+    n = plan.records_per_epoch
+    return n // batch_size if r.drop_remainder else -(-n // batch_size)
+
+
+def label_names(path: Union[str, DatasetInfo]) -> List[str]:
+    """Returns the class names; name i has stored label id i + the dataset's label offset."""
+    return list(load_info(path).label_names)
+
+
+def hide_gpus_from_tensorflow() -> None:
+    """Keeps TensorFlow off the GPUs, so a JAX or PyTorch trainer in the same process owns them.
+
+    tf.data runs on the CPU anyway, but TensorFlow reserves most of every visible GPU's memory the
+    moment it starts its runtime. Call this before TensorFlow creates any tensor (before
+    make_dataset). Setting CUDA_VISIBLE_DEVICES would hide the GPUs from the trainer too.
+
+    Raises:
+      RuntimeError: when TensorFlow has already started on visible GPUs (too late to hide them).
+    """
+    if not tf.config.list_physical_devices("GPU"):
+        return  # a CPU-only TensorFlow, or no GPU: nothing to hide
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError as e:
+        raise RuntimeError("TensorFlow already started on the GPUs; call hide_gpus_from_tensorflow() "
+                           "before anything creates a TensorFlow tensor") from e
+
+
+def as_numpy(dataset: tf.data.Dataset) -> Iterator:
+    """Yields the dataset's batches as tuples of NumPy arrays (bfloat16 as ml_dtypes.bfloat16).
+
+    For JAX: `jax.device_put(batch)` or `jnp.asarray`; for PyTorch: `torch.from_numpy(images)`
+    (PyTorch has no ml_dtypes bfloat16, so read float32 or uint8 for it).
+    """
+    return dataset.as_numpy_iterator()
+
+
+def numpy_batches(path: Union[str, DatasetInfo], split: str = "train", *, hide_gpus: bool = True,
+                  **kwargs) -> Iterator:
+    """make_dataset(path, split, **kwargs) as NumPy batches, with TensorFlow kept off the GPUs.
+
+    Usage (JAX):
+        for images, labels in reader.numpy_batches(path, "train", batch_size=128, image_size=224,
+                                                   training=True, seed=0):
+            state = train_step(state, images, labels)
+
+    Args:
+      path: dataset folder or DatasetInfo.
+      split: split name.
+      hide_gpus: call hide_gpus_from_tensorflow() first.
+      **kwargs: make_dataset's keyword arguments.
+    """
+    if hide_gpus:
+        hide_gpus_from_tensorflow()
+    return as_numpy(make_dataset(path, split, **kwargs))

@@ -1,0 +1,105 @@
+"""Image preprocessing: crop on the encoded JPEG's shape, decode only the crop, flip, resize, scale."""
+
+from __future__ import annotations
+
+from typing import Sequence, Tuple, Union
+
+import tensorflow as tf
+
+# ImageNet channel statistics on the 0..255 scale (the values torchvision and Model Garden use).
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+def train_image(encoded: tf.Tensor, image_size: int, seed: tf.Tensor, *,
+                area_range: Tuple[float, float] = (0.08, 1.0),
+                aspect_ratio_range: Tuple[float, float] = (3 / 4, 4 / 3),
+                flip: bool = True) -> tf.Tensor:
+    """Random-resized crop: samples a crop on the JPEG's header shape and decodes only that window.
+
+    Decoding the crop alone skips the pixels a crop throws away, which on ImageNet-sized photos is
+    most of the decode time. The randomness is stateless: equal seeds give equal crops.
+
+    Args:
+      encoded: scalar tf.string of JPEG bytes.
+      image_size: side of the square output.
+      seed: int64 tensor of shape [2] for tf.random stateless ops.
+      area_range: range of the crop's share of the image area.
+      aspect_ratio_range: range of the crop's width / height.
+      flip: flip left-right with probability 1/2.
+
+    Returns:
+      float32 [image_size, image_size, 3] on the 0..255 scale.
+    """
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    shape = tf.image.extract_jpeg_shape(encoded)
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        shape,
+        bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], tf.float32, [1, 1, 4]),
+        seed=crop_seed,
+        min_object_covered=area_range[0],
+        aspect_ratio_range=aspect_ratio_range,
+        area_range=area_range,
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    offset_y, offset_x, _ = tf.unstack(begin)
+    height, width, _ = tf.unstack(size)
+    image = tf.image.decode_and_crop_jpeg(encoded, tf.stack([offset_y, offset_x, height, width]), channels=3)
+    if flip:
+        image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+    return _resize(image, image_size)
+
+
+def eval_image(encoded: tf.Tensor, image_size: int, crop_fraction: float = 0.875) -> tf.Tensor:
+    """Square center crop of `crop_fraction` of the shorter side, decoded alone, then resized.
+
+    Args:
+      encoded: scalar tf.string of JPEG bytes.
+      image_size: side of the square output.
+      crop_fraction: side of the crop over the shorter image side.
+
+    Returns:
+      float32 [image_size, image_size, 3] on the 0..255 scale.
+    """
+    shape = tf.image.extract_jpeg_shape(encoded)
+    height, width = shape[0], shape[1]
+    side = tf.maximum(tf.cast(crop_fraction * tf.cast(tf.minimum(height, width), tf.float32), tf.int32), 1)
+    window = tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
+    image = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+    return _resize(image, image_size)
+
+
+def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
+    image = tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BILINEAR)
+    image.set_shape([image_size, image_size, 3])
+    return image
+
+
+def finish(image: tf.Tensor, dtype: str,
+           normalization: Union[str, Tuple[Sequence[float], Sequence[float]]]) -> tf.Tensor:
+    """Scales a 0..255 image as `normalization` says and casts it to `dtype`.
+
+    Args:
+      image: numeric image on the 0..255 scale.
+      dtype: "uint8", "float32" or "bfloat16".
+      normalization: "none", "unit", "symmetric", "imagenet" or (mean, std) on the 0..255 scale.
+
+    Returns:
+      The image in `dtype`; uint8 values are rounded and clipped to 0..255.
+    """
+    if dtype == "uint8":
+        if image.dtype == tf.uint8:
+            return image
+        return tf.saturate_cast(tf.round(tf.cast(image, tf.float32)), tf.uint8)
+    image = tf.cast(image, tf.float32)
+    if normalization == "unit":
+        image = image / 255.0
+    elif normalization == "symmetric":
+        image = image / 127.5 - 1.0
+    elif normalization == "imagenet":
+        image = (image - IMAGENET_MEAN) / IMAGENET_STD
+    elif normalization != "none":
+        mean, std = normalization
+        image = (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+    return tf.cast(image, tf.bfloat16) if dtype == "bfloat16" else image

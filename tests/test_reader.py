@@ -1,0 +1,350 @@
+"""Reader end to end: datasets built by the real builder (DirectRunner), read back with imagerecords.reader.
+
+Fixtures: imagerecords.example_images draws 4 classes x 6 images of mixed formats (JPEG, PNG, GIF,
+greyscale, CMYK, EXIF-rotated); the builder writes them with --num_shards 4, in both schema presets.
+"""
+
+import collections
+import json
+import logging
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from imagerecords import example_images, reader
+from imagerecords.reader import ReadConfig, ReadStats
+
+PER_CLASS = 6
+SIZE = 32
+
+
+def _build(images, output, *extra):
+    from imagerecords.pipeline import run
+
+    return run(["--input", str(images), "--output", str(output), "--splits", "train=0.75,validation=0.25",
+                "--num_shards", "4", "--direct_num_workers=1", "--no_progress", *extra])
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reader_tree") / "images"
+    files = example_images.write_tree(str(root), per_class=PER_CLASS)
+    return root, sorted(f"{cls}/{rel}" for cls, rels in files.items() for rel in rels)
+
+
+@pytest.fixture(scope="module")
+def ds_path(tree, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reader_ds") / "ds"
+    _build(tree[0], out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def models_path(tree, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reader_models") / "ds"
+    _build(tree[0], out, "--schema", "tf-models", "--label_offset", "1")
+    return str(out)
+
+
+def _shard_filenames(path, split):
+    """Filenames of every record of `split`, read straight from its shard files (not through the reader)."""
+    out = []
+    for name in sorted(os.listdir(path)):
+        if f"-{split}.tfrecord-" in name:
+            for raw in tf.data.TFRecordDataset(os.path.join(path, name)):
+                feature = tf.train.Example.FromString(raw.numpy()).features.feature
+                out.append(feature["image/filename"].bytes_list.value[0].decode())
+    return out
+
+
+def _collect(ds):
+    """(filenames, labels, number of batches) of a dataset made with with_filename=True."""
+    names, labels, batches = [], [], 0
+    for _, lab, fn in ds:
+        names += [f.decode() for f in fn.numpy()]
+        labels += lab.numpy().tolist()
+        batches += 1
+    return names, labels, batches
+
+
+def test_load_info_matches_manifest(ds_path, tree):
+    info = reader.load_info(ds_path)
+    with open(os.path.join(ds_path, "manifest.json")) as f:
+        manifest = json.load(f)
+    assert info.name == "images" and info.schema == "tfds" and info.label_offset == 0
+    assert info.label_names == list(example_images.CLASSES)
+    assert sorted(info.splits) == ["train", "validation"]
+    assert sum(s.num_examples for s in info.splits.values()) == len(tree[1])
+    for split, s in info.splits.items():
+        shards = manifest["splits"][split]["shards"]
+        assert s.files == [os.path.join(ds_path, x["filename"]) for x in shards]
+        assert s.shard_lengths == [x["count"] for x in shards]
+        assert s.num_examples == sum(s.shard_lengths) == manifest["splits"][split]["num_examples"]
+    assert reader.label_names(ds_path) == list(example_images.CLASSES)
+    assert "train" in str(info)
+    with pytest.raises(ValueError, match="no split 'test'.*train, validation"):
+        info.split("test")
+    with pytest.raises(FileNotFoundError, match="manifest.json"):
+        reader.load_info(os.path.dirname(ds_path))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "bfloat16"])
+def test_round_trip_every_record_once(ds_path, tree, dtype):
+    classes = list(example_images.CLASSES)
+    seen = []
+    for split in ("train", "validation"):
+        ds = reader.make_dataset(ds_path, split, batch_size=5, image_size=SIZE,
+                                 config=ReadConfig(with_filename=True, dtype=dtype))
+        names = []
+        for images, labels, filenames in ds:
+            assert images.dtype == tf.as_dtype(dtype) and images.shape[1:] == (SIZE, SIZE, 3)
+            for label, name in zip(labels.numpy(), filenames.numpy()):
+                name = name.decode()
+                assert label == classes.index(name.split("/")[0]), name
+                names.append(name)
+        assert len(names) == len(set(names)) == reader.load_info(ds_path).splits[split].num_examples
+        seen += names
+    assert sorted(seen) == tree[1]
+    if dtype == "uint8":
+        assert images.numpy().max() > 100  # pixels, not zeros
+    else:
+        assert 0.0 <= float(tf.reduce_min(tf.cast(images, tf.float32))) and float(tf.reduce_max(tf.cast(images, tf.float32))) <= 1.0
+
+
+def test_eval_images_are_the_center_crop(ds_path):
+    """The reader's eval image equals decoding the whole JPEG, center-cropping and resizing by hand."""
+    ds = reader.make_dataset(ds_path, "train", batch_size=1, image_size=SIZE,
+                             config=ReadConfig(with_filename=True, eval_crop_fraction=0.5, dtype="float32",
+                                               normalization="none"))
+    images, _, _ = next(iter(ds))
+    raw = next(iter(tf.data.TFRecordDataset(reader.load_info(ds_path).splits["train"].files[0])))
+    jpeg = tf.train.Example.FromString(raw.numpy()).features.feature["image"].bytes_list.value[0]
+    full = tf.io.decode_jpeg(jpeg, channels=3)
+    h, w = full.shape[:2]
+    side = int(0.5 * min(h, w))
+    crop = full[(h - side + 1) // 2:(h - side + 1) // 2 + side, (w - side + 1) // 2:(w - side + 1) // 2 + side]
+    expected = tf.image.resize(crop, [SIZE, SIZE])
+    np.testing.assert_allclose(images[0].numpy(), expected.numpy(), atol=1e-3)
+
+
+def _train_order(path, seed, **config):
+    ds = reader.make_dataset(path, "train", batch_size=4, image_size=SIZE, training=True, seed=seed,
+                             config=ReadConfig(with_filename=True, repeat=2, shuffle_buffer=8, **config))
+    return [(f.numpy().tolist(), i.numpy().tobytes(), l.numpy().tolist()) for i, l, f in ds]
+
+
+def test_same_seed_same_batches_other_seed_other_order(ds_path):
+    first, again, other = _train_order(ds_path, 7), _train_order(ds_path, 7), _train_order(ds_path, 8)
+    assert first == again  # names, labels and the augmented pixels, two epochs
+    assert [b[0] for b in first] != [b[0] for b in other]
+    n = reader.load_info(ds_path).splits["train"].num_examples
+    assert len(first) == (2 * n) // 4  # two epochs run into one stream, last partial batch dropped
+    # Each epoch reshuffles: the two epochs of one run differ in order.
+    names = [name for b in first for name in b[0]]
+    assert names[:n // 2] != names[n:n + n // 2]
+
+
+def test_training_crops_are_random_and_decoded_from_the_crop(ds_path):
+    cfg = dict(batch_size=8, image_size=SIZE, training=True, seed=3)
+    a = next(iter(reader.make_dataset(ds_path, "train", config=ReadConfig(shuffle_buffer=0, shuffle_files=False), **cfg)))
+    b = next(iter(reader.make_dataset(ds_path, "train", config=ReadConfig(shuffle_buffer=0, shuffle_files=False, preprocess="eval"), **cfg)))
+    assert a[0].shape == b[0].shape == (8, SIZE, SIZE, 3)
+    assert a[1].numpy().tolist() == b[1].numpy().tolist()  # same records in the same order ...
+    assert not np.allclose(a[0].numpy(), b[0].numpy())  # ... but cropped differently
+
+
+def test_user_preprocess_function(ds_path):
+    def solid(encoded, image_size, seed):
+        return tf.fill([image_size, image_size, 3], tf.cast(tf.strings.length(encoded) % 200, tf.float32))
+
+    images, _ = next(iter(reader.make_dataset(ds_path, "train", batch_size=3, image_size=8,
+                                              config=ReadConfig(preprocess=solid, normalization="none"))))
+    assert images.shape == (3, 8, 8, 3)
+    assert all(len(np.unique(img)) == 1 for img in images.numpy())
+
+
+@pytest.mark.parametrize("num_hosts", [1, 2, 3, 5])
+def test_hosts_eval_pad_disjoint_complete_equal(ds_path, num_hosts):
+    info = reader.load_info(ds_path)
+    n = info.splits["train"].num_examples
+    assert num_hosts != 5 or num_hosts > len(info.splits["train"].files)
+    per_host = []
+    for h in range(num_hosts):
+        stats = ReadStats()
+        ds = reader.make_dataset(ds_path, "train", batch_size=2, image_size=8, num_hosts=num_hosts, host_index=h,
+                                 config=ReadConfig(with_filename=True), stats=stats)
+        names, labels, batches = _collect(ds)
+        real = [x for x in names if x]
+        assert labels.count(reader.PAD_LABEL) == names.count("") == stats.plan.padded
+        assert batches == reader.steps_per_epoch(ds_path, "train", 2, num_hosts=num_hosts, host_index=h)
+        per_host.append((real, batches, len(names)))
+    all_real = [x for real, _, _ in per_host for x in real]
+    assert len(all_real) == len(set(all_real)) == n  # disjoint ...
+    assert set(all_real) == set(_shard_filenames(ds_path, "train"))  # ... and complete
+    assert len({b for _, b, _ in per_host}) == 1  # equal batch counts
+    assert len({e for _, _, e in per_host}) == 1  # equal element counts
+
+
+@pytest.mark.parametrize("num_hosts", [1, 2, 3, 5])
+def test_hosts_train_drop_disjoint_equal(ds_path, num_hosts):
+    n = reader.load_info(ds_path).splits["train"].num_examples
+    per_host, dropped = [], None
+    for h in range(num_hosts):
+        stats = ReadStats()
+        ds = reader.make_dataset(ds_path, "train", batch_size=2, image_size=8, training=True, seed=1,
+                                 num_hosts=num_hosts, host_index=h, stats=stats,
+                                 config=ReadConfig(with_filename=True, repeat=1, drop_remainder=False))
+        names, labels, batches = _collect(ds)
+        assert reader.PAD_LABEL not in labels
+        assert batches == reader.steps_per_epoch(ds_path, "train", 2, training=True, num_hosts=num_hosts,
+                                                 host_index=h, config=ReadConfig(drop_remainder=False))
+        per_host.append((names, batches))
+        dropped = stats.plan.dropped_total
+    union = [x for names, _ in per_host for x in names]
+    assert len(union) == len(set(union))  # disjoint
+    assert len(union) == n - dropped and dropped <= 2 * (num_hosts - 1)
+    assert len({b for _, b in per_host}) == 1
+
+
+def test_input_context_selects_the_host(ds_path):
+    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2)
+    a = _collect(reader.make_dataset(ds_path, "validation", batch_size=2, image_size=8, input_context=ctx,
+                                     config=ReadConfig(with_filename=True)))
+    b = _collect(reader.make_dataset(ds_path, "validation", batch_size=2, image_size=8, num_hosts=2, host_index=1,
+                                     config=ReadConfig(with_filename=True)))
+    assert a == b and a[0]
+
+
+def test_tf_models_preset_and_label_offset(models_path, tree):
+    info = reader.load_info(models_path)
+    assert info.schema == "tf-models" and info.label_offset == 1 and info.num_classes == 5
+    classes = list(example_images.CLASSES)
+    for zero_based in (False, True):
+        names, labels, _ = _collect(reader.make_dataset(
+            models_path, "train", batch_size=4, image_size=SIZE,
+            config=ReadConfig(with_filename=True, zero_based_labels=zero_based)))
+        assert len(names) == info.splits["train"].num_examples
+        assert labels == [classes.index(x.split("/")[0]) + (0 if zero_based else 1) for x in names]
+
+
+def test_conflicting_settings_reported_together(ds_path):
+    with pytest.raises(ValueError) as e:
+        ReadConfig(dtype="uint8", normalization="imagenet", cycle_length=0, corrupt_records="ignore")
+    for part in ("normalization='imagenet'", "cycle_length", "corrupt_records"):
+        assert part in str(e.value)
+    with pytest.raises(ValueError) as e:
+        reader.make_dataset(ds_path, "train", batch_size=0, image_size=SIZE, num_hosts=2,
+                            input_context=tf.distribute.InputContext(2, 0, 2),
+                            config=ReadConfig(deterministic=True), training=True)
+    for part in ("batch_size", "input_context or num_hosts", "host_index go together", "pass a seed"):
+        assert part in str(e.value)
+
+
+def test_missing_shards_are_named(ds_path, tmp_path):
+    copy = tmp_path / "ds"
+    shutil.copytree(ds_path, copy)
+    gone = reader.load_info(str(copy)).splits["train"].files[1:3]
+    for path in gone:
+        os.remove(path)
+    with pytest.raises(FileNotFoundError) as e:
+        reader.make_dataset(str(copy), "train", batch_size=2, image_size=SIZE)
+    assert all(path in str(e.value) for path in gone) and "2 of 4" in str(e.value)
+
+
+def _frames(data):
+    """[(offset, length)] of the frames of a TFRecord file."""
+    out, pos = [], 0
+    while pos < len(data):
+        (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        out.append((pos, length))
+        pos += 12 + length + 4
+    return out
+
+
+@pytest.fixture()
+def corrupt(ds_path, tmp_path):
+    """A copy of the dataset with one byte flipped inside the JPEG of record 1 of train shard 0."""
+    copy = tmp_path / "ds"
+    shutil.copytree(ds_path, copy)
+    shard = reader.load_info(str(copy)).splits["train"].files[0]
+    data = bytearray(open(shard, "rb").read())
+    frames = _frames(data)
+    assert len(frames) >= 3
+    pos, length = frames[1]
+    record = bytes(data[pos + 12:pos + 12 + length])
+    jpeg = tf.train.Example.FromString(record).features.feature["image"].bytes_list.value[0]
+    victim = tf.train.Example.FromString(record).features.feature["image/filename"].bytes_list.value[0].decode()
+    at = pos + 12 + record.index(jpeg) + len(jpeg) // 2
+    data[at] ^= 0x10
+    with open(shard, "wb") as f:
+        f.write(data)
+    return str(copy), shard, victim, frames, _shard_filenames(ds_path, "train")
+
+
+def test_corrupt_record_fails_naming_the_shard(corrupt):
+    path, shard, _, _, _ = corrupt
+    ds = reader.make_dataset(path, "train", batch_size=2, image_size=SIZE)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=os.path.basename(shard)):
+        for _ in ds:
+            pass
+
+
+def test_corrupt_record_skip_yields_the_others(corrupt, caplog):
+    path, shard, victim, _, original = corrupt
+    stats = ReadStats()
+    with caplog.at_level(logging.WARNING, logger="imagerecords.reader"):
+        names, _, _ = _collect(reader.make_dataset(path, "train", batch_size=2, image_size=SIZE, stats=stats,
+                                                   config=ReadConfig(corrupt_records="skip", with_filename=True)))
+    assert sorted(names) == sorted(x for x in original if x != victim)
+    assert stats.total_skipped == 1 and dict(stats.skipped) == {shard: 1}
+    assert shard in caplog.text
+
+
+def test_corrupt_length_field_skip_resyncs(corrupt):
+    """A bad length checksum hides where the next frame starts; skip finds it and reads on."""
+    path, shard, victim, frames, original = corrupt
+    data = bytearray(open(shard, "rb").read())
+    data[frames[2][0] + 3] ^= 0x01  # record 2's length field (record 1's JPEG is already broken)
+    with open(shard, "wb") as f:
+        f.write(data)
+    stats = ReadStats()
+    names, _, _ = _collect(reader.make_dataset(path, "train", batch_size=2, image_size=SIZE, stats=stats,
+                                               config=ReadConfig(corrupt_records="skip", with_filename=True)))
+    second = [tf.train.Example.FromString(bytes(data[p + 12:p + 12 + n])).features.feature["image/filename"]
+                .bytes_list.value[0].decode() for p, n in frames[2:3]]
+    assert sorted(names) == sorted(x for x in original if x not in (victim, *second))
+    assert stats.total_skipped == 2 and dict(stats.skipped) == {shard: 2}
+
+
+def test_numpy_batches(ds_path):
+    batches = list(reader.numpy_batches(ds_path, "validation", batch_size=3, image_size=SIZE, config=ReadConfig(dtype="uint8")))
+    assert all(isinstance(x, np.ndarray) for b in batches for x in b)
+    assert batches[0][0].dtype == np.uint8 and batches[0][0].shape == (3, SIZE, SIZE, 3)
+    assert sum(len(b[1]) for b in batches) == reader.load_info(ds_path).splits["validation"].num_examples
+
+
+def test_reader_imports_without_beam(ds_path):
+    """In a fresh interpreter where apache_beam cannot be imported, the reader imports and reads."""
+    code = textwrap.dedent(f"""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "apache_beam" or name.startswith("apache_beam."):
+                    raise ImportError("apache_beam is blocked in this test")
+        sys.meta_path.insert(0, Block())
+        import imagerecords.reader as reader
+        ds = reader.make_dataset({ds_path!r}, "validation", batch_size=4, image_size=8)
+        print(sum(int(l.shape[0]) for _, l in ds), "apache_beam" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    n = reader.load_info(ds_path).splits["validation"].num_examples
+    assert out.stdout.split()[-2:] == [str(n), "False"]
