@@ -1,0 +1,49 @@
+"""gs:// for real: images read from and the dataset written to a GCS emulator, byte-identical to
+a local build of the same images."""
+
+import json
+import os
+import uuid
+
+import pytest
+
+from conftest import build, manifest_without_time, shard_files
+from tests.support.gcs import SKIP_REASON, GcsEmulator, emulator_available
+
+pytestmark = [pytest.mark.gcs, pytest.mark.skipif(not emulator_available(), reason=SKIP_REASON)]
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    with GcsEmulator() as running:
+        yield running
+
+
+def test_build_from_gcs_to_gcs_matches_local_build(emulator, image_tree, tmp_path):
+    root, files = image_tree
+    bucket = f"images-{uuid.uuid4().hex[:8]}"
+    emulator.create_bucket(bucket)
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            emulator.upload(path, f"gs://{bucket}/images/{os.path.relpath(path, root)}")
+    args = ("--splits", "train=0.7,validation=0.3", "--num_shards", 2, "--max_reject_fraction", 0.05)
+    local = tmp_path / "local"
+    build(root, local, *args)
+    with emulator.activated():
+        # Two worker processes: they inherit the emulator settings from the environment.
+        manifest = build(f"gs://{bucket}/images", f"gs://{bucket}/dataset", *args, workers=2)
+    remote = sorted(emulator.list(f"gs://{bucket}/dataset/"))
+    names = sorted(u.rsplit("/", 1)[-1] for u in remote)
+    want = sorted(os.path.basename(p) for p in shard_files(local)) + [
+        "dataset_info.json", "errors.jsonl", "features.json", "label.labels.txt", "manifest.json"]
+    assert names == sorted(want)
+    for path in shard_files(local):
+        with open(path, "rb") as f:
+            assert emulator.download(f"gs://{bucket}/dataset/{os.path.basename(path)}") == f.read(), path
+    remote_manifest = json.loads(emulator.download(f"gs://{bucket}/dataset/manifest.json"))
+    remote_manifest.pop("created")
+    assert remote_manifest == manifest_without_time(local)
+    assert manifest["num_rejected"] == 1
+    errors = [json.loads(line) for line in emulator.download(f"gs://{bucket}/dataset/errors.jsonl").splitlines()]
+    assert errors[0]["uri"] == f"gs://{bucket}/images/circle/truncated.jpg"
