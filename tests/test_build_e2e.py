@@ -168,3 +168,14 @@ def test_tf_models_schema_with_offset_and_resize(built, tmp_path):
 
 def read_examples_tfm(out):
     return read_examples(out)
+
+
+def test_cli_exit_status_and_messages(built, tmp_path, capsys):
+    root, _, out, _ = built
+    common = ["--no_progress", "--direct_num_workers=1"]
+    assert cli.main(["build", "--input", str(tmp_path / "missing"), "--output", str(tmp_path / "o"), *common]) == 1
+    assert "input folder not found or empty" in capsys.readouterr().err
+    assert cli.main(["build", "--input", str(root), "--output", str(tmp_path / "o2"), "--max_reject_fraction", "0", *common]) == 1
+    err = capsys.readouterr().err
+    assert "imagerecords build: error: 1 of 41 inputs rejected" in err and "not published" in err
+    assert cli.main(["verify", str(out)]) == 0

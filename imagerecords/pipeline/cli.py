@@ -88,6 +88,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (ValueError, FileNotFoundError, OutputNotEmpty) as e:
             print(f"imagerecords build: error: {e}", file=sys.stderr)
             return 1
+        except Exception as e:  # the runner wraps a worker's exception; show ours without its traceback
+            marker = "RejectBudgetExceeded: "
+            if marker not in str(e):
+                raise
+            print(f"imagerecords build: error: {str(e).split(marker, 1)[1].splitlines()[0]}", file=sys.stderr)
+            return 1
         return 0
     if command == "verify":
         if len(rest) != 1:
