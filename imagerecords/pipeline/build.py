@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, PipelineOptions, StandardOptions
 
 from imagerecords import __version__, metadata
 from imagerecords import refs as refs_lib
@@ -186,7 +186,8 @@ def _is_local(options: PipelineOptions) -> bool:
 
 
 def run(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
-    """Runs a build from command-line style arguments and returns the manifest written.
+    """Runs a build from command-line style arguments and returns the manifest written ({} when
+    --template_location only staged a Dataflow template).
 
     Example:
         from imagerecords.pipeline import run
@@ -225,6 +226,11 @@ def run(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         if progress_dir:
             shutil.rmtree(progress_dir, ignore_errors=True)
     seconds = time.monotonic() - start
+    template = options.view_as(GoogleCloudOptions).template_location
+    if template:
+        # A classic Dataflow template was staged, nothing ran: there is no manifest yet.
+        print(f"imagerecords: wrote the Dataflow template {template} ({seconds:.1f} s); nothing was built")
+        return {}
     manifest = json.loads(read_bytes(FileSystems.join(config.output, metadata.MANIFEST)))
     print_summary(manifest, config.output, seconds)
     return manifest
