@@ -1,7 +1,7 @@
 # Custom SDK container for Dataflow (--sdk_container_image) and Flink (--environment_type=DOCKER):
 # the Beam Python SDK image of the pinned Beam version with imagerecords and its pinned
 # dependencies installed, checked for conflicts at build time.
-ARG BEAM_VERSION=2.77.0
+ARG BEAM_VERSION=2.62.0
 FROM apache/beam_python3.11_sdk:${BEAM_VERSION}
 
 WORKDIR /opt/imagerecords
