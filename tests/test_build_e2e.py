@@ -179,3 +179,25 @@ def test_cli_exit_status_and_messages(built, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "imagerecords build: error: 1 of 41 inputs rejected" in err and "not published" in err
     assert cli.main(["verify", str(out)]) == 0
+
+
+def test_rerun_of_a_killed_build_gives_the_same_bytes(built, tmp_path):
+    root, _, out, _ = built
+    killed = tmp_path / "killed"
+    build(root, killed, "--splits", SPLITS, "--num_shards", 3, "--max_reject_fraction", 0.05)
+    # What a kill leaves: no manifest (never published), a half-written temporary file, a
+    # truncated shard, and a stray shard name from an earlier build with more shards.
+    (killed / "manifest.json").unlink()
+    first = shard_files(killed)[0]
+    with open(first, "r+b") as f:
+        f.truncate(100)
+    (killed / ".images-train.tfrecord-00001-of-00003.0123.tmp").write_bytes(b"partial")
+    (killed / "images-train.tfrecord-00007-of-00009").write_bytes(b"old")
+    (killed / "notes.txt").write_text("not ours")
+    build(root, killed, "--splits", SPLITS, "--num_shards", 3, "--max_reject_fraction", 0.05, "--overwrite")
+    assert [os.path.basename(p) for p in shard_files(killed)] == [os.path.basename(p) for p in shard_files(out)]
+    for a, b in zip(shard_files(killed), shard_files(out)):
+        assert filecmp.cmp(a, b, shallow=False), a
+    assert manifest_without_time(killed) == manifest_without_time(out)
+    assert (killed / "notes.txt").read_text() == "not ours"
+    assert not (killed / ".images-train.tfrecord-00001-of-00003.0123.tmp").exists()

@@ -21,12 +21,13 @@ class RejectBudgetExceeded(RuntimeError):
     """More inputs were rejected than the build allows; nothing was published."""
 
 
-def _stale_shards(output: str, name: str, keep: Sequence[str]) -> List[str]:
-    """Shard files of an earlier build of this dataset that the new manifest does not list."""
-    pattern = FileSystems.join(output, f"{name}-*.tfrecord-*")
-    found = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
-    keep_set = set(keep)
-    return sorted(p for p in found if p.rsplit("/", 1)[-1] not in keep_set and not p.endswith(".index"))
+def _stale_files(output: str, name: str, keep: Sequence[str]) -> List[str]:
+    """This tool's files that the new build did not write: shards (and their .index) of an earlier
+    build that the new manifest does not list, and temporary files a killed build left."""
+    patterns = [FileSystems.join(output, f"{name}-*.tfrecord-*"), FileSystems.join(output, f".{name}-*.tmp")]
+    found = [m.path for r in FileSystems.match(patterns) for m in r.metadata_list]
+    keep_set = set(keep) | {k + ".index" for k in keep}
+    return sorted(p for p in found if p.rsplit("/", 1)[-1] not in keep_set)
 
 
 def finalize(_, results: Sequence[ShardResult], rejected: Sequence[Rejected], labels: LabelMap, *,
@@ -54,9 +55,9 @@ def finalize(_, results: Sequence[ShardResult], rejected: Sequence[Rejected], la
         shards=results, num_rejected=len(rows), versions=versions,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     if overwrite:
-        stale = _stale_shards(output, name, [r.filename for r in results])
+        stale = _stale_files(output, name, [r.filename for r in results])
         if stale:
-            logging.info("removing %d shard files of an earlier build: %s", len(stale), stale[:3])
+            logging.info("removing %d files of an earlier build: %s", len(stale), stale[:3])
             FileSystems.delete(stale)
     for filename, content in metadata.metadata_files(manifest):
         write_bytes(FileSystems.join(output, filename), content)
