@@ -123,7 +123,7 @@ def _progress_reporter(progress_dir: str, stop: threading.Event, stream=sys.stde
                 total += state["total"]
         if total:
             rate = done / max(time.monotonic() - start, 1e-9)
-            stream.write(f"\r[imagerecords] shards started so far: {done}/{total} images written "
+            stream.write(f"\r[imagerecords] {done}/{total} images written in the shards started so far "
                          f"({rate:.0f} images/s)   ")
             stream.flush()
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import sys
+import warnings
 from typing import List, Optional, Sequence
 
 USAGE = """imagerecords COMMAND [ARGS]
@@ -74,7 +76,20 @@ def _walk(root: str):
         yield from (os.path.join(dirpath, f) for f in files)
 
 
+def _quiet_libraries() -> None:
+    """Keeps library start-up chatter off the user's terminal: TensorFlow's C++ info logs and the
+    Google client libraries' FutureWarnings about Python and grpcio support dates, which Beam's
+    GCP extras trigger on import. Real warnings and errors still show."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.")
+    # Local worker processes inherit this (their warnings cannot be filtered by module here).
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    # The local job service relays every worker's start-up notices at WARNING; errors still show.
+    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    _quiet_libraries()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
