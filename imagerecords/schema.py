@@ -153,3 +153,56 @@ def parse_spec(preset: str) -> dict:
     if k.label_text:
         spec[k.label_text] = tf.io.FixedLenFeature([], tf.string, default_value="")
     return spec
+
+
+def _read_varint(buf: bytes, pos: int):
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf: bytes):
+    """Yields (field number, wire type, value) of a serialized message (varint and
+    length-delimited fields only, which is all tf.train.Example uses besides floats)."""
+    pos = 0
+    while pos < len(buf):
+        tag, pos = _read_varint(buf, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, pos = _read_varint(buf, pos)
+        elif wire == 2:
+            length, pos = _read_varint(buf, pos)
+            value, pos = buf[pos:pos + length], pos + length
+        elif wire == 5:
+            value, pos = buf[pos:pos + 4], pos + 4
+        elif wire == 1:
+            value, pos = buf[pos:pos + 8], pos + 8
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield number, wire, value
+
+
+def read_int64(example: bytes, key: str) -> int:
+    """Returns the first int64 value of feature `key` in a serialized Example, without TensorFlow.
+
+    Raises:
+      KeyError: if the Example has no int64 feature `key`.
+    """
+    for number, _, features in _fields(example):
+        if number != 1:
+            continue
+        for entry_number, _, entry in _fields(features):
+            fields = {n: v for n, _, v in _fields(entry)} if entry_number == 1 else {}
+            if fields.get(1) != key.encode("utf-8") or 2 not in fields:
+                continue
+            for kind, _, values in _fields(fields[2]):
+                if kind == 3:  # int64_list
+                    for n, wire, v in _fields(values):
+                        if n == 1:
+                            return _read_varint(v, 0)[0] if wire == 2 else v
+    raise KeyError(f"the Example has no int64 feature {key!r}")

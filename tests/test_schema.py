@@ -47,3 +47,15 @@ def test_parse_spec_reads_what_make_example_writes(preset):
 def test_unknown_preset_is_named():
     with pytest.raises(ValueError, match="unknown schema preset 'coco'"):
         schema.keys("coco")
+
+
+@pytest.mark.parametrize("preset", schema.PRESETS)
+def test_read_int64_reads_our_and_tensorflows_examples(preset):
+    k = schema.keys(preset)
+    ours = schema.make_example(preset, image=b"x" * 300, label=2**33 + 5, label_text="t", filename="f",
+                               height=7, width=9)
+    assert schema.read_int64(ours, k.label) == 2**33 + 5 and schema.read_int64(ours, k.width) == 9
+    theirs = tf_example(preset, b"y", 4, "t", "f", 1, 2)
+    assert schema.read_int64(theirs, k.label) == 4
+    with pytest.raises(KeyError, match="no int64 feature 'nope'"):
+        schema.read_int64(ours, "nope")

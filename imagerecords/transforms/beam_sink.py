@@ -37,8 +37,6 @@ class _EncodeFn(beam.DoFn):
 
 def _summarize(path: str, split: str, preset: str) -> ShardResult:
     """Reads a written shard back to count its records and labels (this sink reports neither)."""
-    from tensorflow.core.example import example_pb2
-
     label_key = schema.keys(preset).label
     sha = hashlib.sha256()
     histogram = collections.Counter()
@@ -47,8 +45,7 @@ def _summarize(path: str, split: str, preset: str) -> ShardResult:
         data = f.read()
     sha.update(data)
     for record in records.read_records(io.BytesIO(data), path):
-        example = example_pb2.Example.FromString(record)
-        histogram[example.features.feature[label_key].int64_list.value[0]] += 1
+        histogram[schema.read_int64(record, label_key)] += 1
         count += 1
     filename = path.rsplit("/", 1)[-1]
     index = int(filename.rsplit("-of-", 1)[0].rsplit("-", 1)[-1])
