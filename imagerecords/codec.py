@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import math
 from typing import Optional, Tuple
 
 import numpy as np

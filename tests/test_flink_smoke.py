@@ -1,7 +1,6 @@
 """Smoke test of the standalone Flink cluster alone (a Java job), so a cluster problem shows apart
 from a Beam one; the Beam build on Flink is tested in test_flink_build.py."""
 
-import glob
 
 import pytest
 

@@ -4,7 +4,6 @@ Fixtures: imagerecords.example_images draws 4 classes x 6 images of mixed format
 greyscale, CMYK, EXIF-rotated); the builder writes them with --num_shards 4, in both schema presets.
 """
 
-import collections
 import json
 import logging
 import os

@@ -3,7 +3,7 @@
 import pytest
 
 from imagerecords import config, refs
-from imagerecords.refs import ImageRef, ManifestColumns
+from imagerecords.refs import ManifestColumns
 
 
 def test_golden_shuffle_order():

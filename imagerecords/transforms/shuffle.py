@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import array
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import apache_beam as beam
 

@@ -7,8 +7,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional
+
+from tests.support.processes import free_port, terminate_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GET_FLINK_SCRIPT = REPO_ROOT / ".ci" / "get_flink.sh"
@@ -59,13 +59,6 @@ def java_available() -> bool:
         return subprocess.run([java, "-version"], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
-
-
-def free_port() -> int:
-    """Returns a TCP port on localhost that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("localhost", 0))
-        return sock.getsockname()[1]
 
 
 def _java_executable() -> Optional[str]:
@@ -357,7 +350,7 @@ class FlinkCluster:
         Safe to call more than once.
         """
         for proc in self._processes.values():
-            _terminate_group(proc)
+            terminate_group(proc)
         self._processes.clear()
         if self.workdir is not None and not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -463,20 +456,3 @@ def _shipped_java_opts(config_yaml: Path) -> str:
     return opts.get("all", "") if isinstance(opts, dict) else ""
 
 
-def _terminate_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
-    """Sends SIGTERM to the process group ``proc`` leads, then SIGKILL after ``grace`` s."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        # Children (e.g. a JVM forked by the script) may outlive the leader.
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()

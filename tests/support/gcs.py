@@ -56,6 +56,8 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple, Union
 
+from tests.support.processes import free_port, terminate_group
+
 FAKE_GCS_SERVER_VERSION = "v1.56.1"
 """The version ``.ci/get_gcs_emulator.sh`` installs by default."""
 
@@ -158,28 +160,6 @@ def parse_gs_uri(uri: str) -> Tuple[str, str]:
 # --------------------------------------------------------------------------
 # The emulator
 # --------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_LOOPBACK, 0))
-        return sock.getsockname()[1]
-
-
-def _terminate_group(process: subprocess.Popen, grace_seconds: float = 5.0) -> None:
-    """Stop a process started with ``start_new_session=True`` and its children."""
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        process.wait(timeout=grace_seconds)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=grace_seconds)
 
 
 class GcsEmulatorError(RuntimeError):
@@ -295,7 +275,7 @@ class GcsEmulator:
                 self._client.close()
             self._client = None
         if self._proxy is not None:
-            _terminate_group(self._proxy)
+            terminate_group(self._proxy, grace=5.0)
             for pipe in (self._proxy.stdin, self._proxy.stdout):
                 with contextlib.suppress(OSError):
                     pipe.close()
@@ -313,7 +293,7 @@ class GcsEmulator:
 
     def _launch_server(self, binary: str) -> None:
         assert self._workdir is not None
-        self.server_port = _free_port()
+        self.server_port = free_port()
         command = [
             binary,
             "-backend", "memory",
@@ -374,6 +354,9 @@ class GcsEmulator:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 start_new_session=True,
+                # Run as a script, it still imports tests.support.processes from the repo root.
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))},
             )
         finally:
             log.close()
@@ -386,7 +369,7 @@ class GcsEmulator:
 
     def _stop_server(self) -> None:
         if self._server is not None:
-            _terminate_group(self._server)
+            terminate_group(self._server, grace=5.0)
             self._server = None
 
     def _cleanup_workdir(self) -> None:
