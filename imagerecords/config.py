@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
@@ -190,6 +190,3 @@ def make_config(*layers: Mapping[str, Any]) -> BuildConfig:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}")
     return BuildConfig(image=image, **merged)
 
-
-def split_names(config: BuildConfig) -> Optional[Sequence[str]]:
-    return [n for n, _ in config.splits] if config.splits else None

@@ -158,16 +158,13 @@ def test_tf_models_schema_with_offset_and_resize(built, tmp_path):
     manifest = build(root, out, "--schema", "tf-models", "--label_offset", 1, "--max_side", 24, "--num_shards", 2,
                      "--max_reject_fraction", 0.05)
     assert manifest["label_offset"] == 1 and not (out / "dataset_info.json").exists()
-    for key, ex in read_examples_tfm(out).items():
+    for key, ex in read_examples(out).items():
         f = ex.features.feature
         label = f["image/class/label"].int64_list.value[0]
         assert manifest["label_names"][label - 1] == key.split("/")[0] == f["image/class/text"].bytes_list.value[0].decode()
         assert max(f["image/height"].int64_list.value[0], f["image/width"].int64_list.value[0]) == 24
         assert f["image/format"].bytes_list.value[0] == b"JPEG"
 
-
-def read_examples_tfm(out):
-    return read_examples(out)
 
 
 def test_cli_exit_status_and_messages(built, tmp_path, capsys):

@@ -8,6 +8,3 @@ from imagerecords.transforms.beam_sink import WriteWithBeamSink
 from imagerecords.transforms.finalize import Finalize
 
 __all__ = ["ListImages", "ReadManifest", "AssignLabels", "GlobalShuffle", "WriteShards", "WriteWithBeamSink", "Finalize"]
-
-
-
