@@ -77,3 +77,13 @@ def test_list_images_and_read_manifest_agree(image_tree, tmp_path):
                     equal_to([w for w in want if not w[0].endswith("truncated.jpg")]), label="Read")
         assert_that(read[REJECTED] | beam.Map(lambda r: (r.uri, r.reason)),
                     equal_to([("/nowhere/x.jpg", "file not found")]), label="Missing")
+
+
+def test_repeated_keys_are_ordered_whatever_the_grouping():
+    # The same key listed with two labels: the kept one must not depend on input order.
+    a = ImageRef("k", "/x/a.jpg", "cat", "train", size=1, label_id=0)
+    b = ImageRef("k", "/x/a.jpg", "dog", "train", size=1, label_id=1)
+    for data in ([a, b], [b, a]):
+        with TestPipeline() as p:
+            out = p | beam.Create(data) | GlobalShuffle(num_shards=1)
+            assert_that(out["shards"] | beam.Map(lambda kv: [r.label for r in kv[1]]), equal_to([["cat", "dog"]]))

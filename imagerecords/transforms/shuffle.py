@@ -75,7 +75,8 @@ class GlobalShuffle(beam.PTransform):
 
         def key_by_shard(ref: ImageRef, plans: Dict[str, ShardPlan]):
             plan = plans[ref.split]
-            return (ref.split, plan.shard_of(refs_lib.shuffle_hash(seed, ref.key)), plan.num_shards), ref
+            h = refs_lib.shuffle_hash(seed, ref.key)
+            return (ref.split, plan.shard_of(h), plan.num_shards), (h, ref)
 
         keyed = refs | "KeyByShard" >> beam.Map(key_by_shard, beam.pvalue.AsDict(plans))
         every_shard = plans | "EveryShard" >> beam.FlatMap(
@@ -84,15 +85,16 @@ class GlobalShuffle(beam.PTransform):
 
         def in_order(item) -> Tuple[Tuple[str, int, int], List[ImageRef]]:
             key, members = item
-            refs_ = [r for r in members if r is not None]
-            refs_.sort(key=lambda r: (refs_lib.shuffle_hash(seed, r.key), r.key, r.uri))
-            return key, refs_
+            # Hash order; the rest of the key only orders repeats of one key, so which repeat is
+            # kept (and which rejected as a duplicate) never depends on the runner's grouping.
+            hashed = sorted(filter(None, members), key=lambda hr: (hr[0], hr[1].key, hr[1].uri, hr[1].label or "", hr[1].label_id))
+            return key, [r for _, r in hashed]
 
         shards = (
             (keyed, every_shard)
             | "Flatten" >> beam.Flatten()
             | "GroupByShard" >> beam.GroupByKey()
-            # (ShardKey, [ImageRef | None])
+            # (ShardKey, [(hash, ImageRef) | None])
             | "Sort" >> beam.Map(in_order)
             # (ShardKey, [ImageRef sorted by hash])
         )
