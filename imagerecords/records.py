@@ -53,6 +53,31 @@ class RecordWriter:
         return self._sha.hexdigest()
 
 
+class HashingReader:
+    """Wraps a binary stream; keeps the byte count and sha256 of everything read through it, so a
+    shard can be checked and parsed in one streaming pass."""
+
+    def __init__(self, stream: BinaryIO):
+        self._stream = stream
+        self._sha = hashlib.sha256()
+        self.num_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self._sha.update(data)
+        self.num_bytes += len(data)
+        return data
+
+    def drain(self, chunk: int = 1 << 20) -> "HashingReader":
+        """Reads the rest of the stream (hashing it) and returns self."""
+        while self.read(chunk):
+            pass
+        return self
+
+    def sha256(self) -> str:
+        return self._sha.hexdigest()
+
+
 class CorruptRecordError(ValueError):
     """A TFRecord frame failed its length or data checksum."""
 

@@ -4,6 +4,7 @@ import filecmp
 import io
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -176,6 +177,13 @@ def test_cli_exit_status_and_messages(built, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "imagerecords build: error: 1 of 41 inputs rejected" in err and "not published" in err
     assert cli.main(["verify", str(out)]) == 0
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    victim = shard_files(damaged)[1]
+    data = bytearray(open(victim, "rb").read())
+    data[len(data) // 2] ^= 0x01
+    open(victim, "wb").write(bytes(data))
+    assert cli.verify(str(damaged)) == [f"{victim}: sha256 differs from the manifest"]
 
 
 def test_rerun_of_a_killed_build_gives_the_same_bytes(built, tmp_path):

@@ -45,3 +45,18 @@ def test_read_records_names_the_file_and_offset_of_a_flipped_byte():
     with pytest.raises(records.CorruptRecordError, match=r"shard-7: bad data checksum at byte 21"):
         list(records.read_records(io.BytesIO(bytes(data)), "shard-7"))
     assert list(records.read_records(io.BytesIO(buf.getvalue()))) == [b"first", b"second"]
+
+
+def test_hashing_reader_hashes_what_is_parsed_and_the_rest():
+    import hashlib
+
+    buf = io.BytesIO()
+    w = records.RecordWriter(buf)
+    for i in range(3):
+        w.write(bytes([i]) * 1000)
+    data = buf.getvalue() + b"trailing"
+    stream = records.HashingReader(io.BytesIO(data))
+    first = next(records.read_records(stream))
+    assert first == b"\x00" * 1000
+    stream.drain(chunk=7)
+    assert stream.num_bytes == len(data) and stream.sha256() == hashlib.sha256(data).hexdigest()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ def verify(output: str) -> List[str]:
     from apache_beam.io.filesystems import FileSystems
 
     from imagerecords import metadata
+    from imagerecords.records import HashingReader
     from imagerecords.transforms.common import read_bytes
 
     manifest = json.loads(read_bytes(FileSystems.join(output, metadata.MANIFEST)))
@@ -36,10 +36,11 @@ def verify(output: str) -> List[str]:
             if not FileSystems.exists(path):
                 problems.append(f"{path}: missing")
                 continue
-            data = read_bytes(path)
-            if len(data) != shard["num_bytes"]:
-                problems.append(f"{path}: {len(data)} bytes, manifest says {shard['num_bytes']}")
-            elif hashlib.sha256(data).hexdigest() != shard["sha256"]:
+            with FileSystems.open(path) as f:  # streamed: a shard can be hundreds of MB
+                stream = HashingReader(f).drain()
+            if stream.num_bytes != shard["num_bytes"]:
+                problems.append(f"{path}: {stream.num_bytes} bytes, manifest says {shard['num_bytes']}")
+            elif stream.sha256() != shard["sha256"]:
                 problems.append(f"{path}: sha256 differs from the manifest")
     return problems
 

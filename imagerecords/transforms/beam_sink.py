@@ -7,8 +7,6 @@ bundling, so it is not reproducible; `WriteShards` is the default for those reas
 from __future__ import annotations
 
 import collections
-import hashlib
-import io
 from typing import Iterable, Sequence, Union
 
 import apache_beam as beam
@@ -38,18 +36,17 @@ class _EncodeFn(beam.DoFn):
 def _summarize(path: str, split: str, preset: str) -> ShardResult:
     """Reads a written shard back to count its records and labels (this sink reports neither)."""
     label_key = schema.keys(preset).label
-    sha = hashlib.sha256()
     histogram = collections.Counter()
     count = 0
     with FileSystems.open(path) as f:
-        data = f.read()
-    sha.update(data)
-    for record in records.read_records(io.BytesIO(data), path):
-        histogram[schema.read_int64(record, label_key)] += 1
-        count += 1
+        stream = records.HashingReader(f)
+        for record in records.read_records(stream, path):
+            histogram[schema.read_int64(record, label_key)] += 1
+            count += 1
+        stream.drain()
     filename = path.rsplit("/", 1)[-1]
     index = int(filename.rsplit("-of-", 1)[0].rsplit("-", 1)[-1])
-    return ShardResult(split, index, filename, count, len(data), sha.hexdigest(), tuple(sorted(histogram.items())), 0)
+    return ShardResult(split, index, filename, count, stream.num_bytes, stream.sha256(), tuple(sorted(histogram.items())), 0)
 
 
 class WriteWithBeamSink(beam.PTransform):
