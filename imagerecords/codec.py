@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
+import struct
 from typing import Optional, Tuple
 
 import numpy as np
 from PIL import Image
 
-# Decompression-bomb guard: Pillow warns above ~89 Mpx and raises above twice that. We raise our
-# own clear error instead, at a limit well above any photo a vision dataset holds.
+from imagerecords.sources import stable_text
+
+# Decompression-bomb guard: an image above this many pixels is refused with our own error, from
+# the dimensions in its header, before anything is decoded. Pillow's process-wide
+# Image.MAX_IMAGE_PIXELS (~89 Mpx by default; Pillow warns above it and raises above twice it) is
+# read, never changed: when it is lower it is the limit, so Pillow never warns about an image we
+# accept. See pixel_limit().
 MAX_PIXELS = 200_000_000
-Image.MAX_IMAGE_PIXELS = None
 
 # Alpha is composited over this colour: transparent pixels become white, not black (what most
 # viewers show for logos and product shots), and no colour is invented where alpha was 0.
 ALPHA_BACKGROUND = (255, 255, 255)
+
+# sniff_format's names -> Pillow's format ids: the bytes are opened only as what they say they are.
+_PILLOW_FORMATS = {"jpeg": "JPEG", "png": "PNG", "gif": "GIF", "bmp": "BMP", "tiff": "TIFF", "webp": "WEBP"}
 
 _SIGNATURES = (
     (b"\xff\xd8\xff", "jpeg"),
@@ -42,7 +51,101 @@ _TRANSPOSE = {
 
 
 class ImageError(ValueError):
-    """The bytes are not an image we can use; the message is the reason shown in errors.jsonl."""
+    """The bytes are not an image we can use; the message is the reason shown in errors.jsonl.
+
+    Attributes:
+      error: the type name of the exception behind the reason (Pillow's, when Pillow failed).
+    """
+
+    def __init__(self, reason: str, error: str = "ImageError"):
+        super().__init__(reason)
+        self.error = error
+
+
+def pixel_limit() -> int:
+    """Returns the most pixels an image may have: MAX_PIXELS, or Pillow's lower global limit."""
+    pillow = Image.MAX_IMAGE_PIXELS
+    return MAX_PIXELS if pillow is None else min(MAX_PIXELS, int(pillow))
+
+
+# JPEG start-of-frame markers (they hold the image size); C4, C8 and CC are other segments.
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def _jpeg_size(data: bytes) -> Optional[Tuple[int, int]]:
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # segments without a length
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image / start of scan before any frame header
+            return None
+        if marker in _SOF:
+            if i + 9 > n:
+                return None
+            height, width = struct.unpack(">HH", data[i + 5:i + 9])
+            return width, height
+        i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+    return None
+
+
+def header_size(data: bytes, fmt: str) -> Optional[Tuple[int, int]]:
+    """Returns (width, height) read from the file header without decoding, or None when the
+    header is short or the format's header is not parsed here (TIFF: Pillow reads it)."""
+    try:
+        if fmt == "jpeg":
+            return _jpeg_size(data)
+        if fmt == "png" and data[12:16] == b"IHDR":
+            return struct.unpack(">II", data[16:24])
+        if fmt == "gif":
+            return struct.unpack("<HH", data[6:10])
+        if fmt == "bmp":
+            if struct.unpack("<I", data[14:18])[0] == 12:  # OS/2 BITMAPCOREHEADER
+                return struct.unpack("<HH", data[18:22])
+            width, height = struct.unpack("<ii", data[18:26])
+            return abs(width), abs(height)
+        if fmt == "webp":
+            chunk = data[12:16]
+            if chunk == b"VP8X":
+                return (int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1)
+            if chunk == b"VP8L":
+                bits = int.from_bytes(data[21:25], "little")
+                return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+            if chunk == b"VP8 ":
+                width, height = struct.unpack("<HH", data[26:30])
+                return width & 0x3FFF, height & 0x3FFF
+    except struct.error:
+        return None
+    return None
+
+
+def _check_pixels(width: int, height: int) -> None:
+    limit = pixel_limit()
+    if width * height > limit:
+        raise ImageError(f"image too large: {width}x{height} pixels is over the limit of {limit} pixels")
+
+
+# What Pillow raises on bytes it cannot use (its plugins let struct/index errors through).
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError, KeyError, TypeError,
+                  ZeroDivisionError)
+
+
+def _decode_reason(fmt: str, e: BaseException) -> str:
+    """Our text for a Pillow failure: never a repr (Pillow's "cannot identify image file
+    <_io.BytesIO object at 0x...>" would make errors.jsonl differ between two builds)."""
+    name = fmt.upper()
+    if isinstance(e, Image.UnidentifiedImageError):
+        return f"not a decodable image (format unknown): the bytes start like {name} but no decoder accepts them"
+    message = stable_text(str(e)).strip()
+    if "truncated" in message.lower():
+        return f"truncated {name}: {message}"
+    return f"cannot decode {name}: {message}" if message else f"cannot decode {name} ({type(e).__name__})"
 
 
 def sniff_format(data: bytes) -> Optional[str]:
@@ -64,12 +167,15 @@ class ImageOptions:
       short_side: if set, shrink so the shorter side is at most this many pixels.
       quality: JPEG quality (1-95) used whenever an image is re-encoded.
       reencode: re-encode JPEGs even when they could pass through byte for byte.
+      max_file_mb: input files larger than this many megabytes (10^6 bytes) are rejected without
+        being read whole (a stray video or disk image in the input costs no memory).
     """
 
     max_side: Optional[int] = None
     short_side: Optional[int] = None
     quality: int = 90
     reencode: bool = False
+    max_file_mb: float = 64.0
 
     def __post_init__(self):
         for name in ("max_side", "short_side"):
@@ -78,6 +184,13 @@ class ImageOptions:
                 raise ValueError(f"{name} must be a positive number of pixels, got {value}")
         if not 1 <= self.quality <= 95:
             raise ValueError(f"quality must be within 1..95 (libjpeg's useful range), got {self.quality}")
+        if not (isinstance(self.max_file_mb, (int, float)) and math.isfinite(self.max_file_mb) and self.max_file_mb > 0):
+            raise ValueError(f"max_file_mb must be a number of megabytes > 0, got {self.max_file_mb!r}")
+
+    @property
+    def max_file_bytes(self) -> int:
+        """The input size limit in bytes."""
+        return int(self.max_file_mb * 1e6)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,11 +270,13 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
     fmt = sniff_format(data)
     if fmt is None:
         raise ImageError("not a supported image: unrecognized file signature")
+    size = header_size(data, fmt)
+    if size is not None:
+        _check_pixels(*size)
     try:
-        img = Image.open(io.BytesIO(data))
+        img = Image.open(io.BytesIO(data), formats=[_PILLOW_FORMATS[fmt]])
         width, height = img.size
-        if width * height > MAX_PIXELS:
-            raise ImageError(f"image too large: {width}x{height} pixels exceeds {MAX_PIXELS}")
+        _check_pixels(width, height)
         orientation = _orientation(img)
         tw, th = target_size(width, height, options)
         resize = (tw, th) != (width, height)
@@ -182,5 +297,7 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
         return PreparedImage(out.getvalue(), img.height, img.width, fmt, passthrough=False)
     except ImageError:
         raise
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-        raise ImageError(f"cannot decode {fmt}: {e}") from e
+    except Image.DecompressionBombError as e:
+        raise ImageError(f"image too large: {stable_text(str(e))}", type(e).__name__) from e
+    except _DECODE_ERRORS as e:
+        raise ImageError(_decode_reason(fmt, e), type(e).__name__) from e

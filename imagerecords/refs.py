@@ -36,14 +36,33 @@ class ImageRef:
     label_id: int = -1
 
 
+# Where in the build an input was turned away (the `stage` of an errors.jsonl row).
+STAGES = ("list", "read", "decode", "label", "duplicate", "write")
+
+
 @dataclasses.dataclass(frozen=True)
 class Rejected:
-    """An input that did not become a record, and why (one row of errors.jsonl)."""
+    """An input that did not become a record, and why (one row of errors.jsonl).
+
+    Attributes:
+      uri: where the input is (or the raw manifest line when it has no usable path).
+      reason: deterministic text: no object reprs, addresses or timings, so two builds of the same
+        input write byte-identical errors.jsonl.
+      key: the input's key, when known.
+      split: its split, when known.
+      stage: one of STAGES.
+      error: the exception type behind the reason ('' when no exception was raised).
+      skipped: True for entries that are not images of a class at all (a README directly under
+        the input root): listed for the record, counted apart and not against the reject budget.
+    """
 
     uri: str
     reason: str
     key: str = ""
     split: str = ""
+    stage: str = ""
+    error: str = ""
+    skipped: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, ensure_ascii=False)
@@ -94,16 +113,21 @@ def assign_split(splits: Sequence[Tuple[str, float]], split_seed: int, key: str)
     return splits[-1][0]
 
 
+# The reason of a file directly under a class-folder root (its row is skipped, not rejected).
+ROOT_FILE_REASON = "not inside a class folder: files directly under the input root are not images of a class; skipped"
+
+
 def ref_from_folder_path(root: str, path: str, size: int) -> Tuple[Optional[ImageRef], Optional[Rejected]]:
     """Makes the ref of a file found under a class-folder root (`root/<label>/**/<file>`).
 
     Returns:
-      (ref, None), or (None, rejected) for a file directly under the root (it has no class folder).
+      (ref, None), or (None, rejected) for a file directly under the root: it has no class folder,
+      so its row is `skipped` (listed for the record, not counted against the reject budget).
     """
     relative = path[len(root):].lstrip("/") if path.startswith(root) else path
     parts = relative.split("/")
     if len(parts) < 2:
-        return None, Rejected(path, "file is directly under the input root, not inside a class folder", key=relative)
+        return None, Rejected(path, ROOT_FILE_REASON, key=relative, stage="list", skipped=True)
     return ImageRef(key=relative, uri=path, label=parts[0], split="", size=size), None
 
 
@@ -130,10 +154,10 @@ def parse_manifest_row(
         path = row.get("uri")
     raw = json.dumps(dict(row), sort_keys=True, ensure_ascii=False, default=str)
     if path in (None, ""):
-        return None, Rejected(raw, f"manifest row has no {columns.path!r} value")
+        return None, Rejected(raw, f"manifest row has no {columns.path!r} value", stage="list")
     label = row.get(columns.label)
     if label in (None, ""):
-        return None, Rejected(str(path), f"manifest row has no {columns.label!r} value")
+        return None, Rejected(str(path), f"manifest row has no {columns.label!r} value", stage="list")
     path = str(path)
     key = row.get(columns.key)
     key = str(key) if key not in (None, "") else path

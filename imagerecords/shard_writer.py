@@ -5,9 +5,10 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
-from imagerecords import codec, schema
+from imagerecords import codec, schema, sources
 from imagerecords.records import RecordWriter
 from imagerecords.refs import ImageRef, LabelMap, Rejected
 
@@ -21,6 +22,12 @@ class Encoded:
     passthrough: bool
 
 
+def limited_reader(options: codec.ImageOptions) -> Callable[[str], bytes]:
+    """Returns the `read_bytes` for encode_ref: sources.read_limited under `options.max_file_bytes`
+    (local non-regular and oversize files are refused unopened; remote reads stop past the limit)."""
+    return functools.partial(sources.read_limited, max_bytes=options.max_file_bytes)
+
+
 def encode_ref(
     ref: ImageRef,
     read_bytes: Callable[[str], bytes],
@@ -28,15 +35,27 @@ def encode_ref(
     labels: LabelMap,
     options: codec.ImageOptions,
 ) -> Union[Encoded, Rejected]:
-    """Loads and prepares one image and returns its Example, or the reason it cannot be used."""
+    """Loads and prepares one image and returns its Example, or the reason it cannot be used.
+
+    Args:
+      read_bytes: reads a uri whole; use `limited_reader(options)`, which refuses FIFOs and files
+        over `options.max_file_mb` without reading them. Whatever reads, bytes over the limit are
+        rejected here too.
+    """
     try:
         data = read_bytes(ref.uri)
-    except (OSError, IOError) as e:  # FileSystems raises BeamIOError, an IOError
-        return Rejected(ref.uri, f"cannot read file: {e}", ref.key, ref.split)
+    except sources.Refused as e:  # turned away by policy: no exception type to report
+        return Rejected(ref.uri, str(e), ref.key, ref.split, stage="read")
+    except OSError as e:  # FileSystems raises BeamIOError, an IOError
+        return Rejected(ref.uri, f"cannot read file: {sources.describe_os_error(e)}", ref.key, ref.split,
+                        stage="read", error=type(e).__name__)
+    too_big = sources.size_refusal(len(data), options.max_file_bytes)
+    if too_big is not None:
+        return Rejected(ref.uri, too_big.replace("it was not read", "it was not decoded"), ref.key, ref.split, stage="read")
     try:
         image = codec.prepare_image(data, options)
     except codec.ImageError as e:
-        return Rejected(ref.uri, str(e), ref.key, ref.split)
+        return Rejected(ref.uri, str(e), ref.key, ref.split, stage="decode", error=e.error)
     index = ref.label_id - labels.offset
     record = schema.make_example(
         preset,
@@ -56,7 +75,8 @@ def dedupe_sorted(refs: Sequence[ImageRef]) -> Tuple[List[ImageRef], List[Reject
     rejected: List[Rejected] = []
     for ref in refs:
         if kept and kept[-1].key == ref.key:
-            rejected.append(Rejected(ref.uri, f"duplicate key {ref.key!r}: already listed as {kept[-1].uri}", ref.key, ref.split))
+            rejected.append(Rejected(ref.uri, f"duplicate key {ref.key!r}: already listed as {kept[-1].uri}", ref.key,
+                                     ref.split, stage="duplicate"))
         else:
             kept.append(ref)
     return kept, rejected

@@ -1,6 +1,8 @@
 """Unit tests of the image codec with real Pillow encode/decode."""
 
 import io
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -112,8 +114,48 @@ def test_shrinking_a_jpeg_uses_draft_and_hits_the_size():
 
 def test_truncated_jpeg_is_an_error_naming_the_cause(pixels):
     data = encode(pixels, "JPEG", quality=95)
-    with pytest.raises(codec.ImageError, match="(?i)truncated"):
+    with pytest.raises(codec.ImageError, match="^truncated JPEG: ") as e:
         codec.prepare_image(data[: len(data) // 2])
+    assert e.value.error == "OSError"
+
+
+def test_pillow_errors_become_text_without_reprs():
+    # Pillow says "cannot identify image file <_io.BytesIO object at 0x...>": an address per run.
+    with pytest.raises(codec.ImageError) as e:
+        codec.prepare_image(b"\xff\xd8\xff" + b"garbage" * 10)
+    assert str(e.value) == "not a decodable image (format unknown): the bytes start like JPEG but no decoder accepts them"
+    assert e.value.error == "UnidentifiedImageError"
+    with pytest.raises(codec.ImageError, match="^truncated PNG: ") as e:
+        codec.prepare_image(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)
+    assert e.value.error == "OSError"
+    assert codec.stable_text("cannot identify image file <_io.BytesIO object at 0x7fd9c1a2b3c0>") == \
+        "cannot identify image file <_io.BytesIO object>"
+
+
+def test_pixel_limit_is_checked_from_the_header_without_changing_pillow():
+    assert Image.MAX_IMAGE_PIXELS is not None  # importing codec leaves Pillow's guard on
+    assert codec.pixel_limit() == min(codec.MAX_PIXELS, Image.MAX_IMAGE_PIXELS)
+    # A PNG header claiming 20000 x 20000 pixels and no pixel data: refused from the header alone.
+    ihdr = struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0)
+    data = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    assert codec.header_size(data, "png") == (20000, 20000)
+    with pytest.raises(codec.ImageError, match=f"^image too large: 20000x20000 pixels is over the limit of {codec.pixel_limit()} pixels$"):
+        codec.prepare_image(data)
+
+
+@pytest.mark.parametrize("fmt,name", [("JPEG", "jpeg"), ("PNG", "png"), ("GIF", "gif"), ("BMP", "bmp"), ("WEBP", "webp")])
+def test_header_size_reads_real_headers(pixels, fmt, name):
+    assert codec.header_size(encode(pixels, fmt), name) == (64, 40)
+
+
+def test_pillow_decompression_bomb_error_becomes_ours(pixels, monkeypatch):
+    # TIFF sizes are read by Pillow, whose bomb guard then raises; it must come out as ImageError.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 64x40 = 2560 > 2 * 1000
+    with pytest.raises(codec.ImageError, match="^image too large") as e:
+        codec.prepare_image(encode(pixels, "TIFF"))
+    assert e.value.error == "DecompressionBombError"
+    with pytest.raises(codec.ImageError, match="^image too large: 64x40 pixels is over the limit of 1000 pixels$"):
+        codec.prepare_image(encode(pixels, "JPEG"))
 
 
 def test_options_are_validated():
@@ -121,3 +163,6 @@ def test_options_are_validated():
         codec.ImageOptions(quality=0)
     with pytest.raises(ValueError, match="max_side"):
         codec.ImageOptions(max_side=0)
+    with pytest.raises(ValueError, match="max_file_mb must be a number of megabytes > 0, got 0"):
+        codec.ImageOptions(max_file_mb=0)
+    assert codec.ImageOptions(max_file_mb=0.5).max_file_bytes == 500_000

@@ -78,7 +78,9 @@ def test_manifest_rows_resolve_relative_paths():
     ref, _ = refs.parse_manifest_row({"path": "a.jpg", "label": "c"}, "gs://bucket/dir", cols)
     assert ref.uri == "gs://bucket/dir/a.jpg"
     _, rej = refs.parse_manifest_row({"path": "a.jpg"}, "/d", cols)
-    assert "no 'label'" in rej.reason
+    assert (rej.uri, rej.reason, rej.stage, rej.skipped) == ("a.jpg", "manifest row has no 'label' value", "list", False)
+    _, rej = refs.parse_manifest_row({"label": "cat"}, "/d", cols)
+    assert (rej.uri, rej.stage) == ('{"label": "cat"}', "list")
 
 
 def test_folder_paths_give_class_from_first_folder():
@@ -86,6 +88,7 @@ def test_folder_paths_give_class_from_first_folder():
     assert (ref.label, ref.key, ref.size) == ("cat", "cat/sub/a.jpg", 10)
     _, rej = refs.ref_from_folder_path("/r/", "/r/loose.jpg", 10)
     assert "not inside a class folder" in rej.reason
+    assert (rej.uri, rej.key, rej.stage, rej.error, rej.skipped) == ("/r/loose.jpg", "loose.jpg", "list", "", True)
     assert refs.is_hidden("/r/cat/.DS_Store", "/r/") and not refs.is_hidden("/r/cat/a.jpg", "/r/")
 
 
@@ -96,3 +99,12 @@ def test_config_reports_every_problem_together():
     assert "name 'Bad Name'" in msg and "num_shards" in msg and "label_offset must be 0 with schema 'tfds'" in msg
     with pytest.raises(ValueError, match="sum to 0.9"):
         config.parse_splits("train=0.7,validation=0.2")
+
+
+def test_rejected_rows_write_every_field_with_sorted_keys():
+    row = refs.Rejected("/r/c/a.jpg", "not a supported image: unrecognized file signature", "c/a.jpg", "train",
+                        stage="decode", error="ImageError")
+    assert row.to_json() == (
+        '{"error": "ImageError", "key": "c/a.jpg", "reason": "not a supported image: unrecognized file signature", '
+        '"skipped": false, "split": "train", "stage": "decode", "uri": "/r/c/a.jpg"}')
+    assert row.stage in refs.STAGES

@@ -59,8 +59,8 @@ def test_assign_labels_builds_vocabulary_and_rejects_unknown():
     with TestPipeline() as p:
         out = p | beam.Create(data) | AssignLabels(label_map=LabelMap(("cat", "dog"), offset=1))
         assert_that(out["refs"] | beam.Map(lambda r: (r.key, r.label_id)), equal_to([("a", 2), ("b", 1)]), label="Ids")
-        assert_that(out[REJECTED] | beam.Map(lambda r: (r.uri, r.reason)),
-                    equal_to([("/c", "label 'emu' is not in the label map")]), label="Rejected")
+        assert_that(out[REJECTED] | beam.Map(lambda r: (r.uri, r.reason, r.stage)),
+                    equal_to([("/c", "label 'emu' is not in the label map", "label")]), label="Rejected")
 
 
 def test_list_images_and_read_manifest_agree(image_tree, tmp_path):
@@ -70,13 +70,14 @@ def test_list_images_and_read_manifest_agree(image_tree, tmp_path):
     manifest.write_text("\n".join(rows) + "\n/nowhere/x.jpg,cat\n")
     with TestPipeline() as p:
         listed = p | "List" >> ListImages(str(root))
-        read = p | "Read" >> ReadManifest(str(manifest))
+        read = p | "Read" >> ReadManifest(str(manifest), header="path,label")
         want = sorted((f"{root}/{c}/{r}", c) for c, rels in files.items() for r in rels) + [(f"{root}/circle/truncated.jpg", "circle")]
         assert_that(listed.refs | "L" >> beam.Map(lambda r: (r.uri, r.label)), equal_to(want), label="Listed")
         assert_that(read.refs | "R" >> beam.Map(lambda r: (r.uri, r.label)),
                     equal_to([w for w in want if not w[0].endswith("truncated.jpg")]), label="Read")
-        assert_that(read[REJECTED] | beam.Map(lambda r: (r.uri, r.reason)),
-                    equal_to([("/nowhere/x.jpg", "file not found")]), label="Missing")
+        assert_that(read[REJECTED] | beam.Map(lambda r: (r.uri, r.reason, r.stage, r.error)),
+                    equal_to([("/nowhere/x.jpg", "file not found", "list", "FileNotFoundError")]), label="Missing")
+        assert_that(listed[REJECTED], equal_to([]), label="NothingRejectedAtListing")
 
 
 def test_repeated_keys_are_ordered_whatever_the_grouping():

@@ -29,12 +29,14 @@ def _assign(
         split = ref.split or "train"
     if not _SPLIT_RE.match(split):
         yield beam.pvalue.TaggedOutput(
-            REJECTED, Rejected(ref.uri, f"split name {split!r} has characters other than letters, digits, '_'", ref.key, split)
+            REJECTED, Rejected(ref.uri, f"split name {split!r} has characters other than letters, digits, '_'", ref.key, split,
+                               stage="label")
         )
         return
     label_id = labels.label_id(ref.label)
     if label_id is None:
-        yield beam.pvalue.TaggedOutput(REJECTED, Rejected(ref.uri, f"label {ref.label!r} is not in the label map", ref.key, split))
+        yield beam.pvalue.TaggedOutput(
+            REJECTED, Rejected(ref.uri, f"label {ref.label!r} is not in the label map", ref.key, split, stage="label"))
         return
     yield dataclasses.replace(ref, split=split, label_id=label_id)
 

@@ -11,6 +11,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from imagerecords import refs as refs_lib
+from imagerecords import sources
 from imagerecords.refs import ImageRef, ManifestColumns, Rejected
 from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
 
@@ -21,10 +22,49 @@ def is_manifest(path: str) -> bool:
     return path.lower().endswith((".csv", ".jsonl", ".ndjson"))
 
 
-class _FolderRefFn(beam.DoFn):
-    def __init__(self, root: str):
-        self._root = root.rstrip("/") + "/"
+def _check_max_file_bytes(owner: str, max_file_bytes: Optional[int]) -> None:
+    if max_file_bytes is not None and (isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int)
+                                       or max_file_bytes < 1):
+        raise ValueError(f"{owner}: max_file_bytes must be a positive number of bytes or None, got {max_file_bytes!r}")
+
+
+def _tagged(item: Union[ImageRef, Rejected]) -> Union[ImageRef, beam.pvalue.TaggedOutput]:
+    return beam.pvalue.TaggedOutput(REJECTED, item) if isinstance(item, Rejected) else item
+
+
+class _ListRootFn(beam.DoFn):
+    """Lists a local root's top level: class folder names, and rows for everything else."""
+
+    def process(self, root: str) -> Iterable[Union[str, Rejected]]:
+        yield from sources.list_root(root)
+
+
+class _WalkClassFn(beam.DoFn):
+    """Walks one local class folder (rows from the root listing pass through to REJECTED)."""
+
+    def __init__(self, root: str, max_file_bytes: Optional[int]):
+        self._root = root
+        self._max_file_bytes = max_file_bytes
         self._listed = Metrics.counter(METRICS_NAMESPACE, "listed")
+        self._skipped = Metrics.counter(METRICS_NAMESPACE, "skipped")
+
+    def process(self, item: Union[str, Rejected]) -> Iterable[Union[ImageRef, beam.pvalue.TaggedOutput]]:
+        found = [item] if isinstance(item, Rejected) else sources.walk_class_folder(self._root, item, self._max_file_bytes)
+        for out in found:
+            self._listed.inc()
+            if isinstance(out, Rejected) and out.skipped:
+                self._skipped.inc()
+            yield _tagged(out)
+
+
+class _FolderRefFn(beam.DoFn):
+    """Turns a matched remote file into a ref, or a row (root-level file, over the size limit)."""
+
+    def __init__(self, root: str, max_file_bytes: Optional[int]):
+        self._root = root.rstrip("/") + "/"
+        self._max_file_bytes = max_file_bytes
+        self._listed = Metrics.counter(METRICS_NAMESPACE, "listed")
+        self._skipped = Metrics.counter(METRICS_NAMESPACE, "skipped")
 
     def process(self, meta: FileMetadata) -> Iterable[Union[ImageRef, beam.pvalue.TaggedOutput]]:
         if refs_lib.is_hidden(meta.path, self._root):
@@ -32,40 +72,65 @@ class _FolderRefFn(beam.DoFn):
         self._listed.inc()
         ref, rejected = refs_lib.ref_from_folder_path(self._root, meta.path, meta.size_in_bytes)
         if rejected is not None:
-            yield beam.pvalue.TaggedOutput(REJECTED, rejected)
-        else:
-            yield ref
+            self._skipped.inc(int(rejected.skipped))
+            yield _tagged(rejected)
+            return
+        too_big = sources.size_refusal(meta.size_in_bytes, self._max_file_bytes)
+        if too_big is not None:
+            yield _tagged(Rejected(ref.uri, too_big, ref.key, stage="read"))
+            return
+        yield ref
 
 
 class ListImages(beam.PTransform):
     """Lists every file under a class-folder root (`root/<label>/**/<file>`) as an ImageRef.
 
     Outputs: main (ImageRef, split not yet set) and REJECTED (Rejected).
-    Hidden files and folders (name starting with '.') are not listed.
+    Hidden files and folders (name starting with '.') are not listed. Files directly under the
+    root become `skipped` rows. A local root is walked by our own code (sources.py): symlinked
+    files and folders are followed, with loop detection; dangling symlinks, FIFOs, sockets,
+    devices and unreadable entries become rows without ever being opened. A remote root (gs://,
+    s3://) is listed with fileio.MatchFiles.
+
+    Args:
+      root: the input folder (local path or FileSystems URI).
+      max_file_bytes: files above this size become rows (stage 'read') at listing; None: no check.
     """
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, max_file_bytes: Optional[int] = None):
         super().__init__()
-        if not root:
-            raise ValueError("ListImages needs a root folder, got an empty path")
+        if not root or not root.rstrip("/"):
+            raise ValueError(f"ListImages needs a root folder, got {root!r}")
+        _check_max_file_bytes("ListImages", max_file_bytes)
         self._root = root.rstrip("/")
+        self._max_file_bytes = max_file_bytes
 
     def expand(self, pbegin):
+        if refs_lib.has_scheme(self._root):
+            return (
+                pbegin
+                | "Match" >> fileio.MatchFiles(self._root + "/**")
+                # FileMetadata(path, size_in_bytes)
+                | "ToRef" >> beam.ParDo(_FolderRefFn(self._root, self._max_file_bytes)).with_outputs(REJECTED, main="refs")
+            )
         return (
             pbegin
-            | "Match" >> fileio.MatchFiles(self._root + "/**")
-            # FileMetadata(path, size_in_bytes)
-            | "ToRef" >> beam.ParDo(_FolderRefFn(self._root)).with_outputs(REJECTED, main="refs")
+            | "Root" >> beam.Create([self._root])
+            | "ListRoot" >> beam.ParDo(_ListRootFn())
+            # class folder name (str) or Rejected (a root-level file or bad entry)
+            | "Spread" >> beam.Reshuffle()
+            | "Walk" >> beam.ParDo(_WalkClassFn(self._root, self._max_file_bytes)).with_outputs(REJECTED, main="refs")
         )
 
 
 class _ManifestRowFn(beam.DoFn):
     """Parses one manifest line and looks up the file's size (a missing file is rejected here)."""
 
-    def __init__(self, manifest: str, header: Optional[str], columns: ManifestColumns):
+    def __init__(self, manifest: str, header: Optional[str], columns: ManifestColumns, max_file_bytes: Optional[int]):
         self._manifest = manifest
         self._header = header
         self._columns = columns
+        self._max_file_bytes = max_file_bytes
         self._base = refs_lib.dirname(manifest)
 
     def setup(self):
@@ -79,61 +144,78 @@ class _ManifestRowFn(beam.DoFn):
         try:
             row = self._parse(line)
         except ValueError as e:
-            yield beam.pvalue.TaggedOutput(REJECTED, Rejected(line, f"{self._manifest}: bad manifest line: {e}"))
+            yield _tagged(Rejected(line, f"{self._manifest}: bad manifest line: {sources.stable_text(str(e))}",
+                                   stage="list", error=type(e).__name__))
             return
         ref, rejected = refs_lib.parse_manifest_row(row, self._base, self._columns)
         if rejected is not None:
-            yield beam.pvalue.TaggedOutput(REJECTED, rejected)
+            yield _tagged(rejected)
             return
+        size, problem = self._size(ref)
+        if problem is not None:
+            reason, error = problem
+            yield _tagged(Rejected(ref.uri, reason, ref.key, ref.split, stage="list", error=error))
+            return
+        too_big = sources.size_refusal(size, self._max_file_bytes)
+        if too_big is not None:
+            yield _tagged(Rejected(ref.uri, too_big, ref.key, ref.split, stage="read"))
+            return
+        yield ImageRef(ref.key, ref.uri, ref.label, ref.split, size)
+
+    @staticmethod
+    def _size(ref: ImageRef):
+        """Returns (size, None), or (-1, (reason, error type)) when the file cannot be listed."""
+        if not refs_lib.has_scheme(ref.uri):
+            # Local: stat only (a FIFO, dangling symlink or folder is a row, never opened).
+            found = sources.probe(ref.uri)
+            if found.kind == "file":
+                return found.size, None
+            if found.kind == "dir":
+                return -1, ("a folder, not a file", "")
+            return -1, (found.reason, found.error)
         try:
-            found = [m for m in FileSystems.match([ref.uri])[0].metadata_list if m.path == ref.uri]
+            matched = [m for m in FileSystems.match([ref.uri])[0].metadata_list if m.path == ref.uri]
         except BeamIOError as e:
-            found, error = [], e
-        else:
-            error = None
-        if not found:
-            reason = f"file not found ({error})" if error else "file not found"
-            yield beam.pvalue.TaggedOutput(REJECTED, Rejected(ref.uri, reason, ref.key, ref.split))
-            return
-        yield ImageRef(ref.key, ref.uri, ref.label, ref.split, found[0].size_in_bytes)
-
-
-def _read_header(path: str) -> str:
-    """Reads the first line of a CSV manifest (only that line is read in the launcher)."""
-    with FileSystems.open(path) as f:
-        line = f.readline().decode("utf-8-sig").rstrip("\r\n")
-    if not line:
-        raise ValueError(f"{path}: the CSV manifest has no header line")
-    return line
+            return -1, (f"file not found ({sources.describe_os_error(e)})", type(e).__name__)
+        if not matched:
+            return -1, ("file not found", "")
+        return matched[0].size_in_bytes, None
 
 
 class ReadManifest(beam.PTransform):
     """Reads a CSV (with a header line) or JSONL manifest inside the pipeline.
 
     Each row needs a path (or uri) and a label; split and key are optional. Relative paths resolve
-    against the manifest's folder. CSV fields must not contain line breaks.
+    against the manifest's folder. CSV fields must not contain line breaks. A local path is only
+    stat-ed: a missing file, dangling symlink, FIFO or folder becomes a row (stage 'list').
     Outputs: main (ImageRef) and REJECTED (Rejected).
+
+    Args:
+      manifest: the .csv or .jsonl file.
+      columns: the column names.
+      max_file_bytes: files above this size become rows (stage 'read') at listing; None: no check.
+      header: a CSV manifest's header line, read (and its columns checked) by the launcher
+        (pipeline/checks.py), so that building the graph reads no file.
     """
 
-    def __init__(self, manifest: str, columns: ManifestColumns = ManifestColumns()):
+    def __init__(self, manifest: str, columns: ManifestColumns = ManifestColumns(),
+                 max_file_bytes: Optional[int] = None, header: Optional[str] = None):
         super().__init__()
         if not is_manifest(manifest):
             raise ValueError(f"ReadManifest: {manifest!r} is not a .csv or .jsonl manifest")
+        if manifest.lower().endswith(".csv") and not header:
+            raise ValueError(f"ReadManifest: {manifest!r} is a CSV manifest; pass its header line")
+        _check_max_file_bytes("ReadManifest", max_file_bytes)
         self._manifest = manifest
         self._columns = columns
+        self._max_file_bytes = max_file_bytes
+        self._header = header
 
     def expand(self, pbegin):
-        is_csv = self._manifest.lower().endswith(".csv")
-        header = _read_header(self._manifest) if is_csv else None
-        if header is not None:
-            fields = refs_lib.csv_row_parser(header)(header).keys()
-            missing = [c for c in (self._columns.label,) if c not in fields]
-            if self._columns.path not in fields and not (self._columns.path == "path" and "uri" in fields):
-                missing.insert(0, self._columns.path)
-            if missing:
-                raise ValueError(f"{self._manifest}: the header has no column {', '.join(map(repr, missing))}")
+        is_csv = self._header is not None
+        header = self._header
         return (
             pbegin
             | "Lines" >> beam.io.ReadFromText(self._manifest, skip_header_lines=1 if is_csv else 0)
-            | "ToRef" >> beam.ParDo(_ManifestRowFn(self._manifest, header, self._columns)).with_outputs(REJECTED, main="refs")
+            | "ToRef" >> beam.ParDo(_ManifestRowFn(self._manifest, header, self._columns, self._max_file_bytes)).with_outputs(REJECTED, main="refs")
         )
