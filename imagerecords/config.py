@@ -145,6 +145,42 @@ class BuildConfig:
         return d
 
 
+def field_docs(cls: type) -> Dict[str, str]:
+    """Returns {field name: text} from the `Attributes:` section of a dataclass docstring.
+
+    An entry starts with `name: text` (or `a, b, c: text`, shared by several fields) one indent
+    below `Attributes:`; deeper-indented lines continue it. Whitespace is collapsed to one space.
+    """
+    lines = (cls.__doc__ or "").expandtabs().splitlines()
+    docs: Dict[str, str] = {}
+    current: List[str] = []
+    entry_indent = None
+    in_section = False
+    for line in lines:
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if not in_section:
+            in_section = stripped == "Attributes:"
+            continue
+        if not stripped:
+            continue
+        if entry_indent is None:
+            entry_indent = indent
+        if indent < entry_indent:
+            break  # the next section (or the end of the docstring)
+        if indent == entry_indent:
+            names, sep, text = stripped.partition(":")
+            if not sep:
+                break
+            current = [n.strip() for n in names.split(",")]
+            for name in current:
+                docs[name] = text.strip()
+        else:
+            for name in current:
+                docs[name] = f"{docs[name]} {stripped}".strip()
+    return docs
+
+
 _IMAGE_FIELDS = {f.name for f in dataclasses.fields(ImageOptions)}
 _BUILD_FIELDS = {f.name for f in dataclasses.fields(BuildConfig)} - {"image"}
 

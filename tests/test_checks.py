@@ -1,0 +1,442 @@
+"""Pre-flight checks (imagerecords.pipeline.checks) on real files in tmp_path.
+
+Fixtures are made by the tests: tiny files stand in for images (the checks never open them), CSV
+and JSONL manifests are written as text, and the unwritable/full outputs are real tmpfs mounts
+(root only; skipped with the reason where mount is refused).
+"""
+
+import contextlib
+import errno
+import os
+import subprocess
+
+import pytest
+
+from imagerecords.config import BuildConfig, parse_splits
+from imagerecords.errors import InputError, OutputError, UsageError
+from imagerecords.pipeline import checks
+
+
+def _config(input_path, output_path="unused-out", **kwargs):
+    return BuildConfig(input=str(input_path), output=str(output_path), **kwargs)
+
+
+def _touch(path, data=b"x"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def _tree(root, classes=("cat", "dog")):
+    for label in classes:
+        _touch(root / label / f"{label}0.jpg")
+    return root
+
+
+def _write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@contextlib.contextmanager
+def _tmpfs(mountpoint, options):
+    """Mounts a fresh tmpfs with `options` at `mountpoint`, unmounting it afterwards."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mountpoint)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip() or result.returncode}); "
+                    "this check needs root in a container that allows mount")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", str(mountpoint)], check=True)
+
+
+# Input: folders ---------------------------------------------------------------------------------
+
+
+def test_class_folder_tree_passes(tmp_path):
+    info = checks.check_input(_config(_tree(tmp_path / "in")))
+    assert info == checks.InputInfo("folder")
+
+
+def test_missing_input(tmp_path):
+    path = tmp_path / "nope"
+    with pytest.raises(InputError) as e:
+        checks.check_input(_config(path))
+    assert str(e.value) == f"--input {path}: no such file or folder"
+    assert e.value.exit_code == 3
+
+
+def test_missing_manifest(tmp_path):
+    path = tmp_path / "nope.csv"
+    with pytest.raises(InputError, match=f"^--input {path}: no such file$"):
+        checks.check_input(_config(path))
+
+
+def test_empty_folder(tmp_path):
+    (tmp_path / "in").mkdir()
+    with pytest.raises(InputError, match="the folder is empty"):
+        checks.check_input(_config(tmp_path / "in"))
+
+
+def test_folder_with_only_hidden_entries_is_empty(tmp_path):
+    _touch(tmp_path / "in" / ".DS_Store")
+    _touch(tmp_path / "in" / ".git" / "HEAD")
+    with pytest.raises(InputError, match="the folder is empty"):
+        checks.check_input(_config(tmp_path / "in"))
+
+
+def test_flat_folder_is_refused_with_a_manifest_hint(tmp_path):
+    _touch(tmp_path / "in" / "a.jpg")
+    _touch(tmp_path / "in" / "b.jpg")
+    with pytest.raises(InputError) as e:
+        checks.check_input(_config(tmp_path / "in"))
+    message = str(e.value)
+    assert message.startswith(f"--input {tmp_path / 'in'}: has no class folders (expected INPUT/<label>/<image>)")
+    assert "CSV/JSONL manifest with path,label columns" in message
+
+
+def test_class_folders_without_files(tmp_path):
+    (tmp_path / "in" / "cat").mkdir(parents=True)
+    (tmp_path / "in" / "dog" / "deeper").mkdir(parents=True)
+    _touch(tmp_path / "in" / "dog" / ".hidden.jpg")
+    with pytest.raises(InputError, match=r"the class folders \(cat, dog\) hold no files"):
+        checks.check_input(_config(tmp_path / "in"))
+
+
+def test_file_deep_below_a_class_folder_counts(tmp_path):
+    (tmp_path / "in" / "cat").mkdir(parents=True)
+    _touch(tmp_path / "in" / "dog" / "2024" / "jan" / "x.png")
+    assert checks.check_input(_config(tmp_path / "in")).kind == "folder"
+
+
+def test_symlinked_class_folder_counts(tmp_path):
+    _touch(tmp_path / "elsewhere" / "cat" / "c.jpg")
+    (tmp_path / "in").mkdir()
+    os.symlink(tmp_path / "elsewhere" / "cat", tmp_path / "in" / "cat")
+    assert checks.check_input(_config(tmp_path / "in")).kind == "folder"
+
+
+def test_symlinked_input_root_counts(tmp_path):
+    _tree(tmp_path / "real")
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    assert checks.check_input(_config(tmp_path / "link")).kind == "folder"
+
+
+def test_symlink_loop_without_files_ends(tmp_path):
+    (tmp_path / "in" / "cat").mkdir(parents=True)
+    os.symlink(tmp_path / "in" / "cat", tmp_path / "in" / "cat" / "again")
+    with pytest.raises(InputError, match="hold no files"):
+        checks.check_input(_config(tmp_path / "in"))
+
+
+def test_input_file_that_is_not_a_manifest(tmp_path):
+    path = _touch(tmp_path / "photos.zip")
+    with pytest.raises(InputError, match="is a file but not a manifest"):
+        checks.check_input(_config(path))
+
+
+def test_broken_symlink_input(tmp_path):
+    os.symlink(tmp_path / "gone", tmp_path / "in")
+    with pytest.raises(InputError, match="is a broken symlink"):
+        checks.check_input(_config(tmp_path / "in"))
+
+
+# Input: manifests -------------------------------------------------------------------------------
+
+
+def test_csv_manifest_passes_and_reports_its_header(tmp_path):
+    path = _write(tmp_path / "m.csv", "\ufeffpath,label,split\r\na.jpg,cat,train\r\n")
+    info = checks.check_input(_config(path))
+    assert info == checks.InputInfo("csv", ("path", "label", "split"), "path,label,split")
+
+
+def test_csv_manifest_with_uri_column_passes(tmp_path):
+    path = _write(tmp_path / "m.csv", "uri,label\ngs://b/a.jpg,cat\n")
+    assert checks.check_input(_config(path)).columns == ("uri", "label")
+
+
+def test_empty_csv_manifest(tmp_path):
+    path = _write(tmp_path / "m.csv", "\n\n")
+    with pytest.raises(InputError, match=f"^--input {path}: the manifest is empty"):
+        checks.check_input(_config(path))
+
+
+def test_csv_manifest_with_a_header_only(tmp_path):
+    path = _write(tmp_path / "m.csv", "path,label\n")
+    with pytest.raises(InputError, match=r"has a header \(path,label\) but no rows"):
+        checks.check_input(_config(path))
+
+
+def test_csv_manifest_without_the_label_column(tmp_path):
+    path = _write(tmp_path / "m.csv", "path,class\na.jpg,cat\n")
+    with pytest.raises(InputError) as e:
+        checks.check_input(_config(path))
+    assert str(e.value) == (f"--input {path}: the CSV header has no 'label' column (columns: path, class); "
+                            "name the label column with --label_column")
+
+
+def test_csv_manifest_without_the_path_column(tmp_path):
+    path = _write(tmp_path / "m.csv", "file,label\na.jpg,cat\n")
+    with pytest.raises(InputError, match=r"has no 'path' \(or 'uri'\) column .*--path_column"):
+        checks.check_input(_config(path))
+
+
+def test_csv_manifest_with_renamed_columns(tmp_path):
+    path = _write(tmp_path / "m.csv", "file,class\na.jpg,cat\n")
+    info = checks.check_input(_config(path, path_column="file", label_column="class"))
+    assert info.columns == ("file", "class")
+
+
+def test_csv_manifest_that_is_not_utf8(tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_bytes(b"path,label\n\xe9t\xe9.jpg,cat\n")
+    with pytest.raises(InputError, match="line 2 is not UTF-8 text"):
+        checks.check_input(_config(path))
+
+
+def test_jsonl_manifest_passes_and_reports_its_first_row_keys(tmp_path):
+    path = _write(tmp_path / "m.jsonl", '\n{"path": "a.jpg", "label": "cat", "key": "k1"}\n')
+    assert checks.check_input(_config(path)) == checks.InputInfo("jsonl", ("path", "label", "key"))
+
+
+def test_empty_jsonl_manifest(tmp_path):
+    path = _write(tmp_path / "m.jsonl", "")
+    with pytest.raises(InputError, match="the manifest is empty"):
+        checks.check_input(_config(path))
+
+
+def test_jsonl_manifest_whose_first_row_is_not_an_object(tmp_path):
+    path = _write(tmp_path / "m.jsonl", '["a.jpg", "cat"]\n')
+    with pytest.raises(InputError, match="the first row is not a JSON object"):
+        checks.check_input(_config(path))
+
+
+def test_manifest_path_that_is_a_folder(tmp_path):
+    (tmp_path / "m.csv").mkdir()
+    with pytest.raises(InputError, match="is a folder named like a manifest"):
+        checks.check_input(_config(tmp_path / "m.csv"))
+
+
+# --splits against a manifest's split column ----------------------------------------------------
+
+SPLITS = parse_splits("train=0.8,validation=0.2")
+
+
+def test_splits_with_a_csv_split_column_is_refused(tmp_path):
+    path = _write(tmp_path / "m.csv", "path,label,split\na.jpg,cat,train\n")
+    with pytest.raises(UsageError) as e:
+        checks.check_input(_config(path, splits=SPLITS))
+    message = str(e.value)
+    assert message.startswith(f"--splits would replace the 'split' column of {path}")
+    assert "--ignore_split_column" in message
+    assert e.value.exit_code == 2
+
+
+def test_splits_with_a_split_column_is_accepted_when_told_to_ignore_it(tmp_path):
+    path = _write(tmp_path / "m.csv", "path,label,split\na.jpg,cat,train\n")
+    info = checks.check_input(_config(path, splits=SPLITS), ignore_split_column=True)
+    assert info.columns == ("path", "label", "split")
+
+
+def test_splits_with_a_renamed_split_column_is_refused(tmp_path):
+    path = _write(tmp_path / "m.csv", "path,label,fold\na.jpg,cat,train\n")
+    assert checks.check_input(_config(path, splits=SPLITS)).kind == "csv"  # 'split' is not a column
+    with pytest.raises(UsageError, match="replace the 'fold' column"):
+        checks.check_input(_config(path, splits=SPLITS, split_column="fold"))
+
+
+def test_splits_with_a_jsonl_split_key_is_refused(tmp_path):
+    path = _write(tmp_path / "m.jsonl", '{"path": "a.jpg", "label": "cat", "split": "train"}\n')
+    with pytest.raises(UsageError, match="--splits would replace the 'split' column"):
+        checks.check_input(_config(path, splits=SPLITS))
+
+
+def test_splits_with_a_manifest_without_split_column_is_accepted(tmp_path):
+    path = _write(tmp_path / "m.csv", "path,label\na.jpg,cat\n")
+    assert checks.check_input(_config(path, splits=SPLITS)).kind == "csv"
+
+
+def test_a_split_column_without_splits_is_fine(tmp_path):
+    path = _write(tmp_path / "m.csv", "path,label,split\na.jpg,cat,train\n")
+    assert checks.check_input(_config(path)).kind == "csv"
+
+
+# Output ------------------------------------------------------------------------------------------
+
+
+def test_output_is_created_with_parents_and_left_clean(tmp_path):
+    out = tmp_path / "a" / "b" / "ds"
+    checks.check_output(_config(_tree(tmp_path / "in"), out))
+    assert out.is_dir()
+    assert os.listdir(out) == []  # the probe file is gone
+
+
+def test_existing_output_keeps_its_files(tmp_path):
+    out = tmp_path / "ds"
+    _touch(out / "manifest.json", b"{}")
+    checks.check_output(_config(_tree(tmp_path / "in"), out))
+    assert os.listdir(out) == ["manifest.json"]
+    assert (out / "manifest.json").read_bytes() == b"{}"
+
+
+def test_output_that_is_a_file(tmp_path):
+    out = _touch(tmp_path / "ds")
+    with pytest.raises(OutputError) as e:
+        checks.check_output(_config(_tree(tmp_path / "in"), out))
+    assert str(e.value) == f"--output {out}: is a file, not a folder; choose a folder path"
+    assert e.value.exit_code == 4
+
+
+def test_output_below_a_file(tmp_path):
+    _touch(tmp_path / "f")
+    with pytest.raises(OutputError, match="a part of the path is a file"):
+        checks.check_output(_config(_tree(tmp_path / "in"), tmp_path / "f" / "ds"))
+
+
+def test_output_equal_to_input(tmp_path):
+    root = _tree(tmp_path / "in")
+    with pytest.raises(OutputError, match=f"^--output {root}/: is the input folder"):
+        checks.check_output(_config(root, f"{root}/"))
+
+
+def test_output_inside_input(tmp_path):
+    root = _tree(tmp_path / "in")
+    out = root / "out" / "ds"
+    with pytest.raises(OutputError, match=f"^--output {out}: is inside the input folder {root}; "):
+        checks.check_output(_config(root, out))
+    assert not (root / "out").exists()  # refused before anything was created
+
+
+def test_output_inside_input_through_a_symlink(tmp_path):
+    root = _tree(tmp_path / "in")
+    os.symlink(root / "cat", tmp_path / "alias")
+    with pytest.raises(OutputError, match="is inside the input folder"):
+        checks.check_output(_config(root, tmp_path / "alias" / "ds"))
+
+
+def test_output_inside_input_given_relative(tmp_path, monkeypatch):
+    root = _tree(tmp_path / "in")
+    monkeypatch.chdir(root)
+    with pytest.raises(OutputError, match="is inside the input folder"):
+        checks.check_output(_config(root, "ds"))
+
+
+def test_output_next_to_input_with_a_common_prefix_is_fine(tmp_path):
+    root = _tree(tmp_path / "data")
+    checks.check_output(_config(root, tmp_path / "data2"))
+    assert (tmp_path / "data2").is_dir()
+
+
+def test_output_containing_the_input_is_fine(tmp_path):
+    root = _tree(tmp_path / "work" / "images")
+    checks.check_output(_config(root, tmp_path / "work"))
+
+
+def test_output_next_to_a_manifest_is_fine(tmp_path):
+    manifest = _write(tmp_path / "m.csv", "path,label\na.jpg,cat\n")
+    checks.check_output(_config(manifest, tmp_path / "ds"))
+    assert (tmp_path / "ds").is_dir()
+
+
+@pytest.mark.parametrize("inp,out", [
+    ("gs://bucket/photos", "gs://bucket/photos/ds"),
+    ("gs://bucket/photos/", "gs://bucket/photos"),
+    ("gs://bucket/photos", "gs://bucket//photos/./ds/"),
+    ("gs://bucket/photos", "GS://bucket/photos/ds"),
+])
+def test_remote_output_inside_remote_input(inp, out):
+    # Refused from the paths alone, before any storage call.
+    with pytest.raises(OutputError, match="is (the|inside the) input folder"):
+        checks.check_output(_config(inp, out))
+
+
+def test_read_only_output(tmp_path):
+    root = _tree(tmp_path / "in")
+    with _tmpfs(tmp_path / "ro", "size=1m,ro") as mount:
+        with pytest.raises(OutputError) as e:
+            checks.check_output(_config(root, mount))
+        assert str(e.value) == (f"--output {mount}: cannot create a file there (Read-only file system); "
+                                "choose an --output on a writable filesystem")
+        with pytest.raises(OutputError, match=r"cannot create the folder \(Read-only file system\)"):
+            checks.check_output(_config(root, mount / "sub" / "ds"))
+
+
+def test_full_output(tmp_path):
+    root = _tree(tmp_path / "in")
+    with _tmpfs(tmp_path / "full", "size=64k") as mount:
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            with pytest.raises(OSError) as full:  # fill it: tmpfs refuses writes past its size
+                while True:
+                    os.write(fd, b"\0" * 4096)
+            assert full.value.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+        with pytest.raises(OutputError) as e:
+            checks.check_output(_config(root, mount))
+        assert str(e.value) == (f"--output {mount}: cannot write there (No space left on device); "
+                                "free some space or choose another --output")
+        assert sorted(os.listdir(mount)) == ["filler"]  # the empty probe file was removed
+
+
+# The same checks on gs:// against the GCS emulator ----------------------------------------------
+
+
+def _gcs_available():
+    from tests.support.gcs import emulator_available
+
+    return emulator_available()
+
+
+@pytest.fixture(scope="module")
+def gcs_bucket():
+    """A bucket on the GCS emulator holding a class tree, a flat folder and manifests."""
+    import uuid
+
+    from tests.support.gcs import SKIP_REASON, GcsEmulator
+
+    if not _gcs_available():
+        pytest.skip(SKIP_REASON)
+    with GcsEmulator() as emulator:
+        name = f"checks-{uuid.uuid4().hex[:12]}"
+        emulator.create_bucket(name)
+        for path, data in {
+            "tree/cat/c0.jpg": b"x",
+            "tree/dog/d0.jpg": b"x",
+            "flat/a.jpg": b"x",
+            "flat/b.jpg": b"x",
+            "m.csv": b"path,label,split\ntree/cat/c0.jpg,cat,train\n",
+            "header-only.csv": b"path,label\n",
+            "ds": b"a file where a folder should be",
+        }.items():
+            emulator.upload(data, f"gs://{name}/{path}")
+        with emulator.activated():
+            yield f"gs://{name}"
+
+
+@pytest.mark.gcs
+def test_gcs_input_checks(gcs_bucket):
+    assert checks.check_input(_config(f"{gcs_bucket}/tree")).kind == "folder"
+    assert checks.check_input(_config(f"{gcs_bucket}/m.csv")).columns == ("path", "label", "split")
+    with pytest.raises(InputError, match="has no class folders"):
+        checks.check_input(_config(f"{gcs_bucket}/flat"))
+    with pytest.raises(InputError, match="no such folder, or no files under it"):
+        checks.check_input(_config(f"{gcs_bucket}/nothing"))
+    with pytest.raises(InputError, match="no such file"):
+        checks.check_input(_config(f"{gcs_bucket}/nothing.csv"))
+    with pytest.raises(InputError, match="but no rows"):
+        checks.check_input(_config(f"{gcs_bucket}/header-only.csv"))
+    with pytest.raises(UsageError, match="--splits would replace the 'split' column"):
+        checks.check_input(_config(f"{gcs_bucket}/m.csv", splits=SPLITS))
+
+
+@pytest.mark.gcs
+def test_gcs_output_checks(gcs_bucket):
+    checks.check_output(_config(f"{gcs_bucket}/tree", f"{gcs_bucket}/new-ds"))
+    with pytest.raises(OutputError, match="is a file, not a folder"):
+        checks.check_output(_config(f"{gcs_bucket}/tree", f"{gcs_bucket}/ds"))
+    with pytest.raises(OutputError, match="is inside the input folder"):
+        checks.check_output(_config(f"{gcs_bucket}/tree", f"{gcs_bucket}/tree/ds"))
