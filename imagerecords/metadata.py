@@ -1,23 +1,24 @@
-"""Output metadata: manifest.json, TFDS dataset_info.json / features.json, label names, errors."""
+"""Output metadata around the manifest: TFDS dataset_info.json / features.json and label names."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-MANIFEST = "manifest.json"
-ERRORS = "errors.jsonl"
+from imagerecords.manifest import MANIFEST, Manifest, Shard, Split, dumps
+
 DATASET_INFO = "dataset_info.json"
 FEATURES = "features.json"
 LABEL_NAMES = "label.labels.txt"
-FORMAT_VERSION = 1
 FILEPATH_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+# What TFDS reads to find a dataset: removed with manifest.json when a commit starts, so that
+# neither our readers nor TFDS see the previous dataset's metadata over the new shards.
+PUBLICATION_MARKS = (MANIFEST, DATASET_INFO, FEATURES)
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardResult:
-    """What one written shard holds (a row of manifest.json).
+    """What one written shard holds, as the shard writer reports it (a Shard plus its split).
 
     Attributes:
       split: split name.
@@ -28,6 +29,7 @@ class ShardResult:
       sha256: hex digest of the file.
       labels: ((label_id, count), ...) sorted by id.
       passthrough: records whose JPEG is the source file unchanged.
+      index_file: name of the record-offset file written next to it, if any.
     """
 
     split: str
@@ -38,17 +40,20 @@ class ShardResult:
     sha256: str
     labels: Tuple[Tuple[int, int], ...] = ()
     passthrough: int = 0
+    index_file: Optional[str] = None
+
+    def to_shard(self) -> Shard:
+        return Shard(self.index, self.filename, self.count, self.num_bytes, self.sha256, tuple(self.labels),
+                     self.passthrough, self.index_file)
 
     def to_json(self) -> Dict[str, object]:
-        return {
-            "index": self.index,
-            "filename": self.filename,
-            "count": self.count,
-            "num_bytes": self.num_bytes,
-            "sha256": self.sha256,
-            "labels": {str(k): v for k, v in self.labels},
-            "passthrough": self.passthrough,
-        }
+        return dict(self.to_shard().to_json(), split=self.split)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> "ShardResult":
+        s = Shard.from_json(d)
+        return cls(str(d["split"]), s.index, s.filename, s.count, s.num_bytes, s.sha256, s.labels, s.passthrough,
+                   s.index_file)
 
 
 def build_manifest(
@@ -60,55 +65,36 @@ def build_manifest(
     parameters: Mapping[str, object],
     shards: Sequence[ShardResult],
     num_rejected: int,
+    num_skipped: int = 0,
     versions: Mapping[str, str],
     created: Optional[str] = None,
-) -> Dict[str, object]:
-    """Returns the manifest dict: everything a reader needs, and what a build was made from.
-
-    Splits and shards are sorted, so the same build always serializes to the same bytes;
-    `created` is the only field that varies between identical builds.
-    """
-    splits: Dict[str, Dict[str, object]] = {}
-    for shard in sorted(shards, key=lambda s: (s.split, s.index)):
-        entry = splits.setdefault(shard.split, {"num_examples": 0, "num_bytes": 0, "shards": []})
-        entry["num_examples"] += shard.count
-        entry["num_bytes"] += shard.num_bytes
-        entry["shards"].append(shard.to_json())
-    return {
-        "format_version": FORMAT_VERSION,
-        "name": name,
-        "schema": schema,
-        "label_names": list(label_map["names"]),
-        "label_offset": label_map["offset"],
-        "integer_labels": label_map["integer"],
-        "seed": seed,
-        "parameters": dict(parameters),
-        "splits": splits,
-        "num_rejected": num_rejected,
-        "errors_file": ERRORS,
-        "versions": dict(versions),
-        "created": created,
-    }
+) -> Manifest:
+    """Returns the manifest of a build from its shard results; splits and shards are sorted, so the
+    same build always serializes to the same bytes (`created` aside)."""
+    by_split: Dict[str, List[Shard]] = {}
+    for result in sorted(shards, key=lambda s: (s.split, s.index)):
+        by_split.setdefault(result.split, []).append(result.to_shard())
+    params = {k: v for k, v in parameters.items() if k not in ("name", "schema", "seed")}
+    return Manifest(name=name, schema=schema, label_names=tuple(label_map["names"]),
+                    label_offset=int(label_map["offset"]), integer_labels=bool(label_map["integer"]), seed=seed,
+                    parameters=params, splits=tuple(Split(k, tuple(v)) for k, v in sorted(by_split.items())),
+                    num_rejected=num_rejected, num_skipped=num_skipped, versions=dict(versions), created=created)
 
 
-def dumps(obj: object) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
-
-
-def tfds_dataset_info(manifest: Mapping[str, object]) -> Dict[str, object]:
+def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:
     """Returns TFDS's dataset_info.json content for the manifest (what tfds.builder_from_directory
     reads to find the shards and count the examples)."""
     splits = []
-    for split, entry in sorted(manifest["splits"].items()):
+    for split in manifest.splits:
         splits.append({
-            "name": split,
+            "name": split.name,
             "filepathTemplate": FILEPATH_TEMPLATE,
-            "numBytes": str(entry["num_bytes"]),
-            "shardLengths": [str(s["count"]) for s in entry["shards"]],
+            "numBytes": str(split.num_bytes),
+            "shardLengths": [str(s.count) for s in split.shards],
         })
     return {
-        "name": manifest["name"],
-        "description": f"Images converted by imagerecords (schema {manifest['schema']}).",
+        "name": manifest.name,
+        "description": f"Images converted by imagerecords (schema {manifest.schema}).",
         "fileFormat": "tfrecord",
         "version": "1.0.0",
         "splits": splits,
@@ -146,12 +132,11 @@ def label_names_text(names: Sequence[str]) -> bytes:
     return "".join(f"{n}\n" for n in names).encode("utf-8")
 
 
-def metadata_files(manifest: Mapping[str, object]) -> List[Tuple[str, bytes]]:
-    """Returns (filename, content) of every metadata file except errors.jsonl, manifest.json last
-    (it is the publication mark: a folder without it holds no finished dataset)."""
-    files = [(LABEL_NAMES, label_names_text(manifest["label_names"]))]
-    if manifest["schema"] == "tfds":
+def metadata_files(manifest: Manifest) -> List[Tuple[str, bytes]]:
+    """Returns (filename, content) of every metadata file except errors.jsonl and manifest.json
+    (the commit writes those itself, manifest.json last)."""
+    files = [(LABEL_NAMES, label_names_text(manifest.label_names))]
+    if manifest.schema == "tfds":
         files.append((DATASET_INFO, dumps(tfds_dataset_info(manifest))))
-        files.append((FEATURES, dumps(tfds_features(len(manifest["label_names"])))))
-    files.append((MANIFEST, dumps(manifest)))
+        files.append((FEATURES, dumps(tfds_features(len(manifest.label_names)))))
     return files

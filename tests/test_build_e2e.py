@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from conftest import build, manifest_without_time, read_examples, shard_files
-from imagerecords.pipeline.build import OutputNotEmpty
+from imagerecords.errors import BudgetExceeded, OutputError
 from imagerecords.pipeline import cli
 
 SPLITS = "train=0.7,validation=0.3"
@@ -41,12 +41,11 @@ def test_every_input_appears_once_with_its_label(built):
     examples = read_examples(out)
     want = {f"{cls}/{rel}": cls for cls, rels in files.items() for rel in rels}
     assert sorted(examples) == sorted(want)
-    names = manifest["label_names"]
+    names = list(manifest.label_names)
     assert names == ["circle", "square", "stripes", "triangle"]
     for key, ex in examples.items():
         assert names[ex.features.feature["label"].int64_list.value[0]] == want[key]
-    total = sum(s["num_examples"] for s in manifest["splits"].values())
-    assert total == len(want) and manifest["num_rejected"] == 1
+    assert manifest.num_examples == len(want) and manifest.num_rejected == 1
     rows = [json.loads(line) for line in open(out / "errors.jsonl")]
     assert [r["key"] for r in rows] == ["circle/truncated.jpg"] and "truncated" in rows[0]["reason"].lower()
 
@@ -74,8 +73,8 @@ def test_shards_are_balanced_and_named(built):
     _, _, out, manifest = built
     names = [os.path.basename(p) for p in shard_files(out)]
     assert names == [f"images-{s}.tfrecord-{i:05d}-of-00003" for s in ("train", "validation") for i in range(3)]
-    for split in manifest["splits"].values():
-        counts = [s["count"] for s in split["shards"]]
+    for split in manifest.splits:
+        counts = [s.count for s in split.shards]
         assert max(counts) - min(counts) <= 1 + 1  # +1: the rejected image was planned in a shard
     assert cli.verify(str(out)) == []
 
@@ -106,7 +105,7 @@ def test_beam_writer_yields_the_same_records(built, tmp_path):
     ours = {k: v.SerializeToString(deterministic=True) for k, v in read_examples(out).items()}
     theirs = {k: v.SerializeToString(deterministic=True) for k, v in read_examples(beam_out).items()}
     assert ours == theirs
-    assert manifest["num_rejected"] == 1 and cli.verify(str(beam_out)) == []
+    assert manifest.num_rejected == 1 and cli.verify(str(beam_out)) == []
 
 
 def test_tfds_builder_from_directory_reads_the_output(built):
@@ -116,12 +115,12 @@ def test_tfds_builder_from_directory_reads_the_output(built):
     builder = tfds.builder_from_directory(str(out))
     assert builder.info.features["label"].names == ["circle", "square", "stripes", "triangle"]
     for split in ("train", "validation"):
-        assert builder.info.splits[split].num_examples == manifest["splits"][split]["num_examples"]
+        assert builder.info.splits[split].num_examples == manifest.split(split).num_examples
     seen = 0
     for ex in builder.as_dataset(split="train"):
         assert ex["image"].shape[-1] == 3 and ex["image"].dtype.name == "uint8"
         seen += 1
-    assert seen == manifest["splits"]["train"]["num_examples"]
+    assert seen == manifest.split("train").num_examples
 
 
 def test_manifest_and_folder_builds_agree(built, tmp_path):
@@ -144,13 +143,13 @@ def test_manifest_and_folder_builds_agree(built, tmp_path):
 
 def test_refuses_to_overwrite_and_fails_over_reject_budget(built, tmp_path):
     root, _, out, _ = built
-    with pytest.raises(OutputNotEmpty, match="--overwrite"):
+    with pytest.raises(OutputError, match="--overwrite"):
         build(root, out, "--splits", SPLITS)
     strict = tmp_path / "strict"
-    with pytest.raises(Exception, match="over the budget"):
+    with pytest.raises(BudgetExceeded, match="over the budget"):
         build(root, strict, "--max_reject_fraction", 0)
     assert not (strict / "manifest.json").exists()
-    assert json.loads((strict / "errors.jsonl").read_text().splitlines()[0])["key"] == "circle/truncated.jpg"
+    assert json.loads((strict / ".imagerecords-staging" / "errors.jsonl").read_text().splitlines()[0])["key"] == "circle/truncated.jpg"
 
 
 def test_tf_models_schema_with_offset_and_resize(built, tmp_path):
@@ -158,11 +157,11 @@ def test_tf_models_schema_with_offset_and_resize(built, tmp_path):
     out = tmp_path / "tfm"
     manifest = build(root, out, "--schema", "tf-models", "--label_offset", 1, "--max_side", 24, "--num_shards", 2,
                      "--max_reject_fraction", 0.05)
-    assert manifest["label_offset"] == 1 and not (out / "dataset_info.json").exists()
+    assert manifest.label_offset == 1 and not (out / "dataset_info.json").exists()
     for key, ex in read_examples(out).items():
         f = ex.features.feature
         label = f["image/class/label"].int64_list.value[0]
-        assert manifest["label_names"][label - 1] == key.split("/")[0] == f["image/class/text"].bytes_list.value[0].decode()
+        assert manifest.label_names[label - 1] == key.split("/")[0] == f["image/class/text"].bytes_list.value[0].decode()
         assert max(f["image/height"].int64_list.value[0], f["image/width"].int64_list.value[0]) == 24
         assert f["image/format"].bytes_list.value[0] == b"JPEG"
 
@@ -171,9 +170,9 @@ def test_tf_models_schema_with_offset_and_resize(built, tmp_path):
 def test_cli_exit_status_and_messages(built, tmp_path, capsys):
     root, _, out, _ = built
     common = ["--no_progress", "--direct_num_workers=1"]
-    assert cli.main(["build", "--input", str(tmp_path / "missing"), "--output", str(tmp_path / "o"), *common]) == 1
-    assert "input folder not found or empty" in capsys.readouterr().err
-    assert cli.main(["build", "--input", str(root), "--output", str(tmp_path / "o2"), "--max_reject_fraction", "0", *common]) == 1
+    assert cli.main(["build", "--input", str(tmp_path / "missing"), "--output", str(tmp_path / "o"), *common]) == 3
+    assert "no such file" in capsys.readouterr().err
+    assert cli.main(["build", "--input", str(root), "--output", str(tmp_path / "o2"), "--max_reject_fraction", "0", *common]) == 6
     err = capsys.readouterr().err
     assert "imagerecords build: error: 1 of 41 inputs rejected" in err and "not published" in err
     assert cli.main(["verify", str(out)]) == 0

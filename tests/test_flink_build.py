@@ -41,8 +41,8 @@ def test_flink_build_is_byte_identical_to_direct_runner(cluster, image_tree, tmp
     for a, b in zip(shard_files(on_flink), shard_files(direct)):
         assert filecmp.cmp(a, b, shallow=False), a
     assert manifest_without_time(on_flink) == manifest_without_time(direct)
-    for split in manifest["splits"].values():
-        for shard in split["shards"]:
-            with open(on_flink / shard["filename"], "rb") as f:
-                assert hashlib.sha256(f.read()).hexdigest() == shard["sha256"]
-    assert manifest["num_rejected"] == 1
+    for split in manifest.splits:
+        for shard in split.shards:
+            with open(on_flink / shard.filename, "rb") as f:
+                assert hashlib.sha256(f.read()).hexdigest() == shard.sha256
+    assert manifest.num_rejected == 1

@@ -44,6 +44,6 @@ def test_build_from_gcs_to_gcs_matches_local_build(emulator, image_tree, tmp_pat
     remote_manifest = json.loads(emulator.download(f"gs://{bucket}/dataset/manifest.json"))
     remote_manifest.pop("created")
     assert remote_manifest == manifest_without_time(local)
-    assert manifest["num_rejected"] == 1
+    assert manifest.num_rejected == 1
     errors = [json.loads(line) for line in emulator.download(f"gs://{bucket}/dataset/errors.jsonl").splitlines()]
     assert errors[0]["uri"] == f"gs://{bucket}/images/circle/truncated.jpg"

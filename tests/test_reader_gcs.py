@@ -45,5 +45,5 @@ def test_reader_reads_gs_paths(tmp_path):
         emulator.stop()
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["files"] == [f"gs://readerbucket/ds/{s['filename']}" for s in manifest["splits"]["train"]["shards"]]
-    assert len(result["names"]) == len(set(result["names"])) == manifest["splits"]["train"]["num_examples"]
+    assert result["files"] == [f"gs://readerbucket/ds/{s.filename}" for s in manifest.split("train").shards]
+    assert len(result["names"]) == len(set(result["names"])) == manifest.split("train").num_examples

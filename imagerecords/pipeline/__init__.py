@@ -1,12 +1,16 @@
-"""The build job and the `imagerecords` command line."""
+"""The build: the graph (build_pipeline), the launcher (run, finish) and the `imagerecords` command."""
 
-__all__ = ["build_pipeline", "run"]
+__all__ = ["build_pipeline", "finish", "run"]
 
 
 def __getattr__(name):
     # Lazy, so that the command line starts (and quiets library chatter) before Beam is imported.
-    if name in __all__:
-        from imagerecords.pipeline import build
+    if name == "build_pipeline":
+        from imagerecords.pipeline import graph
 
-        return getattr(build, name)
+        return graph.build_pipeline
+    if name in ("run", "finish"):
+        from imagerecords.pipeline import launcher
+
+        return getattr(launcher, name)
     raise AttributeError(f"module 'imagerecords.pipeline' has no attribute {name!r}")

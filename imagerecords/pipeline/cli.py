@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -14,50 +13,26 @@ USAGE = """imagerecords COMMAND [ARGS]
 
 commands:
   build    build a sharded TFRecord dataset (imagerecords build --help)
-  verify   check every shard's size and sha256 against manifest.json
+  finish   publish a build whose launcher did not commit it (a Dataflow template, a cut commit)
+  verify   check the shards against manifest.json (--records: every record's CRC too)
   inspect  print a dataset's splits, shards and labels
   demo     generate a small image tree and build it (the README's first command)
+
+Exit codes: 0 ok, 1 the build failed or verify found problems, 2 bad usage, 3 input problem,
+4 output problem, 5 output locked by another build, 6 reject budget exceeded, 7 unfinished build.
 """
 
 
-def verify(output: str) -> List[str]:
-    """Returns the problems found comparing the shards in `output` with its manifest (none = [])."""
-    from apache_beam.io.filesystems import FileSystems
+def verify(output: str, records: bool = False) -> List[str]:
+    """Returns the problems found comparing `output` with its manifest (none = [])."""
+    from imagerecords.pipeline import checkup
 
-    from imagerecords import metadata
-    from imagerecords.records import HashingReader
-    from imagerecords.transforms.common import read_bytes
-
-    manifest = json.loads(read_bytes(FileSystems.join(output, metadata.MANIFEST)))
-    problems = []
-    for split, entry in sorted(manifest["splits"].items()):
-        for shard in entry["shards"]:
-            path = FileSystems.join(output, shard["filename"])
-            if not FileSystems.exists(path):
-                problems.append(f"{path}: missing")
-                continue
-            with FileSystems.open(path) as f:  # streamed: a shard can be hundreds of MB
-                stream = HashingReader(f).drain()
-            if stream.num_bytes != shard["num_bytes"]:
-                problems.append(f"{path}: {stream.num_bytes} bytes, manifest says {shard['num_bytes']}")
-            elif stream.sha256() != shard["sha256"]:
-                problems.append(f"{path}: sha256 differs from the manifest")
-    return problems
-
-
-def _inspect(output: str) -> None:
-    from imagerecords import reader
-
-    info = reader.load_info(output)
-    print(f"{info.name}: schema {info.schema}, {len(info.label_names)} labels, offset {info.label_offset}")
-    for split, s in sorted(info.splits.items()):
-        print(f"  {split}: {s.num_examples} records in {len(s.files)} shards")
-    print(f"  labels: {', '.join(info.label_names[:20])}{' ...' if len(info.label_names) > 20 else ''}")
+    return checkup.verify(output, records)[0]
 
 
 def _demo(argv: Sequence[str]) -> int:
     from imagerecords import example_images
-    from imagerecords.pipeline.build import run
+    from imagerecords.pipeline.launcher import run
 
     p = argparse.ArgumentParser(prog="imagerecords demo", description="Generate example images and build them.")
     p.add_argument("output", nargs="?", default="example_output", help="folder for images/ and dataset/ (default: example_output)")
@@ -89,44 +64,66 @@ def _quiet_libraries() -> None:
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
 
 
+def _one_folder(command: str, rest: Sequence[str], flags: Sequence[str] = ()) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"imagerecords {command}")
+    p.add_argument("output", help="the dataset folder (local or gs://...)")
+    for flag in flags:
+        p.add_argument(flag, action="store_true")
+    return p.parse_args(rest)
+
+
+def _command(command: str, rest: Sequence[str]) -> int:
+    if command == "build":
+        from imagerecords.pipeline.launcher import run
+
+        run(rest)
+        return 0
+    if command == "finish":
+        from imagerecords.pipeline.launcher import finish, print_summary
+
+        args = _one_folder(command, rest, ["--break_lock"])
+        print_summary(finish(args.output, args.break_lock), args.output, 0.0)
+        return 0
+    if command == "verify":
+        from imagerecords.pipeline import checkup
+
+        args = _one_folder(command, rest, ["--records"])
+        problems, notes = checkup.verify(args.output, args.records)
+        for problem in problems:
+            print(problem)
+        for note in notes:
+            print(f"note: {note}")
+        print("ok" if not problems else f"{len(problems)} problem(s)")
+        return 1 if problems else 0
+    if command == "inspect":
+        from imagerecords.pipeline import checkup
+
+        args = _one_folder(command, rest)
+        lines, problems = checkup.inspect(args.output)
+        print("\n".join(lines))
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 1 if problems else 0
+    if command == "demo":
+        return _demo(rest)
+    print(f"imagerecords: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     _quiet_libraries()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command == "build":
-        from imagerecords.pipeline.build import OutputNotEmpty, run
+    from imagerecords import errors
 
-        try:
-            run(rest)
-        except (ValueError, FileNotFoundError, OutputNotEmpty) as e:
-            print(f"imagerecords build: error: {e}", file=sys.stderr)
-            return 1
-        except Exception as e:  # the runner wraps a worker's exception; show ours without its traceback
-            marker = "RejectBudgetExceeded: "
-            if marker not in str(e):
-                raise
-            print(f"imagerecords build: error: {str(e).split(marker, 1)[1].splitlines()[0]}", file=sys.stderr)
-            return 1
-        return 0
-    if command == "verify":
-        if len(rest) != 1:
-            print("usage: imagerecords verify OUTPUT", file=sys.stderr)
-            return 2
-        problems = verify(rest[0])
-        for problem in problems:
-            print(problem)
-        print("ok" if not problems else f"{len(problems)} problem(s)")
-        return 1 if problems else 0
-    if command == "inspect":
-        if len(rest) != 1:
-            print("usage: imagerecords inspect OUTPUT", file=sys.stderr)
-            return 2
-        _inspect(rest[0])
-        return 0
-    if command == "demo":
-        return _demo(rest)
-    print(f"imagerecords: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
-    return 2
+    command, rest = argv[0], argv[1:]
+    try:
+        return _command(command, rest)
+    except errors.BuildError as e:
+        print(f"imagerecords {command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"imagerecords {command}: interrupted; nothing was published (rerun with --overwrite)", file=sys.stderr)
+        return 130

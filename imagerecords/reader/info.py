@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import posixpath
 from typing import Dict, List, Mapping, Tuple, Union
 
 import tensorflow as tf
 
-from imagerecords import metadata, schema
+from imagerecords import schema
+from imagerecords.manifest import MANIFEST, STAGING, Manifest, no_manifest_hint, unfinished_hint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +75,7 @@ class DatasetInfo:
       seed: the build's shuffle seed.
       splits: {split name: SplitInfo}.
       num_rejected: inputs the build rejected (listed in errors.jsonl).
-      manifest: the manifest as parsed, for fields this class does not lift out.
+      manifest: the typed manifest (imagerecords.manifest.Manifest), for fields this class does not lift out.
     """
 
     path: str
@@ -87,7 +87,7 @@ class DatasetInfo:
     seed: int
     splits: Dict[str, SplitInfo]
     num_rejected: int
-    manifest: Mapping[str, object] = dataclasses.field(repr=False, compare=False)
+    manifest: Manifest = dataclasses.field(repr=False, compare=False)
 
     @property
     def num_classes(self) -> int:
@@ -131,46 +131,40 @@ def load_info(path: Union[str, "DatasetInfo"]) -> DatasetInfo:
       The dataset's DatasetInfo.
 
     Raises:
-      FileNotFoundError: when the folder holds no manifest.json (no finished build is there).
-      ValueError: when the manifest is of an unknown format version or schema.
+      FileNotFoundError: when the folder holds no manifest.json (no published build is there; the
+        message says whether an unfinished build is, and how to finish or clear it).
+      ValueError: when the manifest is unreadable (imagerecords.manifest.ManifestError) or of an
+        unknown schema.
     """
     if isinstance(path, DatasetInfo):
         return path
     path = str(path)
-    manifest_path = join(path, metadata.MANIFEST)
+    manifest_path = join(path, MANIFEST)
     if not tf.io.gfile.exists(manifest_path):
-        raise FileNotFoundError(f"{manifest_path} not found: {path} holds no finished imagerecords build "
-                                "(the builder writes manifest.json last)")
+        if tf.io.gfile.exists(join(path, STAGING)):
+            raise FileNotFoundError(unfinished_hint(path))
+        raise FileNotFoundError(no_manifest_hint(path))
     with tf.io.gfile.GFile(manifest_path, "rb") as f:
-        manifest = json.loads(f.read().decode("utf-8"))
-    version = manifest.get("format_version")
-    if version != metadata.FORMAT_VERSION:
-        raise ValueError(f"{manifest_path}: format_version {version!r}, this reader reads {metadata.FORMAT_VERSION}")
-    schema.keys(manifest["schema"])  # fails early, naming the preset, if this reader does not know it
+        manifest = Manifest.loads(f.read(), manifest_path)
+    schema.keys(manifest.schema)  # fails early, naming the preset, if this reader does not know it
     splits = {}
-    for split, entry in manifest["splits"].items():
+    for split in manifest.splits:
         shards = tuple(
-            ShardInfo(
-                index=s["index"],
-                path=join(path, s["filename"]),
-                count=s["count"],
-                num_bytes=s["num_bytes"],
-                sha256=s["sha256"],
-                labels={int(k): v for k, v in s.get("labels", {}).items()},
-            )
-            for s in sorted(entry["shards"], key=lambda s: s["index"])
+            ShardInfo(index=s.index, path=join(path, s.filename), count=s.count, num_bytes=s.num_bytes,
+                      sha256=s.sha256, labels=dict(s.labels))
+            for s in split.shards
         )
-        splits[split] = SplitInfo(split, entry["num_examples"], entry["num_bytes"], shards)
+        splits[split.name] = SplitInfo(split.name, split.num_examples, split.num_bytes, shards)
     return DatasetInfo(
         path=path,
-        name=manifest["name"],
-        schema=manifest["schema"],
-        label_names=list(manifest["label_names"]),
-        label_offset=int(manifest.get("label_offset", 0)),
-        integer_labels=bool(manifest.get("integer_labels", False)),
-        seed=manifest.get("seed", 0),
+        name=manifest.name,
+        schema=manifest.schema,
+        label_names=list(manifest.label_names),
+        label_offset=manifest.label_offset,
+        integer_labels=manifest.integer_labels,
+        seed=manifest.seed,
         splits=splits,
-        num_rejected=manifest.get("num_rejected", 0),
+        num_rejected=manifest.num_rejected,
         manifest=manifest,
     )
 

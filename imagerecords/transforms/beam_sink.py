@@ -12,10 +12,10 @@ from typing import Iterable, Sequence, Union
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from imagerecords import codec, records, schema, shard_writer
+from imagerecords import codec, publish, records, schema, shard_writer
 from imagerecords.metadata import ShardResult
 from imagerecords.refs import ImageRef, LabelMap, Rejected
-from imagerecords.transforms.common import REJECTED, read_bytes
+from imagerecords.transforms.common import REJECTED
 
 __all__ = ["WriteWithBeamSink"]
 
@@ -25,8 +25,11 @@ class _EncodeFn(beam.DoFn):
         self._preset = preset
         self._options = options
 
+    def setup(self):
+        self._read = shard_writer.limited_reader(self._options)
+
     def process(self, ref: ImageRef, labels: LabelMap) -> Iterable[Union[tuple, beam.pvalue.TaggedOutput]]:
-        result = shard_writer.encode_ref(ref, read_bytes, self._preset, labels, self._options)
+        result = shard_writer.encode_ref(ref, self._read, self._preset, labels, self._options)
         if isinstance(result, Rejected):
             yield beam.pvalue.TaggedOutput(REJECTED, result)
         else:
@@ -78,7 +81,7 @@ class WriteWithBeamSink(beam.PTransform):
                 yield ref
             else:
                 yield beam.pvalue.TaggedOutput(
-                    REJECTED, Rejected(ref.uri, f"split {ref.split!r} is not among {sorted(splits)}", ref.key, ref.split))
+                    REJECTED, Rejected(ref.uri, f"split {ref.split!r} is not among {sorted(splits)}", ref.key, ref.split, stage="label"))
 
         checked = refs | "KnownSplit" >> beam.FlatMap(known_split).with_outputs(REJECTED, main="refs")
         encoded = (
@@ -89,7 +92,7 @@ class WriteWithBeamSink(beam.PTransform):
         )
         results = []
         for split in self._splits:
-            prefix = FileSystems.join(self._output, f"{self._name}-{split}.tfrecord")
+            prefix = FileSystems.join(publish.staging_dir(self._output), f"{self._name}-{split}.tfrecord")
             files = (
                 encoded.records
                 | f"Only[{split}]" >> beam.Filter(lambda kv, s=split: kv[0] == s)

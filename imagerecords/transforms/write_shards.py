@@ -1,4 +1,4 @@
-"""WriteShards: one worker streams each shard to a temporary file and renames it when complete."""
+"""WriteShards: one worker streams each shard to a temporary file in staging, renamed when complete."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from imagerecords import codec, shard_writer
+from imagerecords import codec, publish, shard_writer
 from imagerecords import refs as refs_lib
 from imagerecords.metadata import ShardResult
 from imagerecords.refs import ImageRef, LabelMap
-from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED, read_bytes, write_bytes
+from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
 
 __all__ = ["WriteShards"]
 
@@ -58,6 +58,7 @@ class _WriteShardFn(beam.DoFn):
         self._bytes = Metrics.counter(METRICS_NAMESPACE, "bytes_written")
 
     def setup(self):
+        self._read = shard_writer.limited_reader(self._options)
         self._executor = concurrent.futures.ThreadPoolExecutor(self._threads) if self._threads > 1 else None
 
     def teardown(self):
@@ -67,40 +68,66 @@ class _WriteShardFn(beam.DoFn):
     def process(self, element: Tuple[Tuple[str, int, int], List[ImageRef]], labels: LabelMap
                 ) -> Iterable[Union[ShardResult, beam.pvalue.TaggedOutput]]:
         (split, index, num_shards), refs = element
+        publish.test_pause("before_shards")
         filename = refs_lib.shard_name(self._name, split, index, num_shards)
-        final = FileSystems.join(self._output, filename)
+        staging = publish.staging_dir(self._output)
+        staged = FileSystems.join(staging, filename)
         # A unique temporary name per attempt: a retried or speculative bundle never writes into
         # another attempt's file, and the last rename wins with identical bytes.
-        tmp = FileSystems.join(self._output, f".{filename}.{uuid.uuid4().hex}.tmp")
+        tmp = FileSystems.join(staging, f".{filename}.{uuid.uuid4().hex}.tmp")
         kept, duplicates = shard_writer.dedupe_sorted(refs)
         progress = _Progress(self._progress_dir, filename, len(refs))
+
+        def on_progress(done: int) -> None:
+            progress(done + len(duplicates))
+            if done == len(kept) // 2:
+                _fail_once_for_tests(filename)
+
         try:
             with FileSystems.create(tmp, mime_type="application/octet-stream",
                                     compression_type=CompressionTypes.UNCOMPRESSED) as stream:
                 stats, rejected = shard_writer.write_shard(
-                    kept, stream, read_bytes=read_bytes, preset=self._preset, labels=labels,
+                    kept, stream, read_bytes=self._read, preset=self._preset, labels=labels,
                     options=self._options, executor=self._executor, window=2 * self._threads,
-                    on_progress=lambda done: progress(done + len(duplicates)),
+                    on_progress=on_progress,
                 )
-            FileSystems.rename([tmp], [final])
+            FileSystems.rename([tmp], [staged])
         except BaseException:
             if FileSystems.exists(tmp):
                 FileSystems.delete([tmp])
             raise
         progress(len(refs), force=True)
+        index_file = None
         if self._write_index:
-            write_bytes(final + ".index", "".join(f"{o}\n" for o in stats.offsets).encode())
+            index_file = filename + ".index"
+            publish.write_bytes(FileSystems.join(staging, index_file), "".join(f"{o}\n" for o in stats.offsets).encode())
         self._written.inc(stats.count)
         self._passthrough.inc(stats.passthrough)
         self._bytes.inc(stats.num_bytes)
         for r in duplicates + rejected:
             self._rejected.inc()
             yield beam.pvalue.TaggedOutput(REJECTED, r)
-        yield ShardResult(split, index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels, stats.passthrough)
+        publish.test_pause("mid_shards")
+        yield ShardResult(split, index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
+                          stats.passthrough, index_file)
+
+
+def _fail_once_for_tests(filename: str) -> None:
+    """Test hook: with IMAGERECORDS_TEST_FAIL_ONCE=PATH, the first shard writer to get half-way
+    through a shard creates PATH and fails, so a test sees the runner retry a shard mid-write."""
+    marker = os.environ.get("IMAGERECORDS_TEST_FAIL_ONCE")
+    if not marker:
+        return
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.close(fd)
+    raise RuntimeError(f"test hook: failing once in the middle of {filename}")
 
 
 class WriteShards(beam.PTransform):
-    """Writes each (ShardKey, [ImageRef]) group as one TFRecord shard in `output`.
+    """Writes each (shard key, [ImageRef]) group as one TFRecord shard in `output`'s staging area.
 
     Outputs: main (ShardResult) and REJECTED (Rejected: unreadable, undecodable, duplicate).
     """

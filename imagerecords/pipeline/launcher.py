@@ -1,0 +1,299 @@
+"""The launcher: check flags and paths, take the output's lock, run the graph, decide, commit, report."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, Iterator, Optional, Sequence, TextIO
+
+from imagerecords import __version__, errors, publish
+from imagerecords import refs as refs_lib
+from imagerecords.config import BuildConfig
+from imagerecords.manifest import ERRORS, LOCK, STAGING, Manifest
+
+LOG_DIR = os.path.join(tempfile.gettempdir(), "imagerecords-logs")
+
+
+def versions() -> Dict[str, str]:
+    """Versions recorded in the manifest: a build is reproducible for equal versions."""
+    from importlib import metadata as importlib_metadata
+
+    out = {"imagerecords": __version__}
+    for label, dists in (("apache-beam", ["apache-beam"]), ("tensorflow", ["tensorflow", "tensorflow-cpu"]),
+                         ("pillow", ["pillow"]), ("numpy", ["numpy"])):
+        for dist in dists:
+            try:
+                out[label] = importlib_metadata.version(dist)
+                break
+            except importlib_metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+def _local_options(options, beam_args: Sequence[str]) -> bool:
+    """Picks DirectRunner's mode for local runs; returns whether the run is local."""
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+    runner = options.view_as(StandardOptions).runner
+    if runner is not None and "direct" not in str(runner).lower():
+        return False
+    direct = options.view_as(DirectOptions)
+    if not any(a.startswith("--direct_num_workers") for a in beam_args):
+        direct.direct_num_workers = os.cpu_count() or 1
+    if not any(a.startswith("--direct_running_mode") for a in beam_args):
+        # One worker needs no worker processes: in-memory starts in a fraction of the time.
+        direct.direct_running_mode = "in_memory" if direct.direct_num_workers == 1 else "multi_processing"
+    return True
+
+
+def _claim_output(config: BuildConfig) -> None:
+    """Refuses an output folder that holds files unless --overwrite; with it, clears a killed
+    build's staging area (the lock is ours, so no live build owns it)."""
+    names = [n for n in publish.list_names(config.output) if n != LOCK]
+    staged = publish.exists(publish.join(publish.staging_dir(config.output), publish.RESULTS)) or bool(
+        publish.list_tree(publish.staging_dir(config.output)))
+    if config.overwrite:
+        if staged:
+            publish.remove_staging(config.output)
+        return
+    if staged:
+        raise errors.OutputError(f"{config.output} holds an unfinished build in {STAGING}; rerun with --overwrite "
+                                 f"to replace it, or `imagerecords finish {config.output}` to publish it")
+    if names:
+        shown = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+        raise errors.OutputError(f"output folder {config.output} is not empty ({len(names)} files: {shown}); pass "
+                                 "--overwrite to replace a dataset this tool wrote there (other files are left alone)")
+
+
+def _read_label_map(config: BuildConfig) -> Optional[refs_lib.LabelMap]:
+    if not config.label_map:
+        return None
+    try:
+        text = publish.read_bytes(config.label_map).decode("utf-8")
+    except OSError as e:
+        raise errors.UsageError(f"--label_map {config.label_map}: {publish.os_reason(e)}") from None
+    try:
+        return refs_lib.read_label_map(text, config.label_map, config.label_offset)
+    except ValueError as e:
+        raise errors.UsageError(str(e)) from None
+
+
+class _Progress:
+    """Prints 'images done/total' from the shard writers' progress files, to the terminal."""
+
+    def __init__(self, progress_dir: str, stream: TextIO):
+        self._dir = progress_dir
+        self._stream = stream
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._start = time.monotonic()
+        self._printed = False
+
+    def _line(self) -> Optional[str]:
+        import json
+
+        done = total = 0
+        for name in os.listdir(self._dir):
+            if name.endswith(".json"):
+                try:
+                    with open(os.path.join(self._dir, name)) as f:
+                        state = json.load(f)
+                except (OSError, ValueError):
+                    continue
+                done += state["done"]
+                total += state["total"]
+        if not total:
+            return None
+        rate = done / max(time.monotonic() - self._start, 1e-9)
+        return f"[imagerecords] {done}/{total} images written in the shards started so far ({rate:.0f} images/s)"
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            self._show()
+
+    def _show(self) -> None:
+        line = self._line()
+        if line:
+            self._stream.write("\r" + line + "   ")
+            self._stream.flush()
+            self._printed = True
+
+    def __enter__(self) -> "_Progress":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        if exc[0] is None:
+            self._show()
+        if self._printed:
+            self._stream.write("\n")
+            self._stream.flush()
+
+
+@contextlib.contextmanager
+def _quiet_stderr(log_path: Optional[str]) -> Iterator[TextIO]:
+    """Sends everything written to file descriptor 2 (Beam's logs, worker processes' tracebacks,
+    TensorFlow's C++ notices) to `log_path` while the pipeline runs; yields a stream that still
+    reaches the terminal, for progress. With log_path None nothing is redirected."""
+    if log_path is None:
+        yield sys.stderr
+        return
+    import logging
+
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    log_file = open(log_path, "ab", buffering=0)
+    terminal = os.fdopen(os.dup(saved), "w", buffering=1)
+    root = logging.getLogger()
+    handler = logging.StreamHandler(open(log_path, "a", buffering=1))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handlers = root.handlers[:]
+    level = root.level
+    root.handlers = [handler]
+    root.setLevel(logging.INFO)
+    os.dup2(log_file.fileno(), 2)
+    try:
+        yield terminal
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        root.handlers = handlers
+        root.setLevel(level)
+        handler.stream.close()
+        log_file.close()
+        terminal.close()
+
+
+def _failure(e: BaseException, config: BuildConfig, log_path: Optional[str]) -> errors.BuildError:
+    """Turns an exception from the runner into one line."""
+    if publish.is_no_space(e):
+        return errors.OutputError(f"no space left on device while writing {config.output}; the published dataset "
+                                  "(if any) is untouched; free space and rerun with --overwrite")
+    text = str(e).strip().splitlines()
+    # The runner wraps the worker's exception; its last line names it ("ValueError: ...").
+    detail = next((line.strip() for line in reversed(text) if line.strip()), type(e).__name__)
+    where = f"; full log: {log_path}" if log_path else ""
+    return errors.PipelineFailed(f"the pipeline failed ({type(e).__name__}): {detail[:300]}; nothing was "
+                                 f"published{where}")
+
+
+def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
+    """Builds a dataset from command-line style arguments and publishes it.
+
+    Example:
+        from imagerecords.pipeline import run
+        manifest = run(["--input", "photos/", "--output", "/tmp/ds", "--splits", "train=0.9,validation=0.1"])
+        print(manifest.split("train").num_examples)
+
+    Any flag the build does not know must be one of Beam's pipeline options, so the same call runs
+    on Flink (--runner=FlinkRunner --flink_master=...) or Dataflow (--runner=DataflowRunner ...).
+    Locally it runs DirectRunner with one worker process per core.
+
+    Returns:
+      The published manifest, or None when --template_location only staged a Dataflow template.
+
+    Raises:
+      errors.BuildError: an expected failure, one line (see README, "When things go wrong").
+    """
+    from imagerecords.pipeline import checks, flags
+
+    parsed = flags.parse_args(sys.argv[1:] if argv is None else argv)
+    config = parsed.config
+    if config.writer == "beam" and config.write_index:
+        raise errors.UsageError("--write_index needs --writer shards (the Beam sink reports no record offsets)")
+    input_info = checks.check_input(config, ignore_split_column=parsed.launcher.ignore_split_column)
+    checks.check_output(config)
+    label_map = _read_label_map(config)
+
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+    from imagerecords.pipeline.graph import build_pipeline
+
+    options = PipelineOptions(parsed.beam_args)
+    local = _local_options(options, parsed.beam_args)
+    template = options.view_as(GoogleCloudOptions).template_location
+    build_id = publish.new_build_id()
+    log_path = None if parsed.launcher.verbose else os.path.join(LOG_DIR, f"{build_id}.log")
+    start = time.monotonic()
+    with publish.OutputLock(config.output, build_id, break_lock=parsed.launcher.break_lock) as lock:
+        if lock.took_over:
+            print(f"imagerecords build: note: took over the lock of {lock.took_over.describe()}, which is no longer "
+                  "running", file=sys.stderr)
+        _claim_output(config)
+        # Progress is for people: shown when stderr is a terminal, never in logs or pipes.
+        show_progress = local and not parsed.launcher.no_progress and sys.stderr.isatty()
+        progress_dir = tempfile.mkdtemp(prefix="imagerecords-progress-") if show_progress else None
+        try:
+            with _quiet_stderr(log_path) as terminal:
+                progress = _Progress(progress_dir, terminal) if progress_dir else contextlib.nullcontext()
+                try:
+                    with progress:
+                        p = beam.Pipeline(options=options)
+                        build_pipeline(p, config, build_id=build_id, versions=versions(), label_map=label_map,
+                                       csv_header=input_info.header, progress_dir=progress_dir)
+                        p.run().wait_until_finish()
+                except KeyboardInterrupt:
+                    raise
+                except Exception as e:  # the runner's wrapper of a worker error: reported in one line
+                    raise _failure(e, config, log_path) from None
+        finally:
+            if progress_dir:
+                shutil.rmtree(progress_dir, ignore_errors=True)
+        if template:
+            print(f"imagerecords: wrote the Dataflow template {template}; nothing was built yet. When its job has "
+                  f"run, publish the dataset with `imagerecords finish {config.output}`")
+            return None
+        results = publish.read_results(config.output)
+        if results is None:
+            raise errors.PipelineFailed(f"the pipeline ended without writing its results to {STAGING}; nothing was "
+                                        "published")
+        try:
+            results.verdict(config.output)
+        except errors.BudgetExceeded:
+            publish.discard_staged_shards(config.output, results)  # errors.jsonl stays, for the reasons
+            raise
+        publish.test_pause("before_commit")
+        try:
+            manifest = publish.commit(config.output, results)
+        except OSError as e:
+            if publish.is_no_space(e):
+                raise _failure(e, config, None) from None
+            raise
+    if log_path and os.path.exists(log_path):
+        os.remove(log_path)
+    print_summary(manifest, config.output, time.monotonic() - start)
+    return manifest
+
+
+def finish(output: str, break_lock: bool = False) -> Manifest:
+    """Publishes the build staged in `output` (a build whose launcher was not there at the end, or
+    a commit cut short). Same lock and commit as a build.
+
+    Raises:
+      errors.BuildError: nothing to finish, over budget, or the lock is held.
+    """
+    if publish.exists(publish.join(output, "manifest.json")) and not publish.list_tree(publish.staging_dir(output)):
+        raise errors.UnfinishedBuild(f"nothing to finish: {output} is published and has no staging area")
+    with publish.OutputLock(output, publish.new_build_id(), command="finish", break_lock=break_lock):
+        return publish.commit(output)
+
+
+def print_summary(manifest: Manifest, output: str, seconds: float, stream=sys.stdout) -> None:
+    stream.write(f"imagerecords: wrote {output}\n")
+    for split in manifest.splits:
+        stream.write(f"  {split.name:<12} {split.num_examples:>9} records  {len(split.shards):>5} shards  "
+                     f"{split.num_bytes / 1e6:>10.1f} MB\n")
+    stream.write(f"  rejected     {manifest.num_rejected:>9} (see {ERRORS})\n")
+    if manifest.num_skipped:
+        stream.write(f"  skipped      {manifest.num_skipped:>9} (not images of a class; see {ERRORS})\n")
+    stream.write(f"  {seconds:.1f} s, {manifest.num_examples / max(seconds, 1e-9):.1f} images/s\n")

@@ -1,0 +1,457 @@
+"""The publish protocol: staging, the output lock, the build's results, and the commit.
+
+    OUT/.imagerecords.lock              one build at a time (created only if absent)
+    OUT/.imagerecords-staging/          shards and results of the running build; no shard glob
+                                        (`OUT/*.tfrecord*`) reaches into it
+        <shard files>, errors.jsonl, results.json (the graph's last write), commit.json (the
+        commit under way)
+
+Commit, once every shard is staged and the reject budget passed: record the commit in staging →
+remove manifest.json and TFDS's metadata (the previous dataset is unpublished, not yet touched) →
+move the staged shards to their final names → remove the previous build's leftovers → write the
+metadata and errors.jsonl → manifest.json last → remove staging. Each step can be redone, so a
+commit cut short is finished by `imagerecords finish OUT` (or replaced by a `--overwrite` rebuild).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from apache_beam.io.filesystem import BeamIOError, CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from imagerecords import metadata
+from imagerecords.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
+from imagerecords.manifest import ERRORS, LOCK, MANIFEST, STAGING, Manifest, dumps
+
+log = logging.getLogger(__name__)
+
+RESULTS = "results.json"
+COMMIT = "commit.json"
+
+
+# Paths ----------------------------------------------------------------------------------------
+
+
+def join(folder: str, *names: str) -> str:
+    return FileSystems.join(folder.rstrip("/"), *names)
+
+
+def staging_dir(output: str) -> str:
+    return join(output, STAGING)
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def read_bytes(uri: str) -> bytes:
+    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Writes a small file through a temporary name and a rename, so readers never see half of it;
+    the temporary file does not outlive a failed write."""
+    tmp = f"{uri}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with FileSystems.create(tmp, mime_type="application/octet-stream",
+                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.write(data)
+        FileSystems.rename([tmp], [uri])
+    except BaseException:
+        _delete_quietly([tmp])
+        raise
+
+
+def exists(uri: str) -> bool:
+    return FileSystems.exists(uri)
+
+
+def list_names(folder: str) -> List[str]:
+    """Names of the files directly in `folder` (hidden ones included; sub-folders' files excluded)."""
+    if is_local(folder):
+        try:
+            return sorted(e.name for e in os.scandir(folder) if not e.is_dir())
+        except FileNotFoundError:
+            return []
+    prefix = folder.rstrip("/") + "/"
+    found = FileSystems.match([prefix + "*"])[0].metadata_list
+    return sorted({m.path[len(prefix):] for m in found if "/" not in m.path[len(prefix):]})
+
+
+def list_tree(folder: str) -> List[str]:
+    """Every file under `folder`, as full paths."""
+    if is_local(folder):
+        out = []
+        for dirpath, _, files in os.walk(folder):
+            out.extend(os.path.join(dirpath, f) for f in files)
+        return sorted(out)
+    return sorted(m.path for m in FileSystems.match([folder.rstrip("/") + "/**"])[0].metadata_list)
+
+
+def _delete_quietly(paths: Sequence[str]) -> None:
+    for path in paths:
+        try:
+            if FileSystems.exists(path):
+                FileSystems.delete([path])
+        except (BeamIOError, OSError) as e:
+            log.warning("could not remove %s: %s", path, e)
+
+
+def remove_staging(output: str) -> None:
+    """Removes the staging area and everything in it (a killed build's or a committed one's)."""
+    staging = staging_dir(output)
+    if is_local(output):
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+        return
+    files = list_tree(staging)
+    if files:
+        FileSystems.delete(files)
+
+
+# The build's results (written by the graph, read by the launcher or `finish`) --------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResults:
+    """What the pipeline hands to the commit: written as staging/results.json by its last step.
+
+    Attributes:
+      build_id: the build that wrote it.
+      name, schema, seed, parameters, versions: what the manifest records of the build.
+      max_reject_fraction: the budget the commit enforces.
+      labels: the LabelMap as JSON ({names, offset, integer}).
+      shards: every staged shard (metadata.ShardResult).
+      num_rejected: errors.jsonl rows that count against the budget.
+      num_skipped: errors.jsonl rows marked skipped (not images of a class).
+    """
+
+    build_id: str
+    name: str
+    schema: str
+    seed: int
+    parameters: Mapping[str, Any]
+    versions: Mapping[str, str]
+    max_reject_fraction: float
+    labels: Mapping[str, Any]
+    shards: Sequence[metadata.ShardResult]
+    num_rejected: int
+    num_skipped: int
+
+    def to_json(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["shards"] = [s.to_json() for s in self.shards]
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "BuildResults":
+        d = dict(d)
+        d["shards"] = tuple(metadata.ShardResult.from_json(s) for s in d["shards"])
+        return cls(**d)
+
+    @property
+    def num_written(self) -> int:
+        return sum(s.count for s in self.shards)
+
+    def verdict(self, output: str) -> None:
+        """Raises BudgetExceeded when more inputs were rejected than the budget allows."""
+        total = self.num_written + self.num_rejected
+        if total == 0:
+            raise BudgetExceeded(f"no image was found in the input ({self.num_skipped} entries skipped); "
+                                 f"nothing was published to {output}")
+        if self.num_rejected > self.max_reject_fraction * total:
+            raise BudgetExceeded(
+                f"{self.num_rejected} of {total} inputs rejected ({100 * self.num_rejected / total:.2f}%), over the "
+                f"budget of {100 * self.max_reject_fraction:g}% (--max_reject_fraction); reasons are in "
+                f"{join(staging_dir(output), ERRORS)}; the dataset was not published")
+
+    def manifest(self, created: Optional[str] = None) -> Manifest:
+        return metadata.build_manifest(
+            name=self.name, schema=self.schema, label_map=self.labels, seed=self.seed, parameters=self.parameters,
+            shards=self.shards, num_rejected=self.num_rejected, num_skipped=self.num_skipped, versions=self.versions,
+            created=created or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+def read_results(output: str) -> Optional[BuildResults]:
+    path = join(staging_dir(output), RESULTS)
+    if not exists(path):
+        return None
+    return BuildResults.from_json(json.loads(read_bytes(path)))
+
+
+def discard_staged_shards(output: str, results: BuildResults) -> None:
+    """Removes a failed build's staged shards and results; its errors.jsonl stays for the reasons."""
+    staging = staging_dir(output)
+    names = [n for r in results.shards for n in (r.filename, r.index_file) if n]
+    _delete_quietly([join(staging, n) for n in names + [RESULTS]])
+
+
+# The lock -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LockInfo:
+    """Who holds an output folder.
+
+    Attributes:
+      build_id: the holder's build id.
+      host: host name of the holder's launcher.
+      pid: process id of the holder's launcher.
+      started: UTC start time (ISO 8601).
+      command: what the holder runs (build or finish).
+    """
+
+    build_id: str
+    host: str
+    pid: int
+    started: str
+    command: str = "build"
+
+    def describe(self) -> str:
+        return f"build {self.build_id} ({self.command}, host {self.host}, pid {self.pid}, started {self.started})"
+
+    def is_dead_here(self) -> bool:
+        """True when the holder ran on this host and its process is gone: its lock is stale."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return _is_zombie(self.pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def new_build_id() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+
+
+def read_lock(output: str) -> Optional[LockInfo]:
+    path = join(output, LOCK)
+    try:
+        data = json.loads(read_bytes(path))
+        return LockInfo(**data)
+    except (BeamIOError, OSError):
+        return None
+    except (ValueError, TypeError):
+        return LockInfo("unknown", "unknown", -1, "unknown", "unreadable lock file")
+
+
+def _create_exclusive(path: str, data: bytes) -> bool:
+    """Creates `path` holding `data` only if it does not exist; returns False when it did."""
+    if is_local(path):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+    if path.startswith("gs://"):
+        from google.api_core import exceptions as gexc
+
+        bucket, _, name = path[len("gs://"):].partition("/")
+        blob = _gcs_client().bucket(bucket).blob(name)
+        try:
+            # Generation 0 means "only if no live object has this name": GCS decides, not us.
+            blob.upload_from_string(data, content_type="application/json", if_generation_match=0)
+        except gexc.PreconditionFailed:
+            return False
+        return True
+    # Other filesystems have no create-if-absent; check then create (a narrow race, documented).
+    if FileSystems.exists(path):
+        return False
+    with FileSystems.create(path) as f:
+        f.write(data)
+    return True
+
+
+def _gcs_client():
+    from apache_beam.io.gcp import gcsio
+
+    return gcsio.GcsIO().client
+
+
+class OutputLock:
+    """The output folder's lock, held by one build (or `finish`) at a time.
+
+    A lock left by a killed launcher on this host (its pid is gone) is taken over with a note; one
+    held by a live process, or by another host, blocks until the user passes --break_lock.
+    """
+
+    def __init__(self, output: str, build_id: str, command: str = "build", break_lock: bool = False):
+        self._output = output
+        self._path = join(output, LOCK)
+        self.info = LockInfo(build_id, socket.gethostname(), os.getpid(),
+                             datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), command)
+        self._break = break_lock
+        self._held = False
+        self.took_over: Optional[LockInfo] = None
+
+    def acquire(self) -> "OutputLock":
+        data = json.dumps(dataclasses.asdict(self.info), sort_keys=True).encode()
+        for _ in range(3):
+            try:
+                created = _create_exclusive(self._path, data)
+            except OSError as e:
+                raise OutputError(f"cannot create the lock {self._path}: {os_reason(e)}") from None
+            if created:
+                self._held = True
+                return self
+            holder = read_lock(self._output)
+            if holder is None:
+                continue  # released between our create and our read: try again
+            if holder.is_dead_here() or self._break:
+                log.info("taking over the lock of %s", holder.describe())
+                self.took_over = holder
+                _delete_quietly([self._path])
+                continue
+            raise LockHeld(f"{self._output} is locked by {holder.describe()}; wait for it to end, or, if no build "
+                           f"is running there any more, rerun with --break_lock")
+        raise LockHeld(f"could not take the lock {self._path} after 3 tries (another build keeps taking it)")
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        holder = read_lock(self._output)
+        if holder is not None and holder.build_id == self.info.build_id:
+            _delete_quietly([self._path])
+        self._held = False
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def os_reason(e: BaseException) -> str:
+    """An OSError's reason without the run-dependent parts ('No space left on device')."""
+    if isinstance(e, OSError) and e.errno:
+        return os.strerror(e.errno)
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def is_no_space(e: BaseException) -> bool:
+    text = str(e)
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in text
+
+
+# The commit ------------------------------------------------------------------------------------
+
+
+def test_pause(phase: str) -> None:
+    """Test hook: with IMAGERECORDS_TEST_PAUSE=phase, marks the phase reached and waits to be killed,
+    so the kill tests can stop a build exactly there. Does nothing otherwise."""
+    if os.environ.get("IMAGERECORDS_TEST_PAUSE") != phase:
+        return
+    marker_dir = os.environ.get("IMAGERECORDS_TEST_PAUSE_DIR", ".")
+    with open(os.path.join(marker_dir, phase), "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        signal.pause() if hasattr(signal, "pause") else time.sleep(3600)
+
+
+def _previous_files(output: str, name: str) -> List[str]:
+    """Files of the dataset now published in `output` (from its manifest), and files named like this
+    build's shards that a killed build of an older version may have left."""
+    names = set()
+    manifest_path = join(output, MANIFEST)
+    if exists(manifest_path):
+        try:
+            names.update(Manifest.loads(read_bytes(manifest_path), manifest_path).shard_files())
+        except ValueError as e:
+            log.warning("ignoring the unreadable previous manifest: %s", e)
+    for entry in list_names(output):
+        if entry.startswith(f"{name}-") and ".tfrecord" in entry:
+            names.add(entry)
+        elif entry.startswith(f".{name}-") and entry.endswith(".tmp"):
+            names.add(entry)
+        elif entry.endswith(".tmp") and entry.split(".", 1)[0] + ".json" in (MANIFEST, metadata.DATASET_INFO,
+                                                                          metadata.FEATURES):
+            names.add(entry)
+    return sorted(names)
+
+
+def commit(output: str, results: Optional[BuildResults] = None) -> Manifest:
+    """Publishes the staged build in `output`; redoes a commit that was cut short.
+
+    Args:
+      output: the output folder (its lock must be held by the caller).
+      results: the staged build's results, already past the budget verdict; None to finish the
+        commit recorded in staging (or, if none was recorded, to commit staging/results.json).
+
+    Returns:
+      The published manifest.
+
+    Raises:
+      UnfinishedBuild: when staging holds nothing to commit, or a listed shard is neither staged
+        nor in place.
+      BudgetExceeded: when finishing a build whose results are over budget.
+    """
+    staging = staging_dir(output)
+    record_path = join(staging, COMMIT)
+    if exists(record_path):
+        record = json.loads(read_bytes(record_path))
+        manifest = Manifest.from_json(record["manifest"], record_path)
+        previous = record["previous"]
+        log.info("finishing the commit recorded in %s", record_path)
+    else:
+        if results is None:
+            results = read_results(output)
+            if results is None:
+                raise UnfinishedBuild(f"nothing to finish in {output}: no complete build is staged in {staging} "
+                                      "(its pipeline did not finish); rerun `imagerecords build ... --overwrite`")
+            results.verdict(output)
+        manifest = results.manifest()
+        previous = _previous_files(output, manifest.name)
+        # From here on the commit can be redone from this record.
+        write_bytes(record_path, dumps({"manifest": manifest.to_json(), "previous": previous}))
+    new_files = set(manifest.shard_files())
+    # 1. Unpublish the previous dataset: no reader (ours or TFDS) takes the folder from here on.
+    _delete_quietly([join(output, n) for n in metadata.PUBLICATION_MARKS])
+    # 2. Move the staged shards into place.
+    for i, filename in enumerate(sorted(new_files)):
+        staged, final = join(staging, filename), join(output, filename)
+        if exists(staged):
+            FileSystems.rename([staged], [final])
+        elif not exists(final):
+            raise UnfinishedBuild(f"cannot publish {output}: {filename} is neither staged nor in place; "
+                                  "rerun `imagerecords build ... --overwrite`")
+        if i == 0:
+            test_pause("in_commit")
+    # 3. The previous build's leftovers.
+    _delete_quietly([join(output, n) for n in previous if n not in new_files])
+    # 4. Metadata, then the manifest: the dataset is published.
+    errors_staged = join(staging, ERRORS)
+    if exists(errors_staged):
+        FileSystems.rename([errors_staged], [join(output, ERRORS)])
+    elif not exists(join(output, ERRORS)):
+        write_bytes(join(output, ERRORS), b"")
+    for filename, content in metadata.metadata_files(manifest):
+        write_bytes(join(output, filename), content)
+    write_bytes(join(output, MANIFEST), manifest.dumps())
+    remove_staging(output)
+    return manifest

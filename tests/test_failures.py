@@ -1,0 +1,245 @@
+"""What a user sees when a build fails or is killed, and what is left on disk (real CLI processes).
+
+The kill matrix stops a build with SIGKILL at each phase (test hook IMAGERECORDS_TEST_PAUSE makes
+the build mark the phase and wait there), over a fresh folder and over a published dataset, then
+checks what is left and that a rerun gives the bytes of a clean build.
+"""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import shard_files
+from imagerecords.manifest import LOCK, MANIFEST, STAGING
+from imagerecords.pipeline import cli
+
+ARGS = ["--splits", "train=0.7,validation=0.3", "--num_shards", "3", "--max_reject_fraction", "0.05",
+        "--no_progress", "--direct_num_workers=1"]
+PHASES = ("before_shards", "mid_shards", "before_commit", "in_commit")
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def cli_run(*args, env=None, timeout=300):
+    """Runs `imagerecords ARGS` in a fresh process; returns (exit code, stdout, stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "imagerecords", *map(str, args)], capture_output=True, text=True,
+                          env=env or _env(), timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def kill_at(phase, root, out, marker_dir, *extra, timeout=180):
+    """Starts a build that waits at `phase`, waits until it is there, and kills its process group."""
+    marker = os.path.join(marker_dir, phase)
+    if os.path.exists(marker):
+        os.remove(marker)
+    proc = subprocess.Popen([sys.executable, "-m", "imagerecords", "build", "--input", str(root), "--output", str(out),
+                             *ARGS, *extra], env=_env(IMAGERECORDS_TEST_PAUSE=phase,
+                                                      IMAGERECORDS_TEST_PAUSE_DIR=marker_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(marker):
+        if proc.poll() is not None:
+            raise AssertionError(f"the build ended (exit {proc.returncode}) before reaching {phase}: "
+                                 f"{proc.stderr.read().decode()[-2000:]}")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"the build never reached phase {phase} within {timeout} s")
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def snapshot(folder):
+    """{name: bytes} of every visible file (what a user or a glob sees)."""
+    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder)) if not n.startswith(".")}
+
+
+def without_created(manifest_bytes):
+    m = json.loads(manifest_bytes)
+    m.pop("created")
+    return m
+
+
+def assert_same_dataset(got, want):
+    a, b = snapshot(got), snapshot(want)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        if name == MANIFEST:
+            assert without_created(a[name]) == without_created(b[name])
+        else:
+            assert a[name] == b[name], name
+
+
+@pytest.fixture(scope="module")
+def clean(image_tree, tmp_path_factory):
+    """A clean build (the bytes every rerun must give) and an older dataset built with another seed."""
+    root, _ = image_tree
+    base = tmp_path_factory.mktemp("clean")
+    code, _, err = cli_run("build", "--input", root, "--output", base / "clean", *ARGS)
+    assert code == 0, err
+    code, _, err = cli_run("build", "--input", root, "--output", base / "old", *ARGS, "--seed", "7", "--num_shards", "4")
+    assert code == 0, err
+    return root, base / "clean", base / "old"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("over", ["fresh", "published"])
+def test_kill_matrix(clean, tmp_path, phase, over):
+    root, clean_out, old = clean
+    out = tmp_path / "out"
+    if over == "published":
+        shutil.copytree(old, out)
+    before = snapshot(out) if over == "published" else {}
+    kill_at(phase, root, out, str(tmp_path), "--overwrite")
+    assert (out / LOCK).exists()  # a killed build cannot clean up; its lock is stale (pid gone)
+    if phase == "in_commit":
+        # Inside the commit: the old dataset is unpublished, the new one not yet; readers refuse.
+        assert not (out / MANIFEST).exists()
+        code, _, err = cli_run("inspect", out)
+        assert code == 7 and err.count("\n") == 1 and "imagerecords finish" in err, err
+        from imagerecords import reader
+
+        with pytest.raises(FileNotFoundError, match="unfinished build"):
+            reader.load_info(str(out))
+        # `finish` completes the commit from staging: the clean build's bytes.
+        code, out_text, err = cli_run("finish", out)
+        assert code == 0, err
+        assert_same_dataset(out, clean_out)
+        assert not (out / STAGING).exists() and not (out / LOCK).exists()
+        return
+    if over == "published":
+        assert snapshot(out) == before  # byte-identical, nothing visible changed
+        assert cli.verify(str(out)) == []
+    else:
+        assert not glob.glob(str(out / "*.tfrecord*")) and not (out / MANIFEST).exists()
+    # The rerun takes over the stale lock, clears the staging area and gives the clean bytes.
+    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--overwrite")
+    assert code == 0, err
+    assert "took over the lock" in err
+    assert_same_dataset(out, clean_out)
+    assert not (out / STAGING).exists() and not (out / LOCK).exists()
+
+
+def test_failed_overwrite_over_budget_leaves_the_old_dataset_and_a_fresh_folder_globless(clean, tmp_path):
+    root, _, old = clean
+    out = tmp_path / "out"
+    shutil.copytree(old, out)
+    before = snapshot(out)
+    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--overwrite", "--max_reject_fraction", "0")
+    assert code == 6 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "1 of 41 inputs rejected" in err and "not published" in err
+    assert snapshot(out) == before and cli.verify(str(out)) == []
+    assert not (out / LOCK).exists()
+    fresh = tmp_path / "fresh"
+    code, _, err = cli_run("build", "--input", root, "--output", fresh, *ARGS, "--max_reject_fraction", "0")
+    assert code == 6, err
+    assert not glob.glob(str(fresh / "*.tfrecord*")) and not (fresh / MANIFEST).exists()
+    rows = [json.loads(line) for line in open(fresh / STAGING / "errors.jsonl")]
+    assert [r["key"] for r in rows] == ["circle/truncated.jpg"]
+
+
+def test_a_second_build_refuses_while_the_first_holds_the_lock(clean, tmp_path):
+    root, _, _ = clean
+    out = tmp_path / "out"
+    marker_dir = str(tmp_path)
+    first = subprocess.Popen([sys.executable, "-m", "imagerecords", "build", "--input", str(root), "--output", str(out),
+                              *ARGS], env=_env(IMAGERECORDS_TEST_PAUSE="before_shards",
+                                               IMAGERECORDS_TEST_PAUSE_DIR=marker_dir),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not os.path.exists(os.path.join(marker_dir, "before_shards")):
+            assert first.poll() is None, "the first build ended before taking the lock"
+            assert time.monotonic() < deadline, "the first build never reached its shards"
+            time.sleep(0.05)
+        code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--overwrite")
+        assert code == 5 and err.count("\n") == 1, err
+        assert f"pid {first.pid}" in err and "--break_lock" in err
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+
+
+def test_two_builds_started_together_exactly_one_succeeds(clean, tmp_path):
+    root, clean_out, _ = clean
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "imagerecords", "build", "--input", str(root), "--output", str(out), *ARGS]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    # The loser either found the lock held (5) or, if the winner was already done, a non-empty folder (4).
+    assert codes[0] == 0 and codes[1] in (4, 5), results
+    loser = [err for code, err in results if code != 0][0]
+    assert loser.count("\n") == 1 and "Traceback" not in loser
+    assert_same_dataset(out, clean_out)
+
+
+def test_expected_failures_are_one_line_with_their_exit_code(clean, tmp_path):
+    root, clean_out, _ = clean
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    shutil.copy(glob.glob(str(root / "circle" / "*.png"))[0], flat / "one.png")
+    cases = [
+        (2, "did you mean --num_shards", ["--input", root, "--output", tmp_path / "o1", "--num-shards", "2"]),
+        (3, "no such file", ["--input", tmp_path / "missing", "--output", tmp_path / "o2"]),
+        (3, "manifest", ["--input", flat, "--output", tmp_path / "o3"]),
+        (4, "is a file", ["--input", root, "--output", a_file]),
+        (4, "inside", ["--input", root, "--output", root / "circle" / "out"]),
+        (4, "--overwrite", ["--input", root, "--output", clean_out]),
+    ]
+    for code, text, args in cases:
+        got, _, err = cli_run("build", *args, "--no_progress")
+        assert got == code and err.count("\n") == 1 and text in err and "Traceback" not in err, (args, got, err)
+    for command in ("verify", "inspect"):
+        got, _, err = cli_run(command, tmp_path / "nothing_here")
+        assert got == 3 and err.count("\n") == 1 and "no published imagerecords dataset" in err, err
+        bad = tmp_path / "bad"
+        bad.mkdir(exist_ok=True)
+        (bad / MANIFEST).write_text("{not json")
+        got, _, err = cli_run(command, bad)
+        assert got == 3 and err.count("\n") == 1 and "not valid JSON" in err, err
+
+
+def test_verify_and_inspect_report_what_is_wrong(clean, tmp_path):
+    _, clean_out, _ = clean
+    out = tmp_path / "out"
+    shutil.copytree(clean_out, out)
+    (out / "images-train.tfrecord-00009-of-00010").write_bytes(b"stray")
+    (out / STAGING).mkdir()
+    (out / STAGING / "x").write_bytes(b"")
+    code, text, _ = cli_run("verify", out, "--records")
+    assert code == 1
+    assert f"{out}/images-train.tfrecord-00009-of-00010: not listed in manifest.json" in text
+    assert f"note: {out}/{STAGING}: leftover staging area" in text
+    victim = shard_files(out)[0]
+    os.remove(victim)
+    code, _, err = cli_run("inspect", out)
+    assert code == 1 and f"{victim}: missing" in err
+
+
+def test_no_space_left_is_one_line_and_leaves_nothing_published(clean, tmp_path):
+    root, _, _ = clean
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        code, _, err = cli_run("build", "--input", root, "--output", mount / "ds", *ARGS)
+        assert code == 4 and err.count("\n") == 1 and "no space left" in err.lower() and "Traceback" not in err, err
+        assert not glob.glob(str(mount / "ds" / "*.tfrecord*")) and not (mount / "ds" / MANIFEST).exists()
+    finally:
+        subprocess.run(["umount", str(mount)])
