@@ -113,6 +113,11 @@ def test_kill_matrix(clean, tmp_path, phase, over):
 
         with pytest.raises(FileNotFoundError, match="unfinished build"):
             reader.load_info(str(out))
+        if over == "published":  # TFDS too: its dataset_info.json went with the manifest
+            import tensorflow_datasets as tfds
+
+            with pytest.raises(Exception, match="dataset_info.json"):
+                tfds.builder_from_directory(str(out))
         # `finish` completes the commit from staging: the clean build's bytes.
         code, out_text, err = cli_run("finish", out)
         assert code == 0, err
