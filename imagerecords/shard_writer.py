@@ -117,7 +117,7 @@ def write_shard(
     options: codec.ImageOptions,
     executor: Optional[concurrent.futures.Executor] = None,
     window: int = 16,
-    on_progress: Optional[Callable[[int], None]] = None,
+    on_progress: Optional[Callable[[int, int], None]] = None,
 ) -> Tuple[ShardStats, List[Rejected]]:
     """Writes `refs` (already in hash order, repeats removed) as framed records to `stream`.
 
@@ -138,6 +138,6 @@ def write_shard(
             histogram[result.label_id] += 1
             passthrough += result.passthrough
         if on_progress is not None:
-            on_progress(done)
+            on_progress(done, len(rejected))
     stats = ShardStats(writer.count, writer.num_bytes, writer.sha256(), tuple(sorted(histogram.items())), passthrough, writer.offsets)
     return stats, rejected

@@ -248,3 +248,14 @@ def test_no_space_left_is_one_line_and_leaves_nothing_published(clean, tmp_path)
         assert not glob.glob(str(mount / "ds" / "*.tfrecord*")) and not (mount / "ds" / MANIFEST).exists()
     finally:
         subprocess.run(["umount", str(mount)])
+
+
+def test_progress_is_quiet_in_a_pipe_unless_asked_and_ends_with_the_totals(clean, tmp_path):
+    root, _, _ = clean
+    args = [a for a in ARGS if a != "--no_progress"]
+    code, _, err = cli_run("build", "--input", root, "--output", tmp_path / "quiet", *args)
+    assert code == 0 and err == "", err
+    code, _, err = cli_run("build", "--input", root, "--output", tmp_path / "loud", *args, "--progress")
+    lines = err.splitlines()
+    assert code == 0 and lines[0].startswith("[imagerecords] ") and len(lines) >= 2, err
+    assert lines[-1].startswith("[imagerecords] 41/41 images (100%)") and "1 rejected so far" in lines[-1], err

@@ -43,6 +43,7 @@ class LauncherFlags:
     Attributes:
       config_file: the YAML preset given with --config, or None.
       no_progress: do not print progress on local runs.
+      progress: print progress on local runs even when stderr is not a terminal (a log, a pipe).
       verbose: keep Beam and worker logs on the terminal instead of only in the log file.
       ignore_split_column: with --splits, reassign splits by hash although the manifest has a
         split column.
@@ -51,6 +52,7 @@ class LauncherFlags:
 
     config_file: Optional[str] = None
     no_progress: bool = False
+    progress: bool = False
     verbose: bool = False
     ignore_split_column: bool = False
     break_lock: bool = False
@@ -82,6 +84,7 @@ class _Parser(argparse.ArgumentParser):
 # Launcher flags: (flag, dest, help). All are on/off switches except --config.
 _LAUNCHER_SWITCHES = (
     ("--no_progress", "no_progress", "do not print progress on local runs"),
+    ("--progress", "progress", "print progress on local runs even when stderr is not a terminal"),
     ("--verbose", "verbose", "keep Beam and worker logs on the terminal (they always go to the build's log file)"),
     ("--ignore_split_column", "ignore_split_column",
      "with --splits, reassign splits by hash although the manifest has a split column"),

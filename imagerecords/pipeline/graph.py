@@ -14,6 +14,18 @@ from imagerecords.transforms.common import REJECTED
 from imagerecords.transforms.listing import is_manifest
 
 
+def _report_plan(item, progress_dir: str) -> None:
+    """Local runs: tells the launcher's progress line how many images each split holds."""
+    import json
+    import os
+
+    split, plan = item
+    tmp = os.path.join(progress_dir, f".plan-{split}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"split": split, "count": plan.count, "num_shards": plan.num_shards}, f)
+    os.replace(tmp, os.path.join(progress_dir, f"plan-{split}.plan"))
+
+
 def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, versions: Mapping[str, str],
                    label_map: Optional[refs_lib.LabelMap] = None, csv_header: Optional[str] = None,
                    progress_dir: Optional[str] = None):
@@ -44,6 +56,8 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
         shuffled = labelled["refs"] | "GlobalShuffle" >> GlobalShuffle(
             config.seed, config.num_shards, config.target_shard_mb, config.min_shards)
         # ((split, shard index, num shards), [ImageRef sorted by hash])
+        if progress_dir:
+            shuffled["plans"] | "ReportPlan" >> beam.Map(_report_plan, progress_dir)
         written = shuffled["shards"] | "WriteShards" >> WriteShards(
             config.output, config.name, labelled["labels"], config.schema, config.image, config.threads,
             config.write_index, progress_dir)

@@ -84,57 +84,83 @@ def _read_label_map(config: BuildConfig) -> Optional[refs_lib.LabelMap]:
 
 
 class _Progress:
-    """Prints 'images done/total' from the shard writers' progress files, to the terminal."""
+    """The progress line of a local build: images done of all listed, rate, ETA, rejects so far.
 
-    def __init__(self, progress_dir: str, stream: TextIO):
+    Shard writers report {done, rejected, total} per shard and the shuffle reports each split's
+    image count (files in `progress_dir`); this sums them once a second. A line is printed when the
+    build starts and when it ends, whatever its length.
+    """
+
+    def __init__(self, progress_dir: str, stream: TextIO, rewrite: bool):
         self._dir = progress_dir
         self._stream = stream
+        self._rewrite = rewrite  # a terminal: redraw one line; otherwise one line every 10 s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._start = time.monotonic()
-        self._printed = False
+        self._last_print = 0.0
 
-    def _line(self) -> Optional[str]:
+    def state(self) -> Dict[str, int]:
         import json
 
-        done = total = 0
+        out = {"done": 0, "rejected": 0, "total": 0, "planned": 0}
         for name in os.listdir(self._dir):
-            if name.endswith(".json"):
-                try:
-                    with open(os.path.join(self._dir, name)) as f:
-                        state = json.load(f)
-                except (OSError, ValueError):
-                    continue
-                done += state["done"]
-                total += state["total"]
-        if not total:
-            return None
-        rate = done / max(time.monotonic() - self._start, 1e-9)
-        return f"[imagerecords] {done}/{total} images written in the shards started so far ({rate:.0f} images/s)"
+            try:
+                with open(os.path.join(self._dir, name)) as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if name.endswith(".plan"):
+                out["total"] += data["count"]
+                out["planned"] += 1
+            elif name.endswith(".json"):
+                out["done"] += data["done"]
+                out["rejected"] += data.get("rejected", 0)
+        return out
+
+    def line(self, final: bool = False) -> str:
+        s = self.state()
+        elapsed = time.monotonic() - self._start
+        if not s["planned"]:
+            return f"[imagerecords] listing and planning shards ... {elapsed:.0f} s"
+        rate = s["done"] / max(elapsed, 1e-9)
+        left = s["total"] - s["done"]
+        eta = "" if final or not s["done"] else f", ETA {_duration(left / max(rate, 1e-9))}"
+        pct = 100.0 * s["done"] / max(s["total"], 1)
+        return (f"[imagerecords] {s['done']}/{s['total']} images ({pct:.0f}%), {rate:.0f} images/s{eta}, "
+                f"{s['rejected']} rejected so far, {_duration(elapsed)} elapsed")
 
     def _loop(self) -> None:
         while not self._stop.wait(1.0):
-            self._show()
+            if self._rewrite or time.monotonic() - self._last_print >= 10:
+                self._show(self.line())
 
-    def _show(self) -> None:
-        line = self._line()
-        if line:
-            self._stream.write("\r" + line + "   ")
-            self._stream.flush()
-            self._printed = True
+    def _show(self, line: str, end: str = "") -> None:
+        self._last_print = time.monotonic()
+        if self._rewrite:
+            self._stream.write("\r" + line + "\033[K" + end)
+        else:
+            self._stream.write(line + "\n")
+        self._stream.flush()
 
     def __enter__(self) -> "_Progress":
+        self._show(self.line())
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        if exc[0] is None:
-            self._show()
-        if self._printed:
-            self._stream.write("\n")
-            self._stream.flush()
+        self._show(self.line(final=True), end="\n")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 @contextlib.contextmanager
@@ -230,12 +256,13 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
             print(f"imagerecords build: note: took over the lock of {lock.took_over.describe()}, which is no longer "
                   "running", file=sys.stderr)
         _claim_output(config)
-        # Progress is for people: shown when stderr is a terminal, never in logs or pipes.
-        show_progress = local and not parsed.launcher.no_progress and sys.stderr.isatty()
+        # Progress is for people: shown when stderr is a terminal, in logs and pipes only if asked.
+        on_terminal = sys.stderr.isatty()
+        show_progress = local and not parsed.launcher.no_progress and (on_terminal or parsed.launcher.progress)
         progress_dir = tempfile.mkdtemp(prefix="imagerecords-progress-") if show_progress else None
         try:
             with _quiet_stderr(log_path) as terminal:
-                progress = _Progress(progress_dir, terminal) if progress_dir else contextlib.nullcontext()
+                progress = _Progress(progress_dir, terminal, on_terminal) if progress_dir else contextlib.nullcontext()
                 try:
                     with progress:
                         p = beam.Pipeline(options=options)

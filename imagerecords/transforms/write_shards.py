@@ -31,14 +31,14 @@ class _Progress:
         self._total = total
         self._last = 0.0
 
-    def __call__(self, done: int, force: bool = False) -> None:
+    def __call__(self, done: int, rejected: int, force: bool = False) -> None:
         now = time.monotonic()
         if self._path is None or (not force and now - self._last < 0.5):
             return
         self._last = now
         tmp = f"{self._path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            json.dump({"done": done, "total": self._total}, f)
+            json.dump({"done": done, "rejected": rejected, "total": self._total}, f)
         os.replace(tmp, self._path)
 
 
@@ -78,8 +78,8 @@ class _WriteShardFn(beam.DoFn):
         kept, duplicates = shard_writer.dedupe_sorted(refs)
         progress = _Progress(self._progress_dir, filename, len(refs))
 
-        def on_progress(done: int) -> None:
-            progress(done + len(duplicates))
+        def on_progress(done: int, rejected: int) -> None:
+            progress(done + len(duplicates), rejected + len(duplicates))
             if done == len(kept) // 2:
                 _fail_once_for_tests(filename)
 
@@ -96,7 +96,8 @@ class _WriteShardFn(beam.DoFn):
             if FileSystems.exists(tmp):
                 FileSystems.delete([tmp])
             raise
-        progress(len(refs), force=True)
+        progress(len(refs), len(duplicates) + len(rejected), force=True)
+        _log_writer(filename, stats.count)
         index_file = None
         if self._write_index:
             index_file = filename + ".index"
@@ -124,6 +125,25 @@ def _fail_once_for_tests(filename: str) -> None:
         return
     os.close(fd)
     raise RuntimeError(f"test hook: failing once in the middle of {filename}")
+
+
+def _log_writer(filename: str, count: int) -> None:
+    """Debug hook: with IMAGERECORDS_WRITER_LOG=DIR, records which process wrote each shard as
+    DIR/<shard>.json ({shard, records, host, pid, ppid, cpu_s}: cpu_s is the writing process's CPU
+    seconds so far), so a test or an operator can see where the work ran (on a cluster, DIR must be a
+    local folder of each worker's host). The last successful attempt of a shard wins."""
+    log_dir = os.environ.get("IMAGERECORDS_WRITER_LOG")
+    if not log_dir:
+        return
+    import socket
+
+    os.makedirs(log_dir, exist_ok=True)
+    path = os.path.join(log_dir, filename + ".json")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"shard": filename, "records": count, "host": socket.gethostname(), "pid": os.getpid(),
+                   "ppid": os.getppid(), "cpu_s": time.process_time()}, f)
+    os.replace(tmp, path)
 
 
 class WriteShards(beam.PTransform):
