@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import bisect
 import csv
 import dataclasses
 import hashlib
 import json
-import math
 import posixpath
 import re
 from typing import Dict, Mapping, Optional, Sequence, Tuple
@@ -260,50 +258,3 @@ def read_label_map(text: str, filename: str, offset: int) -> LabelMap:
     if not names:
         raise ValueError(f"{filename}: the label map is empty")
     return LabelMap(tuple(names), offset, integer=False)
-
-
-# Shards ---------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardPlan:
-    """How one split is cut into shards.
-
-    Attributes:
-      split: split name.
-      count: images listed in the split.
-      num_bytes: their input bytes (sizes seen at listing time).
-      num_shards: shards of the split.
-      boundaries: shuffle-hash lower bounds of shards 1..num_shards-1, so that shard i holds the
-        images ranked [i*count//num_shards, (i+1)*count//num_shards) in hash order.
-    """
-
-    split: str
-    count: int
-    num_bytes: int
-    num_shards: int
-    boundaries: Tuple[int, ...]
-
-    def shard_of(self, h: int) -> int:
-        return bisect.bisect_right(self.boundaries, h)
-
-
-def choose_num_shards(count: int, num_bytes: int, num_shards: Optional[int], target_mb: float, min_shards: int) -> int:
-    """Returns the shard count: as asked, or from the target size with a floor; never more than
-    the image count (no empty shards), never fewer than one."""
-    if num_shards is not None:
-        return num_shards
-    by_size = math.ceil(num_bytes / (target_mb * 1e6)) if num_bytes > 0 else 1
-    return max(1, min(max(by_size, min_shards), count))
-
-
-def plan_shards(split: str, sorted_hashes: Sequence[int], num_bytes: int, num_shards: int) -> ShardPlan:
-    """Cuts a split's ascending shuffle hashes into `num_shards` near-equal ranges."""
-    n = len(sorted_hashes)
-    boundaries = tuple(sorted_hashes[(i * n) // num_shards] for i in range(1, num_shards)) if n else ()
-    # An empty split still gets one (empty) shard per requested shard.
-    return ShardPlan(split, n, num_bytes, num_shards, boundaries if n else tuple([2**64] * (num_shards - 1)))
-
-
-def shard_name(name: str, split: str, index: int, num_shards: int) -> str:
-    return f"{name}-{split}.tfrecord-{index:05d}-of-{num_shards:05d}"

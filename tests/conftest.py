@@ -41,9 +41,7 @@ def read_examples(output):
     for path in shard_files(output):
         for raw in tf.data.TFRecordDataset(path):
             ex = tf.train.Example.FromString(raw.numpy())
-            out.setdefault("__order__", []).append(path)
             out[ex.features.feature["image/filename"].bytes_list.value[0].decode()] = ex
-    out.pop("__order__", None)
     return out
 
 

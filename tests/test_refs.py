@@ -2,7 +2,7 @@
 
 import pytest
 
-from imagerecords import config, refs
+from imagerecords import config, planning, refs
 from imagerecords.refs import ManifestColumns
 
 
@@ -32,7 +32,7 @@ def test_split_assignment_is_stable_when_images_are_added():
 
 def test_plan_cuts_balanced_shards():
     hashes = sorted(refs.shuffle_hash(0, f"k{i}") for i in range(103))
-    plan = refs.plan_shards("train", hashes, 0, 10)
+    plan = planning.plan_shards("train", hashes, 0, 10)
     sizes = [0] * 10
     for h in hashes:
         sizes[plan.shard_of(h)] += 1
@@ -46,7 +46,7 @@ def test_plan_cuts_balanced_shards():
     (5, 1, 7, 7),                      # explicit count is kept
 ])
 def test_choose_num_shards(count, num_bytes, asked, want):
-    assert refs.choose_num_shards(count, num_bytes, asked, 192, 8) == want
+    assert planning.choose_num_shards(count, num_bytes, asked, 192, 8) == want
 
 
 def test_vocabulary_sorted_names_or_integers():
@@ -108,3 +108,36 @@ def test_rejected_rows_write_every_field_with_sorted_keys():
         '{"error": "ImageError", "key": "c/a.jpg", "reason": "not a supported image: unrecognized file signature", '
         '"skipped": false, "split": "train", "stage": "decode", "uri": "/r/c/a.jpg"}')
     assert row.stage in refs.STAGES
+
+
+def _reference_plan(sorted_hashes, num_shards):
+    """The plan by definition: boundary i is the hash ranked i*n//S in one sorted list."""
+    n = len(sorted_hashes)
+    return tuple(sorted_hashes[(i * n) // num_shards] for i in range(1, num_shards))
+
+
+@pytest.mark.parametrize("n,num_shards,spread", [
+    (103, 10, 64), (5000, 37, 64), (1000, 7, 0), (64, 64, 64), (1, 1, 64), (9, 4, 1),
+])
+def test_bucketed_plan_equals_the_sorted_list_plan(n, num_shards, spread):
+    """The bucket-count plan cuts at exactly the hashes a global sort would, including skewed inputs
+    (spread 0: every hash in one bucket; 1: two buckets) and repeated hashes."""
+    import random
+
+    rng = random.Random(n * 1000 + num_shards)
+    hashes = sorted(rng.getrandbits(spread) << (64 - max(spread, 1)) | rng.getrandbits(8) for _ in range(n))
+    hashes = sorted(hashes + hashes[: n // 10])  # some repeats, as keys listed twice give
+    plan = planning.plan_shards("train", hashes, 0, num_shards)
+    assert plan.boundaries == _reference_plan(hashes, num_shards)
+    counts = [0] * num_shards
+    for h in hashes:
+        counts[plan.shard_of(h)] += 1
+    assert sum(counts) == len(hashes)
+
+
+def test_coarse_plan_names_bucket_and_offset_of_each_cut():
+    # Bucket 0 holds 3 hashes, bucket 5 holds 2: ranks 1, 2, 3 of 5 (S=5 -> ranks 1..4).
+    counts = {0: 3, 5: 2}
+    plan = planning.coarse_plan("train", counts, 0, 5)
+    assert plan.cuts == ((1, 0, 1), (2, 0, 2), (3, 5, 0), (4, 5, 1))
+    assert plan.buckets == {0, 5} and plan.count == 5

@@ -8,7 +8,9 @@ from typing import Dict, List, Optional, Tuple
 import apache_beam as beam
 
 from imagerecords import refs as refs_lib
-from imagerecords.refs import ImageRef, ShardPlan
+from imagerecords import planning
+from imagerecords.planning import ShardPlan
+from imagerecords.refs import ImageRef
 
 __all__ = ["GlobalShuffle", "ShardKey"]
 
@@ -16,27 +18,41 @@ __all__ = ["GlobalShuffle", "ShardKey"]
 ShardKey = Tuple[str, int, int]
 
 
-class _HashesAndBytes(beam.CombineFn):
-    """Collects a split's 64-bit shuffle hashes (8 bytes each, not Python ints) and its bytes."""
+class _BucketCounts(beam.CombineFn):
+    """Counts a split's shuffle hashes per bucket and sums its bytes: bounded by the bucket count,
+    whatever the split's size."""
 
     def create_accumulator(self):
-        return array.array("Q"), 0
+        return {}, 0
 
     def add_input(self, acc, element: Tuple[int, int]):
-        hashes, total = acc
-        hashes.append(element[0])
-        return hashes, total + max(element[1], 0)
+        return planning.add_to_counts(acc, element[0], element[1])
 
     def merge_accumulators(self, accs):
-        hashes, total = array.array("Q"), 0
-        for h, t in accs:
-            hashes.extend(h)
-            total += t
-        return hashes, total
+        return planning.merge_counts(accs)
 
     def extract_output(self, acc):
-        hashes, total = acc
-        return sorted(hashes), total
+        return acc
+
+
+class _SortedHashes(beam.CombineFn):
+    """Collects one boundary bucket's hashes (8 bytes each) and sorts them."""
+
+    def create_accumulator(self):
+        return array.array("Q")
+
+    def add_input(self, acc, h: int):
+        acc.append(h)
+        return acc
+
+    def merge_accumulators(self, accs):
+        out = array.array("Q")
+        for a in accs:
+            out.extend(a)
+        return out
+
+    def extract_output(self, acc):
+        return sorted(acc)
 
 
 class GlobalShuffle(beam.PTransform):
@@ -58,20 +74,44 @@ class GlobalShuffle(beam.PTransform):
         self._target_mb = target_shard_mb
         self._min_shards = min_shards
 
-    def _plan(self, item) -> Tuple[str, ShardPlan]:
-        split, (hashes, num_bytes) = item
-        n = refs_lib.choose_num_shards(len(hashes), num_bytes, self._num_shards, self._target_mb, self._min_shards)
-        return split, refs_lib.plan_shards(split, hashes, num_bytes, n)
+    def _coarse(self, item) -> Tuple[str, planning.CoarsePlan]:
+        split, (counts, num_bytes) = item
+        n = planning.choose_num_shards(sum(counts.values()), num_bytes, self._num_shards, self._target_mb,
+                                       self._min_shards)
+        return split, planning.coarse_plan(split, counts, num_bytes, n)
 
     def expand(self, refs):
         seed = self._seed
-        plans = (
-            refs
-            | "HashAndSize" >> beam.Map(lambda r: (r.split, (refs_lib.shuffle_hash(seed, r.key), r.size)))
-            | "PerSplit" >> beam.CombinePerKey(_HashesAndBytes())
-            # (split, ([sorted hash], bytes))
-            | "Plan" >> beam.Map(self._plan)
+        hashed = refs | "Hash" >> beam.Map(lambda r: (r.split, (refs_lib.shuffle_hash(seed, r.key), r.size)))
+        # (split, (hash, size))
+        coarse = (
+            hashed
+            | "CountPerBucket" >> beam.CombinePerKey(_BucketCounts())
+            # (split, ({bucket: count}, bytes))
+            | "CoarsePlan" >> beam.Map(self._coarse)
         )
+
+        def in_boundary_bucket(item, plans: Dict[str, planning.CoarsePlan]):
+            split, (h, _) = item
+            if planning.bucket_of(h) in plans[split].buckets:
+                yield (split, planning.bucket_of(h)), h
+
+        def cuts(item, plans: Dict[str, planning.CoarsePlan]):
+            (split, bucket), sorted_hashes = item
+            return [(split, cut) for cut in planning.cut_values(plans[split], bucket, sorted_hashes)]
+
+        boundaries = (
+            hashed
+            | "InBoundaryBucket" >> beam.FlatMap(in_boundary_bucket, beam.pvalue.AsDict(coarse))
+            # ((split, bucket), hash), only for the <= num_shards-1 buckets that hold a boundary
+            | "SortBoundaryBucket" >> beam.CombinePerKey(_SortedHashes())
+            | "Cuts" >> beam.FlatMap(cuts, beam.pvalue.AsDict(coarse))
+            # (split, (shard index, boundary hash))
+        )
+        plans = coarse | "Plan" >> beam.Map(
+            lambda kv, values: (kv[0], planning.finish_plan(kv[1], values[kv[0]] if kv[1].cuts else ())),
+            beam.pvalue.AsMultiMap(boundaries))
+        # (split, ShardPlan)
 
         def key_by_shard(ref: ImageRef, plans: Dict[str, ShardPlan]):
             plan = plans[ref.split]

@@ -14,8 +14,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from imagerecords import codec, publish, shard_writer
-from imagerecords import refs as refs_lib
+from imagerecords import codec, planning, publish, shard_writer
 from imagerecords.metadata import ShardResult
 from imagerecords.refs import ImageRef, LabelMap
 from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
@@ -69,7 +68,7 @@ class _WriteShardFn(beam.DoFn):
                 ) -> Iterable[Union[ShardResult, beam.pvalue.TaggedOutput]]:
         (split, index, num_shards), refs = element
         publish.test_pause("before_shards")
-        filename = refs_lib.shard_name(self._name, split, index, num_shards)
+        filename = planning.shard_name(self._name, split, index, num_shards)
         staging = publish.staging_dir(self._output)
         staged = FileSystems.join(staging, filename)
         # A unique temporary name per attempt: a retried or speculative bundle never writes into
