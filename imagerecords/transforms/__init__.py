@@ -1,5 +1,7 @@
 """The build's composite PTransforms, one module per stage of the data flow."""
 
+from imagerecords.transforms import coders  # noqa: F401  (registers ImageRefCoder before any graph is built)
+
 from imagerecords.transforms.listing import ListImages, ReadManifest
 from imagerecords.transforms.labels import AssignLabels
 from imagerecords.transforms.shuffle import GlobalShuffle

@@ -80,5 +80,5 @@ class AssignLabels(beam.PTransform):
             )
         out = refs | "Assign" >> beam.FlatMap(
             _assign, beam.pvalue.AsSingleton(labels), self._splits, self._split_seed
-        ).with_outputs(REJECTED, main="refs")
+        ).with_output_types(ImageRef).with_outputs(REJECTED, main="refs")
         return {"refs": out.refs, REJECTED: out[REJECTED], "labels": labels}

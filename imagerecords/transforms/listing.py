@@ -111,7 +111,8 @@ class ListImages(beam.PTransform):
                 pbegin
                 | "Match" >> fileio.MatchFiles(self._root + "/**")
                 # FileMetadata(path, size_in_bytes)
-                | "ToRef" >> beam.ParDo(_FolderRefFn(self._root, self._max_file_bytes)).with_outputs(REJECTED, main="refs")
+                | "ToRef" >> beam.ParDo(_FolderRefFn(self._root, self._max_file_bytes)).with_output_types(ImageRef)
+                .with_outputs(REJECTED, main="refs")
             )
         return (
             pbegin
@@ -119,7 +120,8 @@ class ListImages(beam.PTransform):
             | "ListRoot" >> beam.ParDo(_ListRootFn())
             # class folder name (str) or Rejected (a root-level file or bad entry)
             | "Spread" >> beam.Reshuffle()
-            | "Walk" >> beam.ParDo(_WalkClassFn(self._root, self._max_file_bytes)).with_outputs(REJECTED, main="refs")
+            | "Walk" >> beam.ParDo(_WalkClassFn(self._root, self._max_file_bytes)).with_output_types(ImageRef)
+            .with_outputs(REJECTED, main="refs")
         )
 
 
@@ -217,5 +219,6 @@ class ReadManifest(beam.PTransform):
         return (
             pbegin
             | "Lines" >> beam.io.ReadFromText(self._manifest, skip_header_lines=1 if is_csv else 0)
-            | "ToRef" >> beam.ParDo(_ManifestRowFn(self._manifest, header, self._columns, self._max_file_bytes)).with_outputs(REJECTED, main="refs")
+            | "ToRef" >> beam.ParDo(_ManifestRowFn(self._manifest, header, self._columns, self._max_file_bytes))
+            .with_output_types(ImageRef).with_outputs(REJECTED, main="refs")
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import array
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import apache_beam as beam
 
@@ -11,11 +11,9 @@ from imagerecords import refs as refs_lib
 from imagerecords import planning
 from imagerecords.planning import ShardPlan
 from imagerecords.refs import ImageRef
+from imagerecords.transforms.coders import KeyedRef, ShardGroup, ShardKey
 
 __all__ = ["GlobalShuffle", "ShardKey"]
-
-# (split, shard index, number of shards of the split)
-ShardKey = Tuple[str, int, int]
 
 
 class _BucketCounts(beam.CombineFn):
@@ -118,10 +116,10 @@ class GlobalShuffle(beam.PTransform):
             h = refs_lib.shuffle_hash(seed, ref.key)
             return (ref.split, plan.shard_of(h), plan.num_shards), (h, ref)
 
-        keyed = refs | "KeyByShard" >> beam.Map(key_by_shard, beam.pvalue.AsDict(plans))
+        keyed = refs | "KeyByShard" >> beam.Map(key_by_shard, beam.pvalue.AsDict(plans)).with_output_types(KeyedRef)
         every_shard = plans | "EveryShard" >> beam.FlatMap(
             lambda kv: [((kv[0], i, kv[1].num_shards), None) for i in range(kv[1].num_shards)]
-        )
+        ).with_output_types(Tuple[ShardKey, Optional[Tuple[Any, ImageRef]]])
 
         def in_order(item) -> Tuple[Tuple[str, int, int], List[ImageRef]]:
             key, members = item
@@ -135,7 +133,7 @@ class GlobalShuffle(beam.PTransform):
             | "Flatten" >> beam.Flatten()
             | "GroupByShard" >> beam.GroupByKey()
             # (ShardKey, [(hash, ImageRef) | None])
-            | "Sort" >> beam.Map(in_order)
+            | "Sort" >> beam.Map(in_order).with_output_types(ShardGroup)
             # (ShardKey, [ImageRef sorted by hash])
         )
         return {"shards": shards, "plans": plans}
