@@ -72,6 +72,10 @@ class BuildConfig:
       label_offset: added to every label id (1 for ImageNet-style background at 0).
       path_column, label_column, split_column, key_column: manifest column names; a missing path
         column also tries 'uri'.
+      size_column: manifest column with each file's size in bytes; rows that give it are not
+        stat-ed (one request per image on gs://).
+      skip_stat: do not look up the size of manifest rows without a size (missing files are then
+        rejected when read, and the automatic shard count only knows the sizes given).
       max_reject_fraction: the build fails (nothing published) when more than this fraction of
         listed inputs is rejected; every reject is in errors.jsonl either way.
       threads: decode threads inside each shard writer.
@@ -99,6 +103,8 @@ class BuildConfig:
     label_column: str = "label"
     split_column: str = "split"
     key_column: str = "key"
+    size_column: str = "size"
+    skip_stat: bool = False
     max_reject_fraction: float = 0.01
     threads: int = 4
     overwrite: bool = False

@@ -141,6 +141,7 @@ class ManifestColumns:
     label: str = "label"
     split: str = "split"
     key: str = "key"
+    size: str = "size"
 
 
 def parse_manifest_row(
@@ -160,7 +161,18 @@ def parse_manifest_row(
     key = row.get(columns.key)
     key = str(key) if key not in (None, "") else path
     split = row.get(columns.split)
-    return ImageRef(key=key, uri=join(base, path), label=str(label), split=str(split or ""), size=-1), None
+    size = row.get(columns.size)
+    if size in (None, ""):
+        size = -1
+    else:
+        try:
+            size = int(size)
+        except (TypeError, ValueError):
+            size = -2
+        if size < 0:
+            return None, Rejected(str(path), f"manifest row's {columns.size!r} is not a size in bytes: {row.get(columns.size)!r}",
+                                  key, str(split or ""), stage="list", error="ValueError")
+    return ImageRef(key=key, uri=join(base, path), label=str(label), split=str(split or ""), size=size), None
 
 
 def csv_row_parser(header_line: str):

@@ -105,3 +105,19 @@ def test_refs_cross_stages_with_the_compact_deterministic_coder():
     p = TestPipeline()
     shards = p | beam.Create(_refs(3)) | GlobalShuffle(num_shards=1)
     assert "ImageRefCoder" in str(typecoders.registry.get_coder(shards["shards"].element_type))
+
+
+def test_manifest_size_column_and_skip_stat_avoid_the_per_row_lookup(tmp_path):
+    # The rows name files that do not exist: only a lookup could notice, and none is made.
+    (tmp_path / "sized.csv").write_text("path,label,size\n/nowhere/a.jpg,cat,1234\n/nowhere/b.jpg,cat,x\n")
+    (tmp_path / "plain.csv").write_text("path,label\n/nowhere/c.jpg,dog\n")
+    with TestPipeline() as p:
+        sized = p | "Sized" >> ReadManifest(str(tmp_path / "sized.csv"), header="path,label,size")
+        plain = p | "Plain" >> ReadManifest(str(tmp_path / "plain.csv"), header="path,label", stat=False)
+        assert_that(sized.refs | "S" >> beam.Map(lambda r: (r.uri, r.size)), equal_to([("/nowhere/a.jpg", 1234)]),
+                    label="SizeFromColumn")
+        assert_that(sized[REJECTED] | "SR" >> beam.Map(lambda r: (r.uri, r.stage, r.reason)),
+                    equal_to([("/nowhere/b.jpg", "list", "manifest row's 'size' is not a size in bytes: 'x'")]),
+                    label="BadSize")
+        assert_that(plain.refs | "P" >> beam.Map(lambda r: (r.uri, r.size)), equal_to([("/nowhere/c.jpg", -1)]),
+                    label="NoLookup")

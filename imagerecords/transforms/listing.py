@@ -128,8 +128,10 @@ class ListImages(beam.PTransform):
 class _ManifestRowFn(beam.DoFn):
     """Parses one manifest line and looks up the file's size (a missing file is rejected here)."""
 
-    def __init__(self, manifest: str, header: Optional[str], columns: ManifestColumns, max_file_bytes: Optional[int]):
+    def __init__(self, manifest: str, header: Optional[str], columns: ManifestColumns, max_file_bytes: Optional[int],
+                 stat: bool = True):
         self._manifest = manifest
+        self._stat = stat
         self._header = header
         self._columns = columns
         self._max_file_bytes = max_file_bytes
@@ -153,7 +155,10 @@ class _ManifestRowFn(beam.DoFn):
         if rejected is not None:
             yield _tagged(rejected)
             return
-        size, problem = self._size(ref)
+        if ref.size >= 0 or not self._stat:  # the manifest gave the size, or the user skips the lookup
+            size, problem = ref.size, None
+        else:
+            size, problem = self._size(ref)
         if problem is not None:
             reason, error = problem
             yield _tagged(Rejected(ref.uri, reason, ref.key, ref.split, stage="list", error=error))
@@ -198,10 +203,12 @@ class ReadManifest(beam.PTransform):
       max_file_bytes: files above this size become rows (stage 'read') at listing; None: no check.
       header: a CSV manifest's header line, read (and its columns checked) by the launcher
         (pipeline/checks.py), so that building the graph reads no file.
+      stat: look up the size of rows whose size column is empty (one request per row on gs://);
+        without it, a missing file is rejected when its shard reads it.
     """
 
     def __init__(self, manifest: str, columns: ManifestColumns = ManifestColumns(),
-                 max_file_bytes: Optional[int] = None, header: Optional[str] = None):
+                 max_file_bytes: Optional[int] = None, header: Optional[str] = None, stat: bool = True):
         super().__init__()
         if not is_manifest(manifest):
             raise ValueError(f"ReadManifest: {manifest!r} is not a .csv or .jsonl manifest")
@@ -212,6 +219,7 @@ class ReadManifest(beam.PTransform):
         self._columns = columns
         self._max_file_bytes = max_file_bytes
         self._header = header
+        self._stat = stat
 
     def expand(self, pbegin):
         is_csv = self._header is not None
@@ -219,6 +227,6 @@ class ReadManifest(beam.PTransform):
         return (
             pbegin
             | "Lines" >> beam.io.ReadFromText(self._manifest, skip_header_lines=1 if is_csv else 0)
-            | "ToRef" >> beam.ParDo(_ManifestRowFn(self._manifest, header, self._columns, self._max_file_bytes))
+            | "ToRef" >> beam.ParDo(_ManifestRowFn(self._manifest, header, self._columns, self._max_file_bytes, self._stat))
             .with_output_types(ImageRef).with_outputs(REJECTED, main="refs")
         )
