@@ -82,6 +82,25 @@ class _FolderRefFn(beam.DoFn):
         yield ref
 
 
+def _remote_patterns(root: str) -> Iterable[str]:
+    """The match patterns that together cover a remote root: one per top-level folder on gs://
+    (found with one delimited listing, so the folders' files are matched in parallel, each by one
+    worker), plus the root's own files; elsewhere the whole tree in one pattern."""
+    if not root.startswith("gs://"):
+        yield root + "/**"
+        return
+    from apache_beam.io.gcp import gcsio
+
+    bucket, _, prefix = root[len("gs://"):].partition("/")
+    prefix = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
+    listing = gcsio.GcsIO().client.list_blobs(bucket, prefix=prefix, delimiter="/")
+    files = [blob.name for blob in listing]  # consuming the pages fills listing.prefixes
+    for folder in sorted(listing.prefixes):
+        yield f"gs://{bucket}/{folder}**"
+    if files:
+        yield root + "/*"  # root-level files: they become skipped rows
+
+
 class ListImages(beam.PTransform):
     """Lists every file under a class-folder root (`root/<label>/**/<file>`) as an ImageRef.
 
@@ -89,8 +108,9 @@ class ListImages(beam.PTransform):
     Hidden files and folders (name starting with '.') are not listed. Files directly under the
     root become `skipped` rows. A local root is walked by our own code (sources.py): symlinked
     files and folders are followed, with loop detection; dangling symlinks, FIFOs, sockets,
-    devices and unreadable entries become rows without ever being opened. A remote root (gs://,
-    s3://) is listed with fileio.MatchFiles.
+    devices and unreadable entries become rows without ever being opened. A remote root is listed
+    with fileio.MatchAll, on gs:// one pattern per top-level folder, so class folders are listed in
+    parallel rather than by one worker.
 
     Args:
       root: the input folder (local path or FileSystems URI).
@@ -109,7 +129,11 @@ class ListImages(beam.PTransform):
         if refs_lib.has_scheme(self._root):
             return (
                 pbegin
-                | "Match" >> fileio.MatchFiles(self._root + "/**")
+                | "Root" >> beam.Create([self._root])
+                | "TopLevel" >> beam.FlatMap(_remote_patterns)
+                # one match pattern per top-level folder
+                | "Spread" >> beam.Reshuffle()
+                | "Match" >> fileio.MatchAll()
                 # FileMetadata(path, size_in_bytes)
                 | "ToRef" >> beam.ParDo(_FolderRefFn(self._root, self._max_file_bytes)).with_output_types(ImageRef)
                 .with_outputs(REJECTED, main="refs")
