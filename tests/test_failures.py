@@ -259,3 +259,38 @@ def test_progress_is_quiet_in_a_pipe_unless_asked_and_ends_with_the_totals(clean
     lines = err.splitlines()
     assert code == 0 and lines[0].startswith("[imagerecords] ") and len(lines) >= 2, err
     assert lines[-1].startswith("[imagerecords] 41/41 images (100%)") and "1 rejected so far" in lines[-1], err
+
+
+def test_odd_inputs_are_rows_and_two_builds_give_identical_errors(clean, tmp_path):
+    """A symlinked class folder is read; a dangling symlink, a FIFO, an oversize file, undecodable
+    files and a README at the root each end as one errors.jsonl row; the build finishes."""
+    root, _, _ = clean
+    tree = tmp_path / "tree"
+    shutil.copytree(root / "square", tree / "square")
+    os.symlink(root / "circle", tree / "circle")  # a symlinked class folder
+    os.symlink(tree / "nowhere.jpg", tree / "square" / "dangling.jpg")
+    os.mkfifo(tree / "square" / "pipe.jpg")
+    (tree / "square" / "big.jpg").write_bytes(b"\xff\xd8\xff" + os.urandom(2_100_000))
+    (tree / "square" / "noise.jpg").write_bytes(os.urandom(5000))
+    (tree / "square" / "text.png").write_text("not a png")
+    (tree / "README.txt").write_text("about these images")
+    outs = []
+    for name in ("one", "two"):
+        out = tmp_path / name
+        code, text, err = cli_run("build", "--input", tree, "--output", out, "--max_file_mb", "2",
+                                  "--max_reject_fraction", "0.5", "--no_progress", "--direct_num_workers=1", timeout=300)
+        assert code == 0, err
+        outs.append(out)
+    rows = [json.loads(line) for line in open(outs[0] / "errors.jsonl")]
+    by_key = {r["key"]: r for r in rows}
+    assert sorted(by_key) == ["README.txt", "circle/truncated.jpg", "square/big.jpg", "square/dangling.jpg",
+                              "square/noise.jpg", "square/pipe.jpg", "square/text.png"]
+    assert by_key["README.txt"]["skipped"] and sum(r["skipped"] for r in rows) == 1
+    assert by_key["square/pipe.jpg"]["stage"] == "list" and "FIFO" in by_key["square/pipe.jpg"]["reason"]
+    assert by_key["square/dangling.jpg"]["stage"] == "list" and "dangling" in by_key["square/dangling.jpg"]["reason"]
+    assert by_key["square/big.jpg"]["stage"] == "read" and "not read" in by_key["square/big.jpg"]["reason"]
+    assert {by_key[k]["stage"] for k in ("square/noise.jpg", "square/text.png", "circle/truncated.jpg")} == {"decode"}
+    manifest = json.load(open(outs[0] / MANIFEST))
+    assert manifest["num_rejected"] == 6 and manifest["num_skipped"] == 1
+    assert sum(s["num_examples"] for s in manifest["splits"].values()) == 20  # 10 squares + 10 circles via the link
+    assert open(outs[0] / "errors.jsonl", "rb").read() == open(outs[1] / "errors.jsonl", "rb").read()
