@@ -16,6 +16,7 @@ commands:
   finish   publish a build whose launcher did not commit it (a Dataflow template, a cut commit)
   verify   check the shards against manifest.json (--records: every record's CRC too)
   inspect  print a dataset's splits, shards and labels
+  report   write an HTML page showing a dataset: sample images per class, histograms, rejects
   demo     generate a small image tree and build it (the README's first command)
 
 Exit codes: 0 ok, 1 the build failed or verify found problems, 2 bad usage, 3 input problem,
@@ -72,7 +73,30 @@ def _one_folder(command: str, rest: Sequence[str], flags: Sequence[str] = ()) ->
     return p.parse_args(rest)
 
 
+# Commands that run Beam, and what the `build` extra installs for them (import name: distribution).
+_BUILDER_COMMANDS = ("build", "demo", "verify", "finish")
+_BUILDER_MODULES = {"apache_beam": "apache-beam", "PIL": "pillow", "yaml": "pyyaml"}
+
+
+def _missing_builder_extra(command: str) -> Optional[str]:
+    """The one line to print when `command` needs the builder extra and it is not installed (the
+    reader-only install has neither Beam nor Pillow); None when all is there."""
+    import importlib.util
+
+    if command not in _BUILDER_COMMANDS:
+        return None
+    missing = [dist for module, dist in _BUILDER_MODULES.items() if importlib.util.find_spec(module) is None]
+    if not missing:
+        return None
+    return (f"imagerecords {command} needs the builder extra ({', '.join(missing)} not installed): "
+            "pip install 'imagerecords[build]' (or 'imagerecords[gcp]' for gs://)")
+
+
 def _command(command: str, rest: Sequence[str]) -> int:
+    missing = _missing_builder_extra(command)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 1
     if command == "build":
         from imagerecords.pipeline.launcher import run
 
@@ -104,6 +128,10 @@ def _command(command: str, rest: Sequence[str]) -> int:
         for problem in problems:
             print(problem, file=sys.stderr)
         return 1 if problems else 0
+    if command == "report":
+        from imagerecords import report
+
+        return report.main(rest)
     if command == "demo":
         return _demo(rest)
     print(f"imagerecords: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
@@ -116,6 +144,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from imagerecords import __version__
+
+        print(f"imagerecords {__version__}")
+        return 0
     from imagerecords import errors
 
     command, rest = argv[0], argv[1:]

@@ -1,0 +1,381 @@
+"""`imagerecords report`: the page is self-contained, every image decodes, and its numbers are the dataset's.
+
+The dataset is a real build of the `image_tree` fixture (4 classes x 10 generated images, one
+truncated JPEG). The page is parsed with the stdlib's html.parser; the expected values come from
+the manifest and from reading the shards with the `tfrecord` package (its own framing and Example
+proto), independently of the report's own reader.
+"""
+
+import base64
+import collections
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from html.parser import HTMLParser
+
+import pytest
+from PIL import Image, ImageStat
+
+from conftest import build, shard_files
+from imagerecords import report, schema
+from imagerecords.manifest import Manifest
+from imagerecords.pipeline import cli
+
+PER_CLASS = 3
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Page(HTMLParser):
+    """What the tests read back from a report: images, links, bars, tables and data attributes."""
+
+    def __init__(self, text):
+        super().__init__(convert_charrefs=True)
+        self.imgs = []          # attrs of every <img>, with the enclosing section's data-class
+        self.urls = []          # every src and href value
+        self.bars = []          # (attrs of a <g data-value>, its value <text>)
+        self.rows = collections.defaultdict(list)  # table class/id -> [[cell text]]
+        self.data = []          # attrs of every element with a data-* attribute
+        self.tags = collections.Counter()
+        self._section = None
+        self._bar = None
+        self._in_value = False
+        self._table = None
+        self._row = None
+        self._cell = None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags[tag] += 1
+        if any(k.startswith("data-") for k in a):
+            self.data.append(a)
+        for key in ("src", "href"):
+            if key in a:
+                self.urls.append(a[key])
+        if tag == "section":
+            self._section = a.get("data-class")
+        elif tag == "img":
+            self.imgs.append(dict(a, section=self._section))
+        elif tag == "g" and "data-value" in a:
+            self._bar = [a, ""]
+        elif tag == "text" and self._bar is not None and a.get("class") == "value":
+            self._in_value = True
+        elif tag == "table":
+            self._table = a.get("class") or a.get("id")
+            if a.get("data-kind"):
+                self._table += ":" + a["data-kind"]
+        elif tag == "tr":
+            self._row = []
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "br" and self._cell is not None:
+            self._cell.append(" | ")
+
+    def handle_endtag(self, tag):
+        if tag == "section":
+            self._section = None
+        elif tag == "g" and self._bar is not None:
+            self.bars.append(tuple(self._bar))
+            self._bar = None
+        elif tag == "text":
+            self._in_value = False
+        elif tag in ("td", "th") and self._cell is not None:
+            self._row.append(" ".join("".join(self._cell).split()))
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self.rows[self._table].append(self._row)
+            self._row = None
+
+    def handle_data(self, data):
+        if self._in_value:
+            self._bar[1] += data
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def one(self, attr, value=None):
+        """The data attributes of the one element carrying `attr` (equal to `value` if given)."""
+        found = [a for a in self.data if attr in a and (value is None or a[attr] == value)]
+        assert len(found) == 1, (attr, value, found)
+        return found[0]
+
+
+def _blocked_python(code):
+    """Runs `code` in a fresh interpreter where TensorFlow and Beam cannot be imported."""
+    prelude = textwrap.dedent("""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("tensorflow", "apache_beam"):
+                    raise ImportError(name + " is blocked in this test")
+        sys.meta_path.insert(0, Block())
+    """)
+    return prelude + textwrap.dedent(code)
+
+
+@pytest.fixture(scope="module")
+def dataset(image_tree, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "out"
+    build(image_tree[0], out, "--splits", "train=0.75,validation=0.25", "--max_reject_fraction", "0.1")
+    with open(out / "manifest.json", "rb") as f:
+        return out, Manifest.loads(f.read())
+
+
+@pytest.fixture(scope="module")
+def records_by_split(dataset):
+    """{split: [(shard file, filename, label, height, width, image bytes)]} in shard order, read with
+    the `tfrecord` package's frame reader and Example proto (not the report's wire-format reader)."""
+    from tfrecord import example_pb2
+    from tfrecord.reader import tfrecord_iterator
+
+    out, manifest = dataset
+    keys = schema.keys(manifest.schema)
+    found = {}
+    for split in manifest.splits:
+        rows = found[split.name] = []
+        for shard in split.shards:
+            for raw in tfrecord_iterator(str(out / shard.filename)):
+                example = example_pb2.Example()
+                example.ParseFromString(bytes(raw))
+                f = example.features.feature
+                rows.append((shard.filename, f[keys.filename].bytes_list.value[0].decode(),
+                             f[keys.label].int64_list.value[0], f[keys.height].int64_list.value[0],
+                             f[keys.width].int64_list.value[0], f[keys.image].bytes_list.value[0]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def run(dataset, tmp_path_factory):
+    """The command as a user runs it, without --html, in a fresh interpreter that cannot import
+    TensorFlow or Beam; returns (completed process, the folder it ran in, dataset listing before)."""
+    out, _ = dataset
+    cwd = tmp_path_factory.mktemp("cwd")
+    before = sorted(os.listdir(out))
+    code = _blocked_python(f"""
+        from imagerecords.pipeline import cli
+        rc = cli.main(["report", {str(out)!r}, "--per_class", "{PER_CLASS}"])
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "apache_beam")))
+        sys.exit(rc)
+    """)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+    return proc, cwd, before
+
+
+@pytest.fixture(scope="module")
+def page(run):
+    proc, cwd, _ = run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(cwd / "images-report.html", encoding="utf-8") as f:
+        text = f.read()
+    return text, Page(text)
+
+
+def test_runs_without_tensorflow_or_beam_and_leaves_the_dataset_alone(run, dataset):
+    proc, cwd, before = run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "[]"  # neither was imported (the import hook would have refused them anyway)
+    assert lines[0] == "imagerecords report: wrote images-report.html"
+    assert os.listdir(cwd) == ["images-report.html"]  # the default: ./<name>-report.html
+    assert sorted(os.listdir(dataset[0])) == before
+
+
+def test_every_embedded_image_decodes_at_thumbnail_size(page):
+    _, p = page
+    assert len(p.imgs) == 4 * PER_CLASS
+    for img in p.imgs:
+        head, _, payload = img["src"].partition(",")
+        assert head == "data:image/jpeg;base64"
+        with Image.open(io.BytesIO(base64.b64decode(payload, validate=True))) as im:
+            im.load()
+            assert im.format == "JPEG"
+            assert im.size == (int(img["width"]), int(img["height"]))
+            stored = (int(img["data-width"]), int(img["data-height"]))
+            if max(stored) <= report.THUMB_SIDE:
+                assert im.size == stored  # small images are not enlarged
+            else:
+                assert max(im.size) == report.THUMB_SIDE
+
+
+def test_each_class_shows_its_first_records_in_shard_order(page, dataset, records_by_split):
+    _, p = page
+    _, manifest = dataset
+    train = records_by_split["train"]
+    by_name = {row[1]: row for row in train}
+    for label, name in enumerate(manifest.label_names):
+        want = [row[1] for row in train if row[2] == label][:PER_CLASS]
+        shown = [img for img in p.imgs if img["section"] == name]
+        assert [img["alt"] for img in shown] == want
+        assert all(img["data-class"] == name for img in shown)
+        for img in shown:
+            # The thumbnail is that record's image: compare mean colours with the full decode.
+            record = by_name[img["alt"]]
+            with Image.open(io.BytesIO(record[5])) as full:
+                full_mean = ImageStat.Stat(full.convert("RGB")).mean
+            with Image.open(io.BytesIO(base64.b64decode(img["src"].partition(",")[2]))) as thumb:
+                thumb_mean = ImageStat.Stat(thumb.convert("RGB")).mean
+            assert max(abs(a - b) for a, b in zip(full_mean, thumb_mean)) < 8, img["alt"]
+            assert (int(img["data-height"]), int(img["data-width"])) == record[3:5]
+
+
+def test_label_histograms_match_the_manifest(page, dataset):
+    _, p = page
+    _, manifest = dataset
+    for split in manifest.splits:
+        want = collections.Counter()
+        for shard in split.shards:
+            want.update(dict(shard.labels))
+        got = {int(a["data-label"]): (int(a["data-value"]), text) for a, text in p.bars
+               if a.get("data-split") == split.name and "data-label" in a}
+        assert got == {label: (want[label], str(want[label])) for label in range(len(manifest.label_names))}
+        assert sum(v for v, _ in got.values()) == split.num_examples
+
+
+def test_splits_and_totals_match_the_manifest(page, dataset):
+    _, p = page
+    _, manifest = dataset
+    rows = {r[0]: r[1:3] for r in p.rows["split-table"][1:]}
+    assert rows == {**{s.name: [str(s.num_examples), str(len(s.shards))] for s in manifest.splits},
+                    "all": [str(manifest.num_examples), str(sum(len(s.shards) for s in manifest.splits))]}
+    assert manifest.num_rejected == 1
+    assert p.one("data-total", "rejected") and p.one("data-total", "skipped")
+    text = page[0]
+    assert f'<b data-total="rejected">{manifest.num_rejected}</b>' in text
+    assert f'<b data-total="skipped">{manifest.num_skipped}</b>' in text
+
+
+def test_size_histograms_count_the_records_read(page, dataset, records_by_split):
+    _, p = page
+    train = records_by_split["train"]
+    assert int(p.one("data-sample")["data-sample"]) == len(train)  # the default sample covers this split
+    values = {"height": [r[3] for r in train], "width": [r[4] for r in train], "bytes": [len(r[5]) for r in train]}
+    for name, vals in values.items():
+        bins = [(int(a["data-low"]), int(a["data-high"]), int(a["data-value"])) for a, _ in p.bars
+                if a.get("data-hist") == name]
+        assert bins, name
+        assert sum(n for _, _, n in bins) == len(vals)
+        for low, high, n in bins:
+            assert n == sum(low <= v <= high for v in vals), (name, low, high)
+    common = {r[0]: int(r[1]) for r in p.rows["common-sizes"][1:]}
+    assert common == {f"{h} × {w}": n for (h, w), n in collections.Counter((r[3], r[4]) for r in train).items()}
+
+
+def test_shard_sizes_match_the_manifest_and_the_files(page, dataset):
+    _, p = page
+    out, manifest = dataset
+    got = {(a["data-split"], int(a["data-shard"])): (int(a["data-value"]), int(a["data-count"]))
+           for a, _ in p.bars if "data-shard" in a}
+    want = {(s.name, sh.index): (sh.num_bytes, sh.count) for s in manifest.splits for sh in s.shards}
+    assert got == want
+    assert sorted(os.path.getsize(f) for f in shard_files(out)) == sorted(v for v, _ in want.values())
+
+
+def test_rejected_section_lists_the_truncated_jpeg_with_its_reason(page, dataset):
+    _, p = page
+    out, _ = dataset
+    with open(out / "errors.jsonl") as f:
+        row = [json.loads(line) for line in f if "truncated.jpg" in line][0]
+    rows = p.rows["reasons:rejected"]
+    assert rows[0] == ["stage", "reason", "count", "examples (key · split · reason)"]
+    assert rows[1][:3] == ["decode", row["reason"], "1"]
+    assert row["reason"].startswith("truncated JPEG")
+    assert rows[1][3] == f"circle/truncated.jpg · {row['split']} · {row['reason']}"
+    assert len(rows) == 2
+
+
+def test_page_is_self_contained(page):
+    text, p = page
+    assert p.urls and all(u.startswith(("data:image/jpeg;base64,", "#")) for u in p.urls)
+    assert "http://" not in text and "https://" not in text
+    assert p.tags["script"] == 0 and p.tags["link"] == 0 and p.tags["iframe"] == 0
+    assert p.tags["svg"] >= 4
+
+
+def test_duplicates_absent_then_shown(page, dataset, tmp_path):
+    _, p = page
+    assert p.one("data-duplicates")["data-duplicates"] == "absent"
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset[0], copy)
+    rows = [
+        {"content": "a" * 64, "members": [{"key": "square/x.jpg", "split": "train", "uri": "/x"},
+                                          {"key": "square/y.jpg", "split": "train", "uri": "/y"}]},
+        {"content": "b" * 64, "members": [{"key": "circle/leak.jpg", "split": "train", "uri": "/l"},
+                                          {"key": "circle/leak2.jpg", "split": "validation", "uri": "/m"}]},
+    ]
+    (copy / report.DUPLICATES).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = report.write_report(str(copy), str(tmp_path / "r.html"), per_class=1)
+    q = Page(open(path, encoding="utf-8").read())
+    assert q.one("data-duplicates") == {"data-duplicates": "2", "data-leaks": "1"}
+    table = q.rows["dups"]
+    assert len(table) == 3
+    assert table[1][1:] == ["2", "circle/leak.jpg · train | circle/leak2.jpg · validation"]  # leakage first
+    assert q.one("data-leak")
+    assert table[2][1:] == ["2", "square/x.jpg · train | square/y.jpg · train"]
+
+
+def test_reads_only_the_shards_it_needs_and_is_deterministic(dataset, tmp_path):
+    out, manifest = dataset
+    a = report.write_report(str(out), str(tmp_path / "a.html"), per_class=1, sample=0)
+    b = report.write_report(str(out), str(tmp_path / "b.html"), per_class=1, sample=0)
+    text = open(a, encoding="utf-8").read()
+    assert text == open(b, encoding="utf-8").read()
+    p = Page(text)
+    info = p.one("data-shards-read")
+    assert int(info["data-shards-total"]) == len(manifest.split("train").shards)
+    assert int(info["data-shards-read"]) < int(info["data-shards-total"])
+    assert int(info["data-records-read"]) < manifest.split("train").num_examples
+    assert sorted(img["section"] for img in p.imgs) == sorted(manifest.label_names)
+
+
+def test_command_errors_are_one_line(dataset, tmp_path, capsys):
+    out, _ = dataset
+    assert cli.main(["report", str(tmp_path / "nothing")]) == 3
+    assert cli.main(["report", str(out), "--split", "test", "--html", str(tmp_path / "r.html")]) == 3
+    assert cli.main(["report", str(out), "--html", str(tmp_path / "no" / "r.html")]) == 2
+    assert cli.main(["report", str(out), "--per_class", "-1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4 and all(line.startswith("imagerecords report: error: ") for line in err), err
+    assert "no published imagerecords dataset" in err[0]
+    assert "no split 'test'" in err[1]
+    assert not os.listdir(tmp_path)
+
+
+def test_thumbnail_fits_the_box_keeping_the_aspect_ratio():
+    big = io.BytesIO()
+    Image.new("RGB", (300, 200), (200, 30, 30)).save(big, format="JPEG")
+    uri, size = report.thumbnail(big.getvalue())
+    assert size == (96, 64)
+    with Image.open(io.BytesIO(base64.b64decode(uri.partition(",")[2]))) as im:
+        assert im.size == (96, 64) and max(abs(a - b) for a, b in zip(ImageStat.Stat(im).mean, (200, 30, 30))) < 6
+
+
+@pytest.mark.parametrize("preset", schema.PRESETS)
+def test_parse_example_reads_what_the_builder_writes(preset):
+    k = schema.keys(preset)
+    raw = schema.make_example(preset, image=b"\xff\xd8jpeg", label=-3, label_text="cat", filename="a/b.jpg",
+                              height=480, width=640)
+    got = report.parse_example(raw)
+    assert got[k.image] == [b"\xff\xd8jpeg"] and got[k.label] == [-3] and got[k.filename] == [b"a/b.jpg"]
+    assert got[k.height] == [480] and got[k.width] == [640]
+    if k.label_text:
+        assert got[k.label_text] == [b"cat"] and got[k.image_format] == [b"JPEG"]
+
+
+def test_renders_in_headless_chromium(page, run, tmp_path):
+    browser = shutil.which("chromium")
+    if browser is None:
+        pytest.skip("Debian's chromium is not installed; the page is checked by parsing it and decoding every image")
+    html_path = run[1] / "images-report.html"
+    png = tmp_path / "page.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1200,2400", f"--screenshot={png}", html_path.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    with Image.open(png) as im:
+        im.load()
+        assert im.size == (1200, 2400)
+        colours = im.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 200  # text, bars and photos, not a blank page
