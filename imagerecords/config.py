@@ -80,7 +80,8 @@ class BuildConfig:
         listed inputs is rejected; every reject is in errors.jsonl either way.
       threads: decode threads inside each shard writer.
       overwrite: allow replacing a dataset this tool wrote earlier in `output`.
-      write_index: also write `<shard>.index` files with each record's byte offset.
+      write_index: also write `index/<shard>.idx` (tfrecord2idx: offset and frame length per
+        record) for DALI and the PyTorch `tfrecord` package.
     """
 
     input: str

@@ -35,7 +35,9 @@ class Shard:
       sha256: hex digest of the file.
       labels: ((label id, records with it), ...) sorted by id; ids include the label offset.
       passthrough: records whose image bytes are the source file unchanged.
-      index_file: name of the file with each record's byte offset, when one was written.
+      index_file: path (relative to the dataset folder) of the shard's tfrecord2idx index file
+        (one "offset frame_length" line per record), when one was written.
+      index_sha256: hex digest of the index file.
     """
 
     index: int
@@ -46,12 +48,15 @@ class Shard:
     labels: Tuple[Tuple[int, int], ...] = ()
     passthrough: int = 0
     index_file: Optional[str] = None
+    index_sha256: Optional[str] = None
 
     def to_json(self) -> Dict[str, Any]:
         out = {"index": self.index, "filename": self.filename, "count": self.count, "num_bytes": self.num_bytes,
                "sha256": self.sha256, "labels": {str(k): v for k, v in self.labels}, "passthrough": self.passthrough}
         if self.index_file:
             out["index_file"] = self.index_file
+        if self.index_sha256:
+            out["index_sha256"] = self.index_sha256
         return out
 
     @classmethod
@@ -59,7 +64,8 @@ class Shard:
         return cls(index=int(d["index"]), filename=str(d["filename"]), count=int(d["count"]),
                    num_bytes=int(d["num_bytes"]), sha256=str(d["sha256"]),
                    labels=tuple(sorted((int(k), int(v)) for k, v in dict(d.get("labels") or {}).items())),
-                   passthrough=int(d.get("passthrough", 0)), index_file=d.get("index_file"))
+                   passthrough=int(d.get("passthrough", 0)), index_file=d.get("index_file"),
+                   index_sha256=d.get("index_sha256"))
 
 
 @dataclasses.dataclass(frozen=True)

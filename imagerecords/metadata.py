@@ -11,6 +11,12 @@ DATASET_INFO = "dataset_info.json"
 FEATURES = "features.json"
 LABEL_NAMES = "label.labels.txt"
 FILEPATH_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+# Index files live in a sub-folder, `index/<shard file name>.idx` (DALI's examples keep theirs in a
+# folder the same way): a shard glob in the dataset folder (`images-train*`, `*.tfrecord*`,
+# `*-of-*`) never reaches into a sub-folder, so it can never pick an index up as a shard, and
+# `OUT/index/{}.idx` with the shard's file name is the index path every reader wants.
+INDEX_DIR = "index"
+INDEX_SUFFIX = ".idx"
 # What TFDS reads to find a dataset: removed with manifest.json when a commit starts, so that
 # neither our readers nor TFDS see the previous dataset's metadata over the new shards.
 PUBLICATION_MARKS = (MANIFEST, DATASET_INFO, FEATURES)
@@ -29,7 +35,8 @@ class ShardResult:
       sha256: hex digest of the file.
       labels: ((label_id, count), ...) sorted by id.
       passthrough: records whose JPEG is the source file unchanged.
-      index_file: name of the record-offset file written next to it, if any.
+      index_file: its tfrecord2idx index file (`index_name(filename)`), if one was written.
+      index_sha256: hex digest of the index file.
     """
 
     split: str
@@ -41,10 +48,11 @@ class ShardResult:
     labels: Tuple[Tuple[int, int], ...] = ()
     passthrough: int = 0
     index_file: Optional[str] = None
+    index_sha256: Optional[str] = None
 
     def to_shard(self) -> Shard:
         return Shard(self.index, self.filename, self.count, self.num_bytes, self.sha256, tuple(self.labels),
-                     self.passthrough, self.index_file)
+                     self.passthrough, self.index_file, self.index_sha256)
 
     def to_json(self) -> Dict[str, object]:
         return dict(self.to_shard().to_json(), split=self.split)
@@ -53,7 +61,12 @@ class ShardResult:
     def from_json(cls, d: Mapping[str, object]) -> "ShardResult":
         s = Shard.from_json(d)
         return cls(str(d["split"]), s.index, s.filename, s.count, s.num_bytes, s.sha256, s.labels, s.passthrough,
-                   s.index_file)
+                   s.index_file, s.index_sha256)
+
+
+def index_name(shard_filename: str) -> str:
+    """The index file of a shard, relative to the dataset folder ('/' separated on every filesystem)."""
+    return f"{INDEX_DIR}/{shard_filename}{INDEX_SUFFIX}"
 
 
 def build_manifest(
@@ -98,6 +111,9 @@ def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:
         "fileFormat": "tfrecord",
         "version": "1.0.0",
         "splits": splits,
+        # What as_supervised=True yields: (image, label). The JSON form of TFDS's
+        # SupervisedKeys proto as TFDS 4.x writes it (a tuple of feature keys).
+        "supervisedKeys": {"tuple": {"items": [{"featureKey": "image"}, {"featureKey": "label"}]}},
     }
 
 

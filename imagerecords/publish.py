@@ -37,6 +37,7 @@ from imagerecords.manifest import ERRORS, LOCK, MANIFEST, STAGING, Manifest, dum
 log = logging.getLogger(__name__)
 
 RESULTS = "results.json"
+DETACHED = "detached"  # LockInfo.command of a build whose job runs on without its launcher
 COMMIT = "commit.json"
 
 
@@ -211,7 +212,9 @@ class LockInfo:
       host: host name of the holder's launcher.
       pid: process id of the holder's launcher.
       started: UTC start time (ISO 8601).
-      command: what the holder runs (build or finish).
+      command: what the holder runs (build, finish, or detached: a build submitted with --detached,
+        whose job runs on the cluster after its launcher exited; `finish` takes it over once
+        staging/results.json exists).
     """
 
     build_id: str
@@ -224,8 +227,9 @@ class LockInfo:
         return f"build {self.build_id} ({self.command}, host {self.host}, pid {self.pid}, started {self.started})"
 
     def is_dead_here(self) -> bool:
-        """True when the holder ran on this host and its process is gone: its lock is stale."""
-        if self.host != socket.gethostname():
+        """True when the holder ran on this host and its process is gone: its lock is stale. A
+        detached build's launcher is gone by design (its job runs on), so its lock is never stale."""
+        if self.host != socket.gethostname() or self.command == DETACHED:
             return False
         try:
             os.kill(self.pid, 0)
@@ -323,7 +327,7 @@ class OutputLock:
             holder = read_lock(self._output)
             if holder is None:
                 continue  # released between our create and our read: try again
-            if holder.is_dead_here() or self._break:
+            if holder.is_dead_here() or self._break or self._finishes_detached(holder):
                 log.info("taking over the lock of %s", holder.describe())
                 self.took_over = holder
                 _delete_quietly([self._path])
@@ -331,6 +335,18 @@ class OutputLock:
             raise LockHeld(f"{self._output} is locked by {holder.describe()}; wait for it to end, or, if no build "
                            f"is running there any more, rerun with --break_lock")
         raise LockHeld(f"could not take the lock {self._path} after 3 tries (another build keeps taking it)")
+
+    def _finishes_detached(self, holder: LockInfo) -> bool:
+        """`finish` takes over a detached build's lock once its job has staged its results."""
+        return (self.info.command == "finish" and holder.command == DETACHED
+                and exists(join(staging_dir(self._output), RESULTS)))
+
+    def hand_over_to_detached_job(self) -> None:
+        """Marks the lock as held by this build's detached job (command "detached") and lets go of
+        it here: leaving the `with` block no longer removes it; `finish` takes it over later."""
+        self.info = dataclasses.replace(self.info, command=DETACHED)
+        write_bytes(self._path, json.dumps(dataclasses.asdict(self.info), sort_keys=True).encode())
+        self._held = False
 
     def release(self) -> None:
         if not self._held:
@@ -395,6 +411,24 @@ def _previous_files(output: str, name: str) -> List[str]:
     return sorted(names)
 
 
+def _make_parent(path: str) -> None:
+    """Creates the local folder `path` goes in (index/ for index files): a local rename, unlike a
+    create, does not make it; object stores have no folders to make."""
+    if is_local(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+
+
+def _remove_empty_folders(output: str, names: Sequence[str]) -> None:
+    """Removes the local sub-folders of `names` (such as index/) that are now empty."""
+    if not is_local(output):
+        return
+    for folder in sorted({os.path.dirname(n) for n in names if os.path.dirname(n)}, reverse=True):
+        try:
+            os.rmdir(os.path.join(output, folder))
+        except OSError:  # not empty (it holds the new build's files, or someone else's), or gone
+            pass
+
+
 def commit(output: str, results: Optional[BuildResults] = None) -> Manifest:
     """Publishes the staged build in `output`; redoes a commit that was cut short.
 
@@ -436,14 +470,16 @@ def commit(output: str, results: Optional[BuildResults] = None) -> Manifest:
     for i, filename in enumerate(sorted(new_files)):
         staged, final = join(staging, filename), join(output, filename)
         if exists(staged):
+            _make_parent(final)
             FileSystems.rename([staged], [final])
         elif not exists(final):
             raise UnfinishedBuild(f"cannot publish {output}: {filename} is neither staged nor in place; "
                                   "rerun `imagerecords build ... --overwrite`")
         if i == 0:
             test_pause("in_commit")
-    # 3. The previous build's leftovers.
+    # 3. The previous build's leftovers (and the index folder, when they emptied it).
     _delete_quietly([join(output, n) for n in previous if n not in new_files])
+    _remove_empty_folders(output, previous)
     # 4. Metadata, then the manifest: the dataset is published.
     errors_staged = join(staging, ERRORS)
     if exists(errors_staged):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator, List, Sequence, Tuple
 
 import google_crc32c
 
 _MASK_DELTA = 0xA282EAD8
+# Bytes a frame adds around its record: uint64 length, its masked crc32c, and the data's crc32c.
+FRAME_OVERHEAD = 8 + 4 + 4
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -31,7 +33,8 @@ class RecordWriter:
     Attributes:
       count: records written so far.
       num_bytes: bytes written so far.
-      offsets: byte offset of every record's start (the `.index` a random-access reader needs).
+      offsets: byte offset of every record's frame.
+      lengths: byte length of every record's frame (record + FRAME_OVERHEAD).
     """
 
     def __init__(self, stream: BinaryIO):
@@ -39,18 +42,57 @@ class RecordWriter:
         self._sha = hashlib.sha256()
         self.count = 0
         self.num_bytes = 0
-        self.offsets = []
+        self.offsets: List[int] = []
+        self.lengths: List[int] = []
 
     def write(self, record: bytes) -> None:
         data = frame(record)
         self._stream.write(data)
         self._sha.update(data)
         self.offsets.append(self.num_bytes)
+        self.lengths.append(len(data))
         self.count += 1
         self.num_bytes += len(data)
 
     def sha256(self) -> str:
         return self._sha.hexdigest()
+
+    def index(self) -> bytes:
+        """The index file of what was written so far (see `format_index`)."""
+        return format_index(zip(self.offsets, self.lengths))
+
+
+# Index files ------------------------------------------------------------------------------------
+# The `tfrecord2idx` format that DALI (tools/tfrecord2idx, fn.readers.tfrecord's index_path) and the
+# PyPI `tfrecord` package (PyTorch; tfrecord/tools/tfrecord2idx.py) both read: one line per record,
+# "<frame offset> <frame length>\n" in decimal ASCII, where the frame length counts the 16 framing
+# bytes too, so offset + length is the next record's offset.
+
+
+def index_entries(offsets: Sequence[int], end: int) -> List[Tuple[int, int]]:
+    """Returns (offset, frame length) of each record from the frames' start offsets and the file size."""
+    bounds = list(offsets) + [end]
+    return [(start, stop - start) for start, stop in zip(bounds, bounds[1:])]
+
+
+def format_index(entries: Iterable[Tuple[int, int]]) -> bytes:
+    """Returns the tfrecord2idx index file bytes for (offset, frame length) entries."""
+    return "".join(f"{offset} {length}\n" for offset, length in entries).encode("ascii")
+
+
+def parse_index(data: bytes, name: str = "<index>") -> List[Tuple[int, int]]:
+    """Returns the (offset, frame length) entries of a tfrecord2idx index file.
+
+    Raises:
+      ValueError: naming `name` and the line that is not two non-negative integers.
+    """
+    entries = []
+    for number, line in enumerate(data.decode("ascii", errors="replace").splitlines(), 1):
+        fields = line.split()
+        if len(fields) != 2 or not all(f.isdigit() for f in fields):
+            raise ValueError(f"{name}: line {number} is not '<offset> <length>': {line[:80]!r}")
+        entries.append((int(fields[0]), int(fields[1])))
+    return entries
 
 
 class HashingReader:

@@ -60,3 +60,32 @@ def test_hashing_reader_hashes_what_is_parsed_and_the_rest():
     assert first == b"\x00" * 1000
     stream.drain(chunk=7)
     assert stream.num_bytes == len(data) and stream.sha256() == hashlib.sha256(data).hexdigest()
+
+
+def test_index_is_what_tfrecord2idx_writes_for_a_tensorflow_file(tmp_path):
+    from test_index import without_tensorflow
+
+    payloads = [b"", b"a", b"hello world" * 100, bytes(range(256)) * 40]
+    path = str(tmp_path / "tf.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        for p in payloads:
+            w.write(p)
+    reference = tmp_path / "tf.idx"
+    without_tensorflow("from tfrecord.tools.tfrecord2idx import create_index\n"
+                       "create_index(ARGS[0], ARGS[1])\nRESULT = None", [path, str(reference)])
+    buf = io.BytesIO()
+    writer = records.RecordWriter(buf)
+    for p in payloads:
+        writer.write(p)
+    # "offset frame_length\n": a frame is the record plus 16 framing bytes.
+    assert writer.index() == reference.read_bytes() == b"0 16\n16 17\n33 1116\n1149 10256\n"
+    assert writer.lengths == [len(p) + records.FRAME_OVERHEAD for p in payloads]
+    assert records.index_entries(writer.offsets, writer.num_bytes) == list(zip(writer.offsets, writer.lengths))
+    assert records.parse_index(writer.index()) == [(0, 16), (16, 17), (33, 1116), (1149, 10256)]
+    assert records.index_entries([], 0) == [] and records.format_index([]) == b""
+
+
+@pytest.mark.parametrize("data, line", [(b"0 16\n16\n", 2), (b"0 16\n-1 17\n", 2), (b"0 x\n", 1), (b"0 16 3\n", 1)])
+def test_parse_index_names_the_file_and_the_bad_line(data, line):
+    with pytest.raises(ValueError, match=rf"^idx-7: line {line} is not '<offset> <length>'"):
+        records.parse_index(data, "idx-7")

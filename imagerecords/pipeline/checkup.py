@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
-from imagerecords import errors
+from imagerecords import errors, metadata
 from imagerecords.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, no_manifest_hint, unfinished_hint
 
 
@@ -79,14 +80,56 @@ def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[s
             notes.append(f"{_join(output, LOCK)}: {state} {holder.describe() if holder else 'an unknown build'}")
         elif ".tfrecord" in name or name.endswith((".index", ".tmp")):
             problems.append(f"{_join(output, name)}: not listed in {MANIFEST} (not part of the published dataset)")
+    # A stray index file reaches no shard glob, but a reader pairing sorted index and shard lists
+    # (DALI's index_path) would read the wrong offsets with it.
+    index_dir = _join(output, metadata.INDEX_DIR)
+    for name in _names(index_dir):
+        relative = f"{metadata.INDEX_DIR}/{name}"
+        if relative not in listed and not os.path.isdir(os.path.join(index_dir, name)):
+            problems.append(f"{_join(output, relative)}: not listed in {MANIFEST} (an index of no published shard)")
     return problems, notes
+
+
+def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> List[str]:
+    """Problems of one shard's index file: missing, another sha256 than the manifest's, or (given
+    the shard's frame lengths, read with --records) entries that do not match its frames."""
+    from imagerecords import records
+
+    path = _join(output, shard.index_file)
+    try:
+        data = _read(path)
+    except OSError:  # FileNotFoundError locally; BeamIOError (an IOError) on remote filesystems
+        return [f"{path}: missing"]
+    problems = []
+    if shard.index_sha256 and hashlib.sha256(data).hexdigest() != shard.index_sha256:
+        problems.append(f"{path}: sha256 differs from the manifest")
+    if frame_lengths is None:
+        return problems
+    want, at = [], 0
+    for length in frame_lengths:
+        want.append((at, length))
+        at += length
+    try:
+        got = records.parse_index(data, path)
+    except ValueError as e:
+        return problems + [str(e)]
+    for line, (g, w) in enumerate(zip(got, want), 1):
+        if g != w:
+            problems.append(f"{path}: line {line} says offset {g[0]} length {g[1]}; record {line} of "
+                            f"{shard.filename} is at {w[0]} with {w[1]} bytes")
+            break
+    else:
+        if len(got) != len(want):
+            problems.append(f"{path}: {len(got)} entries, {shard.filename} has {len(want)} records")
+    return problems
 
 
 def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
     """Returns (problems, notes) comparing `output` with its manifest; no problems = verified.
 
     Problems: a shard missing, of another size or sha256 (or, with `records`, a bad CRC or count),
-    a missing index file, a shard-like file the manifest does not list. Notes: a leftover staging
+    an index file missing, of another sha256 (or, with `records`, not matching its shard's frames),
+    a shard-like or index file the manifest does not list. Notes: a leftover staging
     area or a lock in the folder (no reader sees them).
 
     Args:
@@ -98,7 +141,7 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
     """
     from apache_beam.io.filesystems import FileSystems
 
-    from imagerecords.records import CorruptRecordError, HashingReader, read_records
+    from imagerecords.records import FRAME_OVERHEAD, CorruptRecordError, HashingReader, read_records
 
     manifest = load(output)
     problems = []
@@ -110,11 +153,13 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                 problems.append(f"{path}: missing")
                 continue
             count = 0
+            frame_lengths = None  # with records: each frame's length, to check the index against
             with FileSystems.open(path) as f:  # streamed: a shard can be hundreds of MB
                 stream = HashingReader(f)
                 if records:
                     try:
-                        count = sum(1 for _ in read_records(stream, path))
+                        frame_lengths = [len(r) + FRAME_OVERHEAD for r in read_records(stream, path)]
+                        count = len(frame_lengths)
                     except CorruptRecordError as e:
                         problems.append(str(e))
                         count = None
@@ -125,8 +170,8 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                 problems.append(f"{path}: sha256 differs from the manifest")
             elif records and count is not None and count != shard.count:
                 problems.append(f"{path}: {count} records, manifest says {shard.count}")
-            if shard.index_file and shard.index_file not in names:
-                problems.append(f"{_join(output, shard.index_file)}: missing")
+            if shard.index_file:
+                problems.extend(_index_problems(output, shard, frame_lengths))
     extra, notes = _folder_problems(output, manifest)
     return problems + extra, notes
 

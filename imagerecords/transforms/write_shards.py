@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import os
 import time
@@ -14,7 +15,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from imagerecords import codec, planning, publish, shard_writer
+from imagerecords import codec, metadata, planning, publish, records, shard_writer
 from imagerecords.metadata import ShardResult
 from imagerecords.refs import ImageRef, LabelMap
 from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
@@ -97,10 +98,13 @@ class _WriteShardFn(beam.DoFn):
             raise
         progress(len(refs), len(duplicates) + len(rejected), force=True)
         _log_writer(filename, stats.count)
-        index_file = None
+        index_file = index_sha256 = None
         if self._write_index:
-            index_file = filename + ".index"
-            publish.write_bytes(FileSystems.join(staging, index_file), "".join(f"{o}\n" for o in stats.offsets).encode())
+            # tfrecord2idx format (records.format_index), in the index folder no shard glob reaches.
+            index_file = metadata.index_name(filename)
+            index_data = records.format_index(records.index_entries(stats.offsets, stats.num_bytes))
+            index_sha256 = hashlib.sha256(index_data).hexdigest()
+            publish.write_bytes(FileSystems.join(staging, index_file), index_data)
         self._written.inc(stats.count)
         self._passthrough.inc(stats.passthrough)
         self._bytes.inc(stats.num_bytes)
@@ -109,7 +113,7 @@ class _WriteShardFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(REJECTED, r)
         publish.test_pause("mid_shards")
         yield ShardResult(split, index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
-                          stats.passthrough, index_file)
+                          stats.passthrough, index_file, index_sha256)
 
 
 def _fail_once_for_tests(filename: str) -> None:
