@@ -74,6 +74,8 @@ class BuildConfig:
         column also tries 'uri'.
       size_column: manifest column with each file's size in bytes; rows that give it are not
         stat-ed (one request per image on gs://).
+      skip_duplicate_check: do not look for written images whose files hold identical bytes
+        (duplicates.jsonl; the check moves a 16-byte digest and the key of every image).
       skip_stat: do not look up the size of manifest rows without a size (missing files are then
         rejected when read, and the automatic shard count only knows the sizes given).
       max_reject_fraction: the build fails (nothing published) when more than this fraction of
@@ -106,6 +108,7 @@ class BuildConfig:
     key_column: str = "key"
     size_column: str = "size"
     skip_stat: bool = False
+    skip_duplicate_check: bool = False
     max_reject_fraction: float = 0.01
     threads: int = 4
     overwrite: bool = False

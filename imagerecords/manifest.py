@@ -8,6 +8,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
+DUPLICATES = "duplicates.jsonl"
 # Version 2: seed/name/schema are no longer repeated under `parameters`; `num_skipped` was added.
 # Version 1 manifests still read (the missing fields take their defaults).
 FORMAT_VERSION = 2
@@ -111,6 +112,9 @@ class Manifest:
       versions: versions of imagerecords and the libraries that shaped the bytes.
       created: UTC build time, the only field that differs between two identical builds.
       errors_file: the file holding the rejected and skipped rows.
+      num_duplicate_groups: groups of written images whose source files hold identical bytes
+        (rows of duplicates.jsonl; -1 when the build did not look).
+      num_leaking_groups: those of them that span more than one split.
     """
 
     name: str
@@ -126,6 +130,8 @@ class Manifest:
     versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
     created: Optional[str] = None
     errors_file: str = ERRORS
+    num_duplicate_groups: int = -1
+    num_leaking_groups: int = 0
 
     @property
     def num_examples(self) -> int:
@@ -167,6 +173,8 @@ class Manifest:
             "errors_file": self.errors_file,
             "versions": dict(self.versions),
             "created": self.created,
+            "num_duplicate_groups": self.num_duplicate_groups,
+            "num_leaking_groups": self.num_leaking_groups,
         }
 
     def dumps(self) -> bytes:
@@ -195,7 +203,9 @@ class Manifest:
                        seed=int(d.get("seed", 0)), parameters=dict(d.get("parameters") or {}), splits=splits,
                        num_rejected=int(d.get("num_rejected", 0)), num_skipped=int(d.get("num_skipped", 0)),
                        versions=dict(d.get("versions") or {}), created=d.get("created"),
-                       errors_file=str(d.get("errors_file", ERRORS)))
+                       errors_file=str(d.get("errors_file", ERRORS)),
+                       num_duplicate_groups=int(d.get("num_duplicate_groups", -1)),
+                       num_leaking_groups=int(d.get("num_leaking_groups", 0)))
         except KeyError as e:
             raise ManifestError(f"{source}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as e:

@@ -81,6 +81,8 @@ def build_manifest(
     num_skipped: int = 0,
     versions: Mapping[str, str],
     created: Optional[str] = None,
+    num_duplicate_groups: int = -1,
+    num_leaking_groups: int = 0,
 ) -> Manifest:
     """Returns the manifest of a build from its shard results; splits and shards are sorted, so the
     same build always serializes to the same bytes (`created` aside)."""
@@ -91,7 +93,8 @@ def build_manifest(
     return Manifest(name=name, schema=schema, label_names=tuple(label_map["names"]),
                     label_offset=int(label_map["offset"]), integer_labels=bool(label_map["integer"]), seed=seed,
                     parameters=params, splits=tuple(Split(k, tuple(v)) for k, v in sorted(by_split.items())),
-                    num_rejected=num_rejected, num_skipped=num_skipped, versions=dict(versions), created=created)
+                    num_rejected=num_rejected, num_skipped=num_skipped, versions=dict(versions), created=created,
+                    num_duplicate_groups=num_duplicate_groups, num_leaking_groups=num_leaking_groups)
 
 
 def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:

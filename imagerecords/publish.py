@@ -32,7 +32,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from imagerecords import metadata
 from imagerecords.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
-from imagerecords.manifest import ERRORS, LOCK, MANIFEST, STAGING, Manifest, dumps
+from imagerecords.manifest import DUPLICATES, ERRORS, LOCK, MANIFEST, STAGING, Manifest, dumps
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,8 @@ class BuildResults:
       shards: every staged shard (metadata.ShardResult).
       num_rejected: errors.jsonl rows that count against the budget.
       num_skipped: errors.jsonl rows marked skipped (not images of a class).
+      num_duplicate_groups: rows of duplicates.jsonl (-1: not looked for).
+      num_leaking_groups: those spanning more than one split.
     """
 
     build_id: str
@@ -151,6 +153,8 @@ class BuildResults:
     shards: Sequence[metadata.ShardResult]
     num_rejected: int
     num_skipped: int
+    num_duplicate_groups: int = -1
+    num_leaking_groups: int = 0
 
     def to_json(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -183,7 +187,8 @@ class BuildResults:
         return metadata.build_manifest(
             name=self.name, schema=self.schema, label_map=self.labels, seed=self.seed, parameters=self.parameters,
             shards=self.shards, num_rejected=self.num_rejected, num_skipped=self.num_skipped, versions=self.versions,
-            created=created or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+            created=created or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            num_duplicate_groups=self.num_duplicate_groups, num_leaking_groups=self.num_leaking_groups)
 
 
 def read_results(output: str) -> Optional[BuildResults]:
@@ -481,11 +486,14 @@ def commit(output: str, results: Optional[BuildResults] = None) -> Manifest:
     _delete_quietly([join(output, n) for n in previous if n not in new_files])
     _remove_empty_folders(output, previous)
     # 4. Metadata, then the manifest: the dataset is published.
-    errors_staged = join(staging, ERRORS)
-    if exists(errors_staged):
-        FileSystems.rename([errors_staged], [join(output, ERRORS)])
-    elif not exists(join(output, ERRORS)):
-        write_bytes(join(output, ERRORS), b"")
+    for report in (ERRORS, DUPLICATES):
+        staged_report, final_report = join(staging, report), join(output, report)
+        if exists(staged_report):
+            FileSystems.rename([staged_report], [final_report])
+        elif report == ERRORS and not exists(final_report):
+            write_bytes(final_report, b"")
+        elif report == DUPLICATES and manifest.num_duplicate_groups < 0:
+            _delete_quietly([final_report])  # this build did not look: an older report would mislead
     for filename, content in metadata.metadata_files(manifest):
         write_bytes(join(output, filename), content)
     write_bytes(join(output, MANIFEST), manifest.dumps())

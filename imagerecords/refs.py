@@ -66,6 +66,33 @@ class Rejected:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, ensure_ascii=False)
 
 
+@dataclasses.dataclass(frozen=True)
+class DuplicateGroup:
+    """Inputs under different keys whose files hold identical bytes (one row of duplicates.jsonl).
+
+    Attributes:
+      content: hex digest of the shared bytes (BLAKE2b, 16 bytes).
+      members: ((key, split, uri), ...) sorted.
+    """
+
+    content: str
+    members: Tuple[Tuple[str, str, str], ...]
+
+    @property
+    def splits(self) -> Tuple[str, ...]:
+        return tuple(sorted({split for _, split, _ in self.members}))
+
+    @property
+    def leaks(self) -> bool:
+        """True when the same image is in more than one split (train/validation leakage)."""
+        return len(self.splits) > 1
+
+    def to_json(self) -> str:
+        return json.dumps({"content": self.content, "splits": list(self.splits), "leak": self.leaks,
+                           "members": [{"key": k, "split": s, "uri": u} for k, s, u in self.members]},
+                          sort_keys=True, ensure_ascii=False)
+
+
 def has_scheme(path: str) -> bool:
     return bool(_SCHEME_RE.match(path))
 

@@ -6,6 +6,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import functools
+import hashlib
 from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 from imagerecords import codec, schema, sources
@@ -15,11 +16,19 @@ from imagerecords.refs import ImageRef, LabelMap, Rejected
 
 @dataclasses.dataclass(frozen=True)
 class Encoded:
-    """One image ready to write: the serialized Example and what the manifest counts."""
+    """One image ready to write: the serialized Example and what the manifest counts.
+
+    Attributes:
+      record: the serialized Example.
+      label_id: its label id.
+      passthrough: whether the stored JPEG is the source file unchanged.
+      content: a 16-byte digest of the source file's bytes (finds identical files under two keys).
+    """
 
     record: bytes
     label_id: int
     passthrough: bool
+    content: bytes = b""
 
 
 def limited_reader(options: codec.ImageOptions) -> Callable[[str], bytes]:
@@ -66,7 +75,12 @@ def encode_ref(
         height=image.height,
         width=image.width,
     )
-    return Encoded(record, ref.label_id, image.passthrough)
+    return Encoded(record, ref.label_id, image.passthrough, content_digest(data))
+
+
+def content_digest(data: bytes) -> bytes:
+    """16 bytes of BLAKE2b: collisions are out of reach for any dataset (2**64 files for an even chance)."""
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def dedupe_sorted(refs: Sequence[ImageRef]) -> Tuple[List[ImageRef], List[Rejected]]:
@@ -84,12 +98,23 @@ def dedupe_sorted(refs: Sequence[ImageRef]) -> Tuple[List[ImageRef], List[Reject
 
 @dataclasses.dataclass
 class ShardStats:
+    """What write_shard wrote.
+
+    Attributes:
+      count, num_bytes, sha256: records, file size and digest of the shard.
+      labels: ((label id, records), ...) sorted by id.
+      passthrough: records stored as their source bytes.
+      offsets: byte offset of every record.
+      contents: (source content digest, ref) of every record written, in shard order.
+    """
+
     count: int
     num_bytes: int
     sha256: str
     labels: Tuple[Tuple[int, int], ...]
     passthrough: int
     offsets: List[int]
+    contents: List[Tuple[bytes, ImageRef]] = dataclasses.field(default_factory=list)
 
 
 def _ordered_map(fn, items: Iterable, executor: Optional[concurrent.futures.Executor], window: int):
@@ -129,15 +154,19 @@ def write_shard(
     rejected: List[Rejected] = []
     passthrough = 0
     done = 0
-    for result in _ordered_map(lambda r: encode_ref(r, read_bytes, preset, labels, options), refs, executor, window):
+    contents: List[Tuple[bytes, ImageRef]] = []
+    encoded = _ordered_map(lambda r: (r, encode_ref(r, read_bytes, preset, labels, options)), refs, executor, window)
+    for ref, result in encoded:
         done += 1
         if isinstance(result, Rejected):
             rejected.append(result)
         else:
             writer.write(result.record)
+            contents.append((result.content, ref))
             histogram[result.label_id] += 1
             passthrough += result.passthrough
         if on_progress is not None:
             on_progress(done, len(rejected))
-    stats = ShardStats(writer.count, writer.num_bytes, writer.sha256(), tuple(sorted(histogram.items())), passthrough, writer.offsets)
+    stats = ShardStats(writer.count, writer.num_bytes, writer.sha256(), tuple(sorted(histogram.items())), passthrough,
+                       writer.offsets, contents)
     return stats, rejected

@@ -205,3 +205,20 @@ def test_rerun_of_a_killed_build_gives_the_same_bytes(built, tmp_path):
     assert manifest_without_time(killed) == manifest_without_time(out)
     assert (killed / "notes.txt").read_text() == "not ours"
     assert not (killed / ".images-train.tfrecord-00001-of-00003.0123.tmp").exists()
+
+
+def test_identical_files_under_two_keys_are_reported_and_leaks_flagged(image_tree, tmp_path):
+    root, files = image_tree
+    tree = tmp_path / "tree"
+    shutil.copytree(root, tree)
+    shutil.copy(tree / "circle" / files["circle"][0], tree / "square" / "copy_of_a_circle.jpg")
+    out = tmp_path / "ds"
+    manifest = build(tree, out, "--num_shards", 2, "--max_reject_fraction", 0.05, "--splits", SPLITS)
+    rows = [json.loads(line) for line in open(out / "duplicates.jsonl")]
+    assert [[m["key"] for m in r["members"]] for r in rows] == [[f"circle/{files['circle'][0]}", "square/copy_of_a_circle.jpg"]]
+    splits = sorted(m["split"] for m in rows[0]["members"])
+    assert rows[0]["leak"] == (len(set(splits)) > 1) and rows[0]["splits"] == sorted(set(splits))
+    assert manifest.num_duplicate_groups == 1 and manifest.num_leaking_groups == int(rows[0]["leak"])
+    unchecked = tmp_path / "unchecked"
+    manifest = build(tree, unchecked, "--num_shards", 2, "--max_reject_fraction", 0.05, "--skip_duplicate_check")
+    assert manifest.num_duplicate_groups == -1 and not (unchecked / "duplicates.jsonl").exists()

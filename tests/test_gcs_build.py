@@ -36,7 +36,7 @@ def test_build_from_gcs_to_gcs_matches_local_build(emulator, image_tree, tmp_pat
     remote = sorted(emulator.list(f"gs://{bucket}/dataset/"))
     names = sorted(u.rsplit("/", 1)[-1] for u in remote)
     want = sorted(os.path.basename(p) for p in shard_files(local)) + [
-        "dataset_info.json", "errors.jsonl", "features.json", "label.labels.txt", "manifest.json"]
+        "dataset_info.json", "duplicates.jsonl", "errors.jsonl", "features.json", "label.labels.txt", "manifest.json"]
     assert names == sorted(want)
     for path in shard_files(local):
         with open(path, "rb") as f:

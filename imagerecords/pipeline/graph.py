@@ -8,9 +8,9 @@ import apache_beam as beam
 
 from imagerecords import refs as refs_lib
 from imagerecords.config import BuildConfig
-from imagerecords.transforms import (AssignLabels, GlobalShuffle, ListImages, ReadManifest, RecordResults,
-                                     WriteShards, WriteWithBeamSink)
-from imagerecords.transforms.common import REJECTED
+from imagerecords.transforms import (AssignLabels, FindDuplicates, GlobalShuffle, ListImages, ReadManifest,
+                                     RecordResults, WriteShards, WriteWithBeamSink)
+from imagerecords.transforms.common import CONTENTS, REJECTED
 from imagerecords.transforms.listing import is_manifest
 
 
@@ -69,7 +69,11 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
             config.output, config.name, labelled["labels"], split_names, config.num_shards or config.min_shards,
             config.schema, config.image)
     rejected = (listed[REJECTED], labelled[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten()
-    return {"results": written["results"], "rejected": rejected, "labels": labelled["labels"]} | "RecordResults" >> RecordResults(
+    outcome = {"results": written["results"], "rejected": rejected, "labels": labelled["labels"]}
+    if config.writer == "shards" and not config.skip_duplicate_check:
+        outcome["duplicates"] = written[CONTENTS] | "FindDuplicates" >> FindDuplicates()
+        # DuplicateGroup per content shared by two or more keys
+    return outcome | "RecordResults" >> RecordResults(
         config.output, build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
         parameters=config.to_json(), versions=versions, max_reject_fraction=config.max_reject_fraction)
 

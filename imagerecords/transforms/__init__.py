@@ -7,6 +7,8 @@ from imagerecords.transforms.labels import AssignLabels
 from imagerecords.transforms.shuffle import GlobalShuffle
 from imagerecords.transforms.write_shards import WriteShards
 from imagerecords.transforms.beam_sink import WriteWithBeamSink
+from imagerecords.transforms.duplicates import FindDuplicates
 from imagerecords.transforms.results import RecordResults
 
-__all__ = ["ListImages", "ReadManifest", "AssignLabels", "GlobalShuffle", "WriteShards", "WriteWithBeamSink", "RecordResults"]
+__all__ = ["ListImages", "ReadManifest", "AssignLabels", "GlobalShuffle", "WriteShards", "WriteWithBeamSink", "FindDuplicates",
+           "RecordResults"]

@@ -2,3 +2,5 @@
 
 METRICS_NAMESPACE = "imagerecords"
 REJECTED = "rejected"
+# The shard writer's output of (content digest, (key, split, uri)) per written image.
+CONTENTS = "contents"

@@ -11,9 +11,9 @@ from typing import Any, Mapping, Sequence
 import apache_beam as beam
 
 from imagerecords import publish
-from imagerecords.manifest import ERRORS
+from imagerecords.manifest import DUPLICATES, ERRORS
 from imagerecords.metadata import ShardResult
-from imagerecords.refs import LabelMap, Rejected
+from imagerecords.refs import DuplicateGroup, LabelMap, Rejected
 
 __all__ = ["RecordResults"]
 
@@ -24,20 +24,32 @@ def errors_jsonl(rejected: Sequence[Rejected]) -> bytes:
     return "".join(r.to_json() + "\n" for r in rows).encode("utf-8")
 
 
-def record_results(_, results: Sequence[ShardResult], rejected: Sequence[Rejected], labels: LabelMap, *,
-                   output: str, build: Mapping[str, Any]) -> publish.BuildResults:
+def duplicates_jsonl(groups: Sequence[DuplicateGroup]) -> bytes:
+    """duplicates.jsonl: one row per group of identical files, groups that leak across splits first."""
+    rows = sorted(groups, key=lambda g: (not g.leaks, g.members))
+    return "".join(g.to_json() + "\n" for g in rows).encode("utf-8")
+
+
+def record_results(_, results: Sequence[ShardResult], rejected: Sequence[Rejected], labels: LabelMap,
+                   duplicates: Sequence[DuplicateGroup], *, output: str, build: Mapping[str, Any],
+                   find_duplicates: bool) -> publish.BuildResults:
     staging = publish.staging_dir(output)
     publish.write_bytes(publish.join(staging, ERRORS), errors_jsonl(rejected))
+    if find_duplicates:
+        publish.write_bytes(publish.join(staging, DUPLICATES), duplicates_jsonl(duplicates))
     skipped = sum(1 for r in rejected if r.skipped)
     out = publish.BuildResults(labels=labels.to_json(), shards=tuple(sorted(results, key=lambda r: (r.split, r.index))),
-                               num_rejected=len(rejected) - skipped, num_skipped=skipped, **build)
+                               num_rejected=len(rejected) - skipped, num_skipped=skipped,
+                               num_duplicate_groups=len(duplicates) if find_duplicates else -1,
+                               num_leaking_groups=sum(1 for g in duplicates if g.leaks), **build)
     # Written last: its presence says the whole graph completed.
     publish.write_bytes(publish.join(staging, publish.RESULTS), publish.dumps(out.to_json()))
     return out
 
 
 class RecordResults(beam.PTransform):
-    """Consumes {'results', 'rejected', 'labels'} and writes them into staging once, on one worker.
+    """Consumes {'results', 'rejected', 'labels', 'duplicates'} and writes them into staging once,
+    on one worker. Without duplicate detection ('duplicates' absent), no duplicates.jsonl is staged.
 
     Output: a single BuildResults.
     """
@@ -54,9 +66,14 @@ class RecordResults(beam.PTransform):
     def expand(self, inputs):
         results = inputs["results"] | "CollectShards" >> beam.combiners.ToList()
         rejected = inputs["rejected"] | "CollectRejected" >> beam.combiners.ToList()
+        find_duplicates = "duplicates" in inputs
+        duplicates = (inputs["duplicates"] if find_duplicates
+                      else inputs["results"].pipeline | "NoDuplicates" >> beam.Create([]))
+        duplicates = duplicates | "CollectDuplicates" >> beam.combiners.ToList()
         return (
             inputs["results"].pipeline
             | "Once" >> beam.Create([None])
             | "Write" >> beam.Map(record_results, beam.pvalue.AsSingleton(results), beam.pvalue.AsSingleton(rejected),
-                                  beam.pvalue.AsSingleton(inputs["labels"]), output=self._output, build=self._build)
+                                  beam.pvalue.AsSingleton(inputs["labels"]), beam.pvalue.AsSingleton(duplicates),
+                                  output=self._output, build=self._build, find_duplicates=find_duplicates)
         )

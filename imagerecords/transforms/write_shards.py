@@ -18,7 +18,7 @@ from apache_beam.metrics import Metrics
 from imagerecords import codec, metadata, planning, publish, records, shard_writer
 from imagerecords.metadata import ShardResult
 from imagerecords.refs import ImageRef, LabelMap
-from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
+from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, REJECTED
 
 __all__ = ["WriteShards"]
 
@@ -111,6 +111,8 @@ class _WriteShardFn(beam.DoFn):
         for r in duplicates + rejected:
             self._rejected.inc()
             yield beam.pvalue.TaggedOutput(REJECTED, r)
+        for digest, ref in stats.contents:
+            yield beam.pvalue.TaggedOutput(CONTENTS, (digest, (ref.key, ref.split, ref.uri)))
         publish.test_pause("mid_shards")
         yield ShardResult(split, index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
                           stats.passthrough, index_file, index_sha256)
@@ -152,7 +154,8 @@ def _log_writer(filename: str, count: int) -> None:
 class WriteShards(beam.PTransform):
     """Writes each (shard key, [ImageRef]) group as one TFRecord shard in `output`'s staging area.
 
-    Outputs: main (ShardResult) and REJECTED (Rejected: unreadable, undecodable, duplicate).
+    Outputs: main (ShardResult), REJECTED (Rejected: unreadable, undecodable, duplicate key) and
+    CONTENTS ((16-byte digest of the source file, (key, split, uri)) per written image).
     """
 
     def __init__(self, output: str, name: str, labels, preset: str = "tfds",
@@ -168,4 +171,4 @@ class WriteShards(beam.PTransform):
 
     def expand(self, shards):
         return shards | "Write" >> beam.ParDo(self._fn, beam.pvalue.AsSingleton(self._labels)).with_outputs(
-            REJECTED, main="results")
+            REJECTED, CONTENTS, main="results")

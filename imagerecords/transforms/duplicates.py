@@ -1,0 +1,35 @@
+"""FindDuplicates: written images whose source files hold identical bytes under different keys."""
+
+from __future__ import annotations
+
+from typing import Iterable, Tuple
+
+import apache_beam as beam
+
+from imagerecords.refs import DuplicateGroup
+
+__all__ = ["FindDuplicates"]
+
+
+def _group(item: Tuple[bytes, Iterable[Tuple[str, str, str]]]) -> Iterable[DuplicateGroup]:
+    digest, members = item
+    members = tuple(sorted(set(members)))
+    if len(members) > 1:
+        yield DuplicateGroup(digest.hex(), members)
+
+
+class FindDuplicates(beam.PTransform):
+    """Consumes (16-byte content digest, (key, split, uri)) per written image; outputs one
+    DuplicateGroup per content shared by more than one key (duplicates and split leakage).
+
+    Only 16 bytes and the key travel per image; a group's members are sorted, so the output does
+    not depend on grouping order.
+    """
+
+    def expand(self, contents):
+        return (
+            contents
+            | "ByContent" >> beam.GroupByKey()
+            # (digest, [(key, split, uri)])
+            | "Groups" >> beam.FlatMap(_group)
+        )
