@@ -24,44 +24,38 @@ PUBLICATION_MARKS = (MANIFEST, DATASET_INFO, FEATURES)
 
 @dataclasses.dataclass(frozen=True)
 class ShardResult:
-    """What one written shard holds, as the shard writer reports it (a Shard plus its split).
+    """A written shard as the shard writer reports it: its split and its manifest row.
 
     Attributes:
       split: split name.
-      index: shard number within the split.
-      filename: file name relative to the output folder.
-      count: records in the shard.
-      num_bytes: file size in bytes.
-      sha256: hex digest of the file.
-      labels: ((label_id, count), ...) sorted by id.
-      passthrough: records whose JPEG is the source file unchanged.
-      index_file: its tfrecord2idx index file (`index_name(filename)`), if one was written.
-      index_sha256: hex digest of the index file.
+      shard: the manifest's row for the shard (manifest.Shard).
     """
 
     split: str
-    index: int
-    filename: str
-    count: int
-    num_bytes: int
-    sha256: str
-    labels: Tuple[Tuple[int, int], ...] = ()
-    passthrough: int = 0
-    index_file: Optional[str] = None
-    index_sha256: Optional[str] = None
+    shard: Shard
 
-    def to_shard(self) -> Shard:
-        return Shard(self.index, self.filename, self.count, self.num_bytes, self.sha256, tuple(self.labels),
-                     self.passthrough, self.index_file, self.index_sha256)
+    @property
+    def index(self) -> int:
+        return self.shard.index
+
+    @property
+    def filename(self) -> str:
+        return self.shard.filename
+
+    @property
+    def count(self) -> int:
+        return self.shard.count
+
+    @property
+    def index_file(self) -> Optional[str]:
+        return self.shard.index_file
 
     def to_json(self) -> Dict[str, object]:
-        return dict(self.to_shard().to_json(), split=self.split)
+        return dict(self.shard.to_json(), split=self.split)
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> "ShardResult":
-        s = Shard.from_json(d)
-        return cls(str(d["split"]), s.index, s.filename, s.count, s.num_bytes, s.sha256, s.labels, s.passthrough,
-                   s.index_file, s.index_sha256)
+        return cls(str(d["split"]), Shard.from_json(d))
 
 
 def index_name(shard_filename: str) -> str:
@@ -88,7 +82,7 @@ def build_manifest(
     same build always serializes to the same bytes (`created` aside)."""
     by_split: Dict[str, List[Shard]] = {}
     for result in sorted(shards, key=lambda s: (s.split, s.index)):
-        by_split.setdefault(result.split, []).append(result.to_shard())
+        by_split.setdefault(result.split, []).append(result.shard)
     params = {k: v for k, v in parameters.items() if k not in ("name", "schema", "seed")}
     return Manifest(name=name, schema=schema, label_names=tuple(label_map["names"]),
                     label_offset=int(label_map["offset"]), integer_labels=bool(label_map["integer"]), seed=seed,

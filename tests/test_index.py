@@ -203,9 +203,9 @@ def _results(index: bool):
     for i, data in enumerate((b"shard0", b"shard1")):
         name = f"images-train.tfrecord-{i:05d}-of-00002"
         idx = f"0 {len(data)}\n".encode()
-        shards.append(ShardResult("train", i, name, 1, len(data), hashlib.sha256(data).hexdigest(), ((0, 1),), 0,
-                                  metadata.index_name(name) if index else None,
-                                  hashlib.sha256(idx).hexdigest() if index else None))
+        shards.append(ShardResult("train", Shard(i, name, 1, len(data), hashlib.sha256(data).hexdigest(), ((0, 1),), 0,
+                                                 metadata.index_name(name) if index else None,
+                                                 hashlib.sha256(idx).hexdigest() if index else None)))
     return publish.BuildResults(build_id="b", name="images", schema="tfds", seed=0, parameters={}, versions={},
                                 max_reject_fraction=0.0, labels={"names": ["a"], "offset": 0, "integer": False},
                                 shards=tuple(shards), num_rejected=0, num_skipped=0)
@@ -246,5 +246,5 @@ def test_shard_and_shard_result_round_trip_the_index_fields():
     assert Shard.from_json(shard.to_json()) == shard
     assert shard.to_json()["index_sha256"] == "cd"
     assert "index_sha256" not in Shard(0, "f", 2, 40, "ab").to_json()
-    result = ShardResult("train", 0, "f", 2, 40, "ab", ((0, 2),), 1, "index/f.idx", "cd")
-    assert ShardResult.from_json(result.to_json()) == result and result.to_shard() == shard
+    result = ShardResult("train", shard)
+    assert ShardResult.from_json(result.to_json()) == result and result.to_json()["split"] == "train"

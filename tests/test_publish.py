@@ -16,8 +16,8 @@ from imagerecords.metadata import ShardResult
 def _results(name="images", shards=(("train", 0, b"new0"), ("train", 1, b"new1")), rejected=0, budget=0.5):
     import hashlib
 
-    results = [ShardResult(split, i, f"{name}-{split}.tfrecord-{i:05d}-of-{len(shards):05d}", 1, len(data),
-                           hashlib.sha256(data).hexdigest(), ((0, 1),)) for split, i, data in shards]
+    results = [ShardResult(split, Shard(i, f"{name}-{split}.tfrecord-{i:05d}-of-{len(shards):05d}", 1, len(data),
+                                        hashlib.sha256(data).hexdigest(), ((0, 1),))) for split, i, data in shards]
     return publish.BuildResults(build_id="b1", name=name, schema="tfds", seed=0, parameters={"num_shards": 2},
                                 versions={"imagerecords": "x"}, max_reject_fraction=budget,
                                 labels={"names": ["a"], "offset": 0, "integer": False}, shards=tuple(results),

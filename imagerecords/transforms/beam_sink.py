@@ -13,6 +13,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from imagerecords import codec, publish, records, schema, shard_writer
+from imagerecords.manifest import Shard
 from imagerecords.metadata import ShardResult
 from imagerecords.refs import ImageRef, LabelMap, Rejected
 from imagerecords.transforms.common import REJECTED
@@ -49,7 +50,8 @@ def _summarize(path: str, split: str, preset: str) -> ShardResult:
         stream.drain()
     filename = path.rsplit("/", 1)[-1]
     index = int(filename.rsplit("-of-", 1)[0].rsplit("-", 1)[-1])
-    return ShardResult(split, index, filename, count, stream.num_bytes, stream.sha256(), tuple(sorted(histogram.items())), 0)
+    return ShardResult(split, Shard(index, filename, count, stream.num_bytes, stream.sha256(),
+                                    tuple(sorted(histogram.items())), 0))
 
 
 class WriteWithBeamSink(beam.PTransform):

@@ -16,6 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from imagerecords import codec, metadata, planning, publish, records, shard_writer
+from imagerecords.manifest import Shard
 from imagerecords.metadata import ShardResult
 from imagerecords.refs import ImageRef, LabelMap
 from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, REJECTED
@@ -114,8 +115,8 @@ class _WriteShardFn(beam.DoFn):
         for digest, ref in stats.contents:
             yield beam.pvalue.TaggedOutput(CONTENTS, (digest, (ref.key, ref.split, ref.uri)))
         publish.test_pause("mid_shards")
-        yield ShardResult(split, index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
-                          stats.passthrough, index_file, index_sha256)
+        yield ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
+                          stats.passthrough, index_file, index_sha256))
 
 
 def _fail_once_for_tests(filename: str) -> None:
