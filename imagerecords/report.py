@@ -268,6 +268,19 @@ class ReasonGroup:
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 
 
+def _json_objects(stream: BinaryIO) -> Iterator[Optional[dict]]:
+    """Yields each non-blank line of a JSONL stream as a dict, or None where it is not a JSON object."""
+    for line in stream:
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            yield None
+            continue
+        yield row if isinstance(row, dict) else None
+
+
 def read_errors(stream: BinaryIO) -> Tuple[List[ReasonGroup], List[ReasonGroup], int]:
     """Groups errors.jsonl rows by stage and reason, streaming (the file can have millions of rows).
 
@@ -276,15 +289,8 @@ def read_errors(stream: BinaryIO) -> Tuple[List[ReasonGroup], List[ReasonGroup],
     """
     groups: Dict[Tuple[bool, str, str], ReasonGroup] = {}
     bad = 0
-    for line in stream:
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if not isinstance(row, dict):
+    for row in _json_objects(stream):
+        if row is None:
             bad += 1
             continue
         reason = str(row.get("reason", ""))
@@ -301,15 +307,8 @@ def read_duplicates(stream: BinaryIO) -> Tuple[List[dict], int]:
     """Returns (rows of duplicates.jsonl, lines that were not such rows); each row is
     {content, members: [{key, split, uri}]}."""
     rows, bad = [], 0
-    for line in stream:
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if not isinstance(row, dict) or not isinstance(row.get("members"), list):
+    for row in _json_objects(stream):
+        if row is None or not isinstance(row.get("members"), list):
             bad += 1
             continue
         rows.append(row)
