@@ -48,6 +48,8 @@ class LauncherFlags:
       ignore_split_column: with --splits, reassign splits by hash although the manifest has a
         split column.
       break_lock: take over the output folder's lock that another build left behind.
+      detached: on a cluster runner, return once the job is submitted; `imagerecords finish OUT`
+        publishes it after the job has finished.
     """
 
     config_file: Optional[str] = None
@@ -56,6 +58,7 @@ class LauncherFlags:
     verbose: bool = False
     ignore_split_column: bool = False
     break_lock: bool = False
+    detached: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +92,8 @@ _LAUNCHER_SWITCHES = (
     ("--ignore_split_column", "ignore_split_column",
      "with --splits, reassign splits by hash although the manifest has a split column"),
     ("--break_lock", "break_lock", "take over the output folder's lock that another build left behind"),
+    ("--detached", "detached", "Flink: return once the job runs on the cluster; run `imagerecords finish OUT` "
+     "after it has finished to publish the dataset"),
 )
 
 

@@ -14,7 +14,7 @@ from typing import Dict, Iterator, Optional, Sequence, TextIO
 from imagerecords import __version__, errors, publish
 from imagerecords import refs as refs_lib
 from imagerecords.config import BuildConfig
-from imagerecords.manifest import ERRORS, LOCK, STAGING, Manifest
+from imagerecords.manifest import DUPLICATES, ERRORS, LOCK, STAGING, Manifest
 
 LOG_DIR = os.path.join(tempfile.gettempdir(), "imagerecords-logs")
 
@@ -212,6 +212,55 @@ def _failure(e: BaseException, config: BuildConfig, log_path: Optional[str]) -> 
                                  f"published{where}")
 
 
+def _flink_rest(options) -> str:
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions
+
+    master = options.view_as(FlinkRunnerOptions).flink_master.strip().rstrip("/")
+    return master if "://" in master else "http://" + master
+
+
+def _check_detached(options) -> None:
+    """--detached: a Flink cluster whose SDK workers run on the cluster, so nothing needs this process."""
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, PortableOptions, StandardOptions
+
+    runner = str(options.view_as(StandardOptions).runner or "")
+    master = options.view_as(FlinkRunnerOptions).flink_master or ""
+    if "flink" not in runner.lower() or master in ("", "[local]", "[auto]"):
+        raise errors.UsageError("--detached needs --runner=FlinkRunner and --flink_master=HOST:PORT of a Flink cluster")
+    environment = (options.view_as(PortableOptions).environment_type or "").upper()
+    if environment in ("", "LOOPBACK"):
+        raise errors.UsageError("--detached needs SDK workers on the cluster (--environment_type=EXTERNAL, PROCESS or "
+                                "DOCKER); with LOOPBACK they run inside this process")
+
+
+def _wait_until_on_flink(options, result, timeout: float = 600.0) -> str:
+    """Returns the Flink job id of a just-submitted build once the cluster lists the job. Beam's job
+    server (a child of this process, stopped when it exits) submits asynchronously; the job runs on
+    without it. Matched by the job name (--job_name, set here when not given)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    name = options.view_as(GoogleCloudOptions).job_name
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result.state in ("FAILED", "CANCELLED", "DONE"):
+            result.wait_until_finish()  # raises the job's error, reported by the caller in one line
+        try:
+            with urllib.request.urlopen(_flink_rest(options) + "/jobs/overview", timeout=10) as response:
+                jobs = json.load(response)["jobs"]
+        except (urllib.error.URLError, OSError, ValueError):
+            jobs = []
+        for job in jobs:
+            if job.get("name") == name:
+                return job["jid"]
+        time.sleep(1.0)
+    raise errors.PipelineFailed(f"--detached: Flink at {_flink_rest(options)} did not list job {name} within "
+                                f"{timeout:.0f} s of the submit")
+
+
 def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
     """Builds a dataset from command-line style arguments and publishes it.
 
@@ -247,8 +296,12 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
 
     options = PipelineOptions(parsed.beam_args)
     local = _local_options(options, parsed.beam_args)
+    if parsed.launcher.detached:
+        _check_detached(options)
     template = options.view_as(GoogleCloudOptions).template_location
     build_id = publish.new_build_id()
+    if parsed.launcher.detached and not options.view_as(GoogleCloudOptions).job_name:
+        options.view_as(GoogleCloudOptions).job_name = f"imagerecords-{build_id.lower()}"
     log_path = None if parsed.launcher.verbose else os.path.join(LOG_DIR, f"{build_id}.log")
     start = time.monotonic()
     with publish.OutputLock(config.output, build_id, break_lock=parsed.launcher.break_lock) as lock:
@@ -268,7 +321,11 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
                         p = beam.Pipeline(options=options)
                         build_pipeline(p, config, build_id=build_id, versions=versions(), label_map=label_map,
                                        csv_header=input_info.header, progress_dir=progress_dir)
-                        p.run().wait_until_finish()
+                        result = p.run()
+                        if parsed.launcher.detached:
+                            flink_job = _wait_until_on_flink(options, result)
+                        else:
+                            result.wait_until_finish()
                 except KeyboardInterrupt:
                     raise
                 except Exception as e:  # the runner's wrapper of a worker error: reported in one line
@@ -276,6 +333,12 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
         finally:
             if progress_dir:
                 shutil.rmtree(progress_dir, ignore_errors=True)
+        if parsed.launcher.detached:
+            lock.hand_over_to_detached_job()
+            print(f"imagerecords: submitted build {build_id} as Flink job {flink_job}; follow it in the Flink UI or "
+                  f"REST API ({_flink_rest(options)}/jobs/{flink_job}); when it is FINISHED, publish the dataset with "
+                  f"`imagerecords finish {config.output}`")
+            return None
         if template:
             print(f"imagerecords: wrote the Dataflow template {template}; nothing was built yet. When its job has "
                   f"run, publish the dataset with `imagerecords finish {config.output}`")
@@ -323,4 +386,8 @@ def print_summary(manifest: Manifest, output: str, seconds: float, stream=sys.st
     stream.write(f"  rejected     {manifest.num_rejected:>9} (see {ERRORS})\n")
     if manifest.num_skipped:
         stream.write(f"  skipped      {manifest.num_skipped:>9} (not images of a class; see {ERRORS})\n")
+    if manifest.num_duplicate_groups > 0:
+        leaks = f", {manifest.num_leaking_groups} across splits" if manifest.num_leaking_groups else ""
+        stream.write(f"  duplicates   {manifest.num_duplicate_groups:>9} groups of identical files{leaks} "
+                     f"(see {DUPLICATES})\n")
     stream.write(f"  {seconds:.1f} s, {manifest.num_examples / max(seconds, 1e-9):.1f} images/s\n")
