@@ -347,3 +347,116 @@ def test_reader_imports_without_beam(ds_path):
     assert out.returncode == 0, out.stderr[-2000:]
     n = reader.load_info(ds_path).splits["validation"].num_examples
     assert out.stdout.split()[-2:] == [str(n), "False"]
+
+
+# --- uint8 output, accelerator-side normalisation, scaled decode, tf.data options, shuffle-buffer cap
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_uint8_output_normalised_later_equals_float_output(ds_path, training):
+    """uint8 batches normalised with normalization_constants match the reader's own float output."""
+    cfg = dict(batch_size=6, image_size=SIZE, training=training, seed=5)
+    u8, lab_u8 = next(iter(reader.make_dataset(ds_path, "train", config=ReadConfig(dtype="uint8"), **cfg)))
+    f32, lab_f32 = next(iter(reader.make_dataset(ds_path, "train", config=ReadConfig(normalization="imagenet"), **cfg)))
+    assert u8.dtype == tf.uint8 and u8.shape == (6, SIZE, SIZE, 3)
+    assert lab_u8.numpy().tolist() == lab_f32.numpy().tolist()
+    values = u8.numpy()
+    assert values.min() >= 0 and values.max() <= 255 and values.max() > 100 and len(np.unique(values)) > 50
+    mean, std = reader.normalization_constants("imagenet")
+    on_device = (values.astype(np.float32) - np.array(mean, np.float32)) / np.array(std, np.float32)
+    # uint8 is the float image rounded to whole pixels: at most half a pixel apart before scaling.
+    np.testing.assert_allclose(on_device, f32.numpy(), atol=0.5 / min(std) + 1e-4)
+
+
+def test_normalization_constants():
+    assert reader.normalization_constants("unit") == ((0.0,) * 3, (255.0,) * 3)
+    assert reader.normalization_constants("symmetric") == ((127.5,) * 3, (127.5,) * 3)
+    assert reader.normalization_constants("none") == ((0.0,) * 3, (1.0,) * 3)
+    mean, std = reader.normalization_constants("imagenet")
+    assert mean == pytest.approx((123.675, 116.28, 103.53)) and std == pytest.approx((58.395, 57.12, 57.375))
+    assert reader.normalization_constants(([1, 2, 3], [4, 5, 6])) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        reader.normalization_constants("bogus")
+
+
+def _jpeg(height, width, seed=0):
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    ramp = np.linspace(0, 200, width)[None, :, None] + np.linspace(0, 40, height)[:, None, None]
+    pixels = np.clip(ramp + rng.normal(0, 12, (height, width, 3)), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
+    return tf.constant(buf.getvalue())
+
+
+@pytest.mark.parametrize("image_size, ratio", [(101, 1), (100, 2), (30, 4), (12, 8)])
+def test_scaled_decode_picks_the_largest_ratio_that_keeps_the_crop_above_size(image_size, ratio):
+    """decode_window decodes at 1/ratio exactly as libjpeg's scaled full decode, cropped afterwards."""
+    from imagerecords.reader import preprocess
+
+    jpeg = _jpeg(240, 320)
+    oy, ox, h, w = 16, 40, 200, 240  # short side 200: ratio r when 200 >= r * image_size
+    got = preprocess.decode_window(jpeg, tf.constant(oy), tf.constant(ox), tf.constant(h), tf.constant(w),
+                                   image_size, True).numpy()
+    full = tf.io.decode_jpeg(jpeg, channels=3, ratio=ratio).numpy()
+    want = full[oy // ratio:oy // ratio + h // ratio, ox // ratio:ox // ratio + w // ratio].astype(int)
+    assert got.shape == want.shape == (h // ratio, w // ratio, 3)
+    # Equal but for chroma upsampling at the window's edge (libjpeg sees no pixels beyond it).
+    diff = np.abs(got.astype(int) - want)
+    assert diff.max() <= 8 and (diff > 0).mean() < 0.01
+
+
+def test_scaled_decode_stays_close_to_full_decode():
+    """At 4x reduction the scaled path changes a photo-like image by a few levels on average, not more."""
+    from imagerecords.reader import preprocess
+
+    jpeg = _jpeg(480, 640)
+    scaled = preprocess.eval_image(jpeg, 64, 0.875, scaled_decode=True).numpy()
+    full = preprocess.eval_image(jpeg, 64, 0.875, scaled_decode=False).numpy()
+    assert scaled.shape == full.shape == (64, 64, 3)
+    assert 0 < np.abs(scaled - full).mean() < 6.0
+    np.testing.assert_allclose(scaled.mean(axis=(0, 1)), full.mean(axis=(0, 1)), atol=1.0)
+
+
+def test_scaled_decode_off_matches_on_when_crops_are_small(ds_path):
+    """With crops under 2 x image_size (here 28-32 px crops, 32 px output) both paths give the same pixels."""
+    def read(scaled):
+        ds = reader.make_dataset(ds_path, "train", batch_size=6, image_size=SIZE, training=True, seed=2,
+                                 config=ReadConfig(scaled_decode=scaled, dtype="uint8", repeat=1))
+        return np.concatenate([images.numpy() for images, _ in ds])
+
+    np.testing.assert_array_equal(read(True), read(False))
+
+
+def test_tf_data_options_are_applied(ds_path):
+    config = ReadConfig(private_threadpool_size=2, autotune_ram_budget_mb=64, dtype="uint8")
+    ds = reader.make_dataset(ds_path, "validation", batch_size=4, image_size=8, config=config)
+    options = ds.options()
+    assert options.threading.private_threadpool_size == 2
+    assert options.autotune.ram_budget == 64 * 2**20
+    assert options.deterministic is True  # evaluation keeps file order
+    plain = reader.make_dataset(ds_path, "validation", batch_size=4, image_size=8, config=ReadConfig(dtype="uint8"))
+    for (a, la), (b, lb) in zip(ds, plain):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+        assert la.numpy().tolist() == lb.numpy().tolist()
+    train = reader.make_dataset(ds_path, "train", batch_size=4, image_size=8, training=True)
+    assert train.options().deterministic is False  # unseeded training: order may follow thread timing
+    with pytest.raises(ValueError, match="private_threadpool_size must be >= 0.*autotune_ram_budget_mb must be >= 0"):
+        ReadConfig(private_threadpool_size=-1, autotune_ram_budget_mb=-5)
+
+
+def test_shuffle_buffer_is_capped_at_one_epoch(ds_path):
+    """A buffer larger than the host's epoch gives the same order as one of exactly an epoch (it is capped)."""
+    n = reader.load_info(ds_path).splits["train"].num_examples
+
+    def names(buffer):
+        ds = reader.make_dataset(ds_path, "train", batch_size=1, image_size=8, training=True, seed=11,
+                                 config=ReadConfig(shuffle_buffer=buffer, with_filename=True, repeat=2))
+        return [f.numpy()[0] for _, _, f in ds]
+
+    big = names(10_000)
+    assert len(big) == 2 * n and big == names(n)
+    assert big != names(1) and sorted(big) == sorted(names(1))

@@ -1,6 +1,6 @@
 """Reads what the builder wrote as tf.data batches, guided by manifest.json; never imports apache_beam."""
 
-from imagerecords.reader.config import ReadConfig
+from imagerecords.reader.config import ReadConfig, normalization_constants
 from imagerecords.reader.dataset import (PAD_LABEL, as_numpy, hide_gpus_from_tensorflow, label_names, make_dataset,
                                          numpy_batches, steps_per_epoch)
 from imagerecords.reader.hosts import HostPlan
@@ -20,6 +20,7 @@ __all__ = [
     "label_names",
     "load_info",
     "make_dataset",
+    "normalization_constants",
     "numpy_batches",
     "steps_per_epoch",
 ]

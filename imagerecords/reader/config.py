@@ -32,7 +32,8 @@ class ReadConfig:
       deterministic: keep the element order independent of thread timing (parallel stages emit in
         input order). None: True when a seed is given or when not training.
       num_parallel_calls: parallelism of the interleave, decode and batch stages; -1 is AUTOTUNE.
-      dtype: image dtype, "uint8", "float32" or "bfloat16".
+      dtype: image dtype, "uint8", "float32" or "bfloat16". "uint8" moves a quarter of float32's
+        bytes to the accelerator and leaves normalisation to it (see normalization_constants).
       normalization: "none" (0..255), "unit" (0..1), "symmetric" (-1..1), "imagenet" (ImageNet mean
         and standard deviation), or (mean, std) with three values each on the 0..255 scale. None:
         "unit" for float dtypes, "none" for uint8 (which takes no other).
@@ -44,6 +45,12 @@ class ReadConfig:
       random_flip: "train": flip left-right with probability 1/2.
       eval_crop_fraction: "eval": side of the square center crop over the shorter image side
         (0.875 is the usual 224/256).
+      scaled_decode: "train" and "eval": when the crop is at least 2, 4 or 8 times image_size on
+        both sides, let libjpeg decode it at 1/2, 1/4 or 1/8 scale (DCT scaling, an area average)
+        before the bilinear resize. The decode and the resize then touch up to 64x fewer pixels;
+        the image differs from a full decode + bilinear resize by about as much as two resize
+        filters differ (it is less aliased, not blurrier). Never applies when the crop is
+        smaller than 2 x image_size (most ImageNet crops at 224 px).
       zero_based_labels: subtract the dataset's label offset, so ids run from 0.
       with_filename: yield (images, labels, filenames) instead of (images, labels).
       cache: keep one epoch of this host's serialized records after the first epoch: True in
@@ -57,6 +64,11 @@ class ReadConfig:
       corrupt_records: "fail" raises an error naming the shard at the first bad record; "skip"
         drops bad records, counts them in ReadStats, logs the shard and carries on.
       check_files: before reading, fail naming every shard of the split that is missing.
+      private_threadpool_size: threads of a tf.data pool private to this dataset, so a trainer's
+        own TensorFlow ops do not queue behind decode work (and the reverse); 0 uses TensorFlow's
+        shared pool.
+      autotune_ram_budget_mb: cap on the memory tf.data's autotuner may spend on buffers (prefetch,
+        parallel map outputs) in MB; 0 keeps tf.data's default (half the machine's RAM).
       options: tf.data.Options applied after the reader's own (they win where both are set).
     """
 
@@ -73,6 +85,7 @@ class ReadConfig:
     crop_aspect_ratio_range: Tuple[float, float] = (3 / 4, 4 / 3)
     random_flip: bool = True
     eval_crop_fraction: float = 0.875
+    scaled_decode: bool = True
     zero_based_labels: bool = False
     with_filename: bool = False
     cache: Union[bool, str] = False
@@ -82,6 +95,8 @@ class ReadConfig:
     host_remainder: Optional[str] = None
     corrupt_records: str = "fail"
     check_files: bool = True
+    private_threadpool_size: int = 0
+    autotune_ram_budget_mb: int = 0
     options: Any = None
 
     def __post_init__(self):
@@ -137,6 +152,10 @@ class ReadConfig:
             out.append(f"host_remainder must be one of {', '.join(REMAINDER_POLICIES)} or None, got {self.host_remainder!r}")
         if self.corrupt_records not in CORRUPT_POLICIES:
             out.append(f"corrupt_records must be one of {', '.join(CORRUPT_POLICIES)}, got {self.corrupt_records!r}")
+        if self.private_threadpool_size < 0 or isinstance(self.private_threadpool_size, bool):
+            out.append(f"private_threadpool_size must be >= 0 (0: the shared pool), got {self.private_threadpool_size!r}")
+        if self.autotune_ram_budget_mb < 0 or isinstance(self.autotune_ram_budget_mb, bool):
+            out.append(f"autotune_ram_budget_mb must be >= 0 (0: tf.data's default), got {self.autotune_ram_budget_mb!r}")
         if self.cache is not True and self.cache is not False and not (isinstance(self.cache, str) and self.cache):
             out.append(f"cache must be True, False or a file path prefix, got {self.cache!r}")
         return out
@@ -149,15 +168,48 @@ class Resolved:
     shuffle_files: bool
     shuffle_buffer: int
     deterministic: bool
+    random_crop: bool
     normalization: Union[str, Tuple[Sequence[float], Sequence[float]]]
     preprocess: Union[str, PreprocessFn]
     repeat: int
     drop_remainder: bool
     host_remainder: str
 
+    @property
+    def shuffles(self) -> bool:
+        return self.shuffle_files or self.shuffle_buffer > 0
+
+
+def normalization_constants(
+        normalization: Union[str, Tuple[Sequence[float], Sequence[float]]]) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+    """Returns (mean, std), three values each on the 0..255 scale, of a ReadConfig normalization.
+
+    For normalising uint8 batches on the accelerator: image = (uint8 - mean) / std.
+
+    Raises:
+      ValueError: naming an unknown normalization.
+    """
+    if isinstance(normalization, str):
+        table = {"none": ((0.0,) * 3, (1.0,) * 3), "unit": ((0.0,) * 3, (255.0,) * 3),
+                 "symmetric": ((127.5,) * 3, (127.5,) * 3),
+                 "imagenet": ((0.485 * 255, 0.456 * 255, 0.406 * 255), (0.229 * 255, 0.224 * 255, 0.225 * 255))}
+        if normalization not in table:
+            raise ValueError(f"normalization must be one of {', '.join(NORMALIZATIONS)} or (mean, std), "
+                             f"got {normalization!r}")
+        return table[normalization]
+    mean, std = normalization
+    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
+
 
 def resolve(config: ReadConfig, training: bool, seed_given: bool) -> Resolved:
-    """Fills the config's None fields with the training or evaluation defaults."""
+    """Fills the config's None fields with the training or evaluation defaults (the only place that does).
+
+    Args:
+      config: a valid ReadConfig.
+      training: make_dataset's `training`.
+      seed_given: whether the caller passed a seed; an unseeded training order need not be
+        repeatable, so only then may parallel stages emit out of order.
+    """
 
     def pick(value, train, other):
         return value if value is not None else (train if training else other)
@@ -166,6 +218,7 @@ def resolve(config: ReadConfig, training: bool, seed_given: bool) -> Resolved:
         shuffle_files=pick(config.shuffle_files, True, False),
         shuffle_buffer=pick(config.shuffle_buffer, 10_000, 0),
         deterministic=config.deterministic if config.deterministic is not None else (seed_given or not training),
+        random_crop=pick(config.preprocess, "train", "eval") == "train",
         normalization=config.normalization if config.normalization is not None else (
             "none" if config.dtype == "uint8" else "unit"),
         preprocess=pick(config.preprocess, "train", "eval"),

@@ -85,19 +85,19 @@ def make_dataset(
       FileNotFoundError: naming the manifest or every missing shard file.
     """
     config = config or ReadConfig()
-    problems = _call_problems(batch_size, image_size, training, seed, input_context, num_hosts, host_index, config)
+    r = config_lib.resolve(config, training, seed is not None)
+    problems = _call_problems(batch_size, image_size, seed, input_context, num_hosts, host_index, config, r)
     if problems:
         raise ValueError("make_dataset: " + "; ".join(problems))
     info = load_info(path)
     split_info = info.split(split)
-    n_hosts, host = _hosts(input_context, num_hosts, host_index)
-    r = config_lib.resolve(config, training, seed is not None)
     if config.check_files:
         missing = missing_files(split_info)
         if missing:
             raise FileNotFoundError(f"{len(missing)} of {len(split_info.shards)} shard(s) of split {split!r} "
                                     f"listed in manifest.json are missing: {', '.join(missing)}")
-    plan = hosts_lib.plan(split_info.files, split_info.shard_lengths, n_hosts, host, r.host_remainder)
+    plan = _plan(split_info, input_context, num_hosts, host_index, r)
+    n_hosts, host = plan.num_hosts, plan.host_index
     if stats is None:
         stats = ReadStats()
     stats.plan = plan
@@ -139,10 +139,15 @@ def make_dataset(
         records = records.cache("" if config.cache is True else config.cache)
     records = records.repeat(None if r.repeat == -1 else r.repeat)
     if r.shuffle_buffer > 0:
-        records = records.shuffle(r.shuffle_buffer, seed=_derive(seed, host, "buffer"), reshuffle_each_iteration=True)
+        # The first batch waits until the buffer is full. A buffer over one epoch would only re-read
+        # the same records (a 200-record split and the 10,000 default re-read it 50 times before
+        # the first batch), so it holds at most one epoch of this host.
+        buffer = max(min(r.shuffle_buffer, plan.records_per_epoch), 1)
+        records = records.shuffle(buffer, seed=_derive(seed, host, "buffer"), reshuffle_each_iteration=True)
 
     # --- examples
-    decode = _decoder(info, image_size, config, r, _derive(seed, host, "augment"))
+    may_pad = plan.remainder == "pad" and n_hosts > 1
+    decode = _decoder(info, image_size, config, r, _derive(seed, host, "augment"), may_pad)
     examples = records.enumerate().map(decode, num_parallel_calls=config.num_parallel_calls,
                                        deterministic=r.deterministic)
     batches = examples.batch(batch_size, drop_remainder=r.drop_remainder,
@@ -151,6 +156,10 @@ def make_dataset(
         batches = batches.prefetch(config.prefetch)
     options = tf.data.Options()
     options.deterministic = r.deterministic
+    if config.private_threadpool_size:
+        options.threading.private_threadpool_size = config.private_threadpool_size
+    if config.autotune_ram_budget_mb:
+        options.autotune.ram_budget = config.autotune_ram_budget_mb * 2**20
     # This reader already gave each host its share; tf.distribute must not shard it again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     batches = batches.with_options(options)
@@ -159,16 +168,23 @@ def make_dataset(
     return batches
 
 
-def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_lib.Resolved, augment_seed: int):
-    """Returns the map function (index, serialized) -> (image, label[, filename])."""
+def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_lib.Resolved, augment_seed: int,
+             may_pad: bool):
+    """Returns the map function (index, serialized) -> (image, label[, filename]).
+
+    Parse, decode, crop, resize and scaling run as one map function, so tf.data schedules one
+    parallel stage and no intermediate element (the parsed dict, the decoded crop) is buffered.
+    The check for padding elements is only built when padding can occur (several hosts, "pad").
+    """
     keys = schema.keys(info.schema)
     spec = {k: v for k, v in schema.parse_spec(info.schema).items() if k in (keys.image, keys.label, keys.filename)}
     if r.preprocess == "train":
         image_fn = functools.partial(preprocess_lib.train_image, area_range=config.crop_area_range,
-                                     aspect_ratio_range=config.crop_aspect_ratio_range, flip=config.random_flip)
+                                     aspect_ratio_range=config.crop_aspect_ratio_range, flip=config.random_flip,
+                                     scaled_decode=config.scaled_decode)
     elif r.preprocess == "eval":
         def image_fn(encoded, size, seed):
-            return preprocess_lib.eval_image(encoded, size, config.eval_crop_fraction)
+            return preprocess_lib.eval_image(encoded, size, config.eval_crop_fraction, config.scaled_decode)
     else:
         image_fn = r.preprocess
     label_shift = info.label_offset if config.zero_based_labels else 0
@@ -189,8 +205,11 @@ def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_l
 
     @tf.autograph.experimental.do_not_convert
     def decode(index, serialized):
-        image, label, filename = tf.cond(tf.equal(tf.strings.length(serialized), 0), pad,
-                                         lambda: real(index, serialized))
+        if may_pad:
+            image, label, filename = tf.cond(tf.equal(tf.strings.length(serialized), 0), pad,
+                                             lambda: real(index, serialized))
+        else:
+            image, label, filename = real(index, serialized)
         return (image, label, filename) if config.with_filename else (image, label)
 
     return decode
@@ -208,9 +227,18 @@ def _hosts(input_context, num_hosts, host_index) -> Tuple[int, int]:
     return (num_hosts or 1), (host_index or 0)
 
 
-def _call_problems(batch_size, image_size, training, seed, input_context, num_hosts, host_index,
-                   config: ReadConfig) -> List[str]:
-    """Every invalid or conflicting argument of one make_dataset call, ReadConfig's own included."""
+def _plan(split_info, input_context, num_hosts, host_index, r: config_lib.Resolved) -> hosts_lib.HostPlan:
+    """This host's HostPlan; make_dataset and steps_per_epoch both plan through here."""
+    n_hosts, host = _hosts(input_context, num_hosts, host_index)
+    return hosts_lib.plan(split_info.files, split_info.shard_lengths, n_hosts, host, r.host_remainder)
+
+
+def _call_problems(batch_size, image_size, seed, input_context, num_hosts, host_index,
+                   config: ReadConfig, r: config_lib.Resolved) -> List[str]:
+    """Every invalid or conflicting argument of one make_dataset call, ReadConfig's own included.
+
+    Settings left None are judged by their resolved values (r), so defaults are resolved once.
+    """
     out = list(config.problems())
     if not isinstance(batch_size, int) or batch_size < 1:
         out.append(f"batch_size must be a positive int, got {batch_size!r}")
@@ -226,10 +254,7 @@ def _call_problems(batch_size, image_size, training, seed, input_context, num_ho
             out.append(f"num_hosts must be >= 1, got {num_hosts}")
         elif not 0 <= host_index < num_hosts:
             out.append(f"host_index must be in [0, {num_hosts}), got {host_index}")
-    shuffles = (config.shuffle_files if config.shuffle_files is not None else training) or \
-        (config.shuffle_buffer if config.shuffle_buffer is not None else (10_000 if training else 0)) > 0
-    random_crop = (config.preprocess or ("train" if training else "eval")) == "train"
-    if config.deterministic is True and seed is None and (shuffles or random_crop):
+    if config.deterministic is True and seed is None and (r.shuffles or r.random_crop):
         out.append("deterministic=True promises a repeatable order, but seed=None draws a new seed per call; "
                    "pass a seed")
     return out
@@ -250,13 +275,8 @@ def steps_per_epoch(
 
     Computed from the manifest's counts and the host split; nothing is read.
     """
-    config = config or ReadConfig()
-    info = load_info(path)
-    split_info = info.split(split)
-    n_hosts, host = _hosts(input_context, num_hosts, host_index)
-    r = config_lib.resolve(config, training, True)
-    plan = hosts_lib.plan(split_info.files, split_info.shard_lengths, n_hosts, host, r.host_remainder)
-    n = plan.records_per_epoch
+    r = config_lib.resolve(config or ReadConfig(), training, True)
+    n = _plan(load_info(path).split(split), input_context, num_hosts, host_index, r).records_per_epoch
     return n // batch_size if r.drop_remainder else -(-n // batch_size)
 
 

@@ -74,11 +74,6 @@ class HostPlan:
     host_counts: Tuple[int, ...]
 
     @property
-    def dropped(self) -> int:
-        """Records of this host not read per epoch ("drop")."""
-        return max(self.num_records - self.records_per_epoch, 0)
-
-    @property
     def padded(self) -> int:
         """Padding elements this host appends per epoch ("pad")."""
         return max(self.records_per_epoch - self.num_records, 0)

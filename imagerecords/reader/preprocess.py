@@ -6,15 +6,19 @@ from typing import Sequence, Tuple, Union
 
 import tensorflow as tf
 
+from imagerecords.reader.config import normalization_constants
+
 # ImageNet channel statistics on the 0..255 scale (the values torchvision and Model Garden use).
-IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+IMAGENET_MEAN, IMAGENET_STD = normalization_constants("imagenet")
+
+# libjpeg's DCT scaling factors that TensorFlow's decoders take as `ratio`.
+_RATIOS = (1, 2, 4, 8)
 
 
 def train_image(encoded: tf.Tensor, image_size: int, seed: tf.Tensor, *,
                 area_range: Tuple[float, float] = (0.08, 1.0),
                 aspect_ratio_range: Tuple[float, float] = (3 / 4, 4 / 3),
-                flip: bool = True) -> tf.Tensor:
+                flip: bool = True, scaled_decode: bool = False) -> tf.Tensor:
     """Random-resized crop: samples a crop on the JPEG's header shape and decodes only that window.
 
     Decoding the crop alone skips the pixels a crop throws away, which on ImageNet-sized photos is
@@ -27,6 +31,8 @@ def train_image(encoded: tf.Tensor, image_size: int, seed: tf.Tensor, *,
       area_range: range of the crop's share of the image area.
       aspect_ratio_range: range of the crop's width / height.
       flip: flip left-right with probability 1/2.
+      scaled_decode: decode at 1/2, 1/4 or 1/8 scale when the crop is that many times image_size
+        (see ReadConfig.scaled_decode).
 
     Returns:
       float32 [image_size, image_size, 3] on the 0..255 scale.
@@ -45,19 +51,21 @@ def train_image(encoded: tf.Tensor, image_size: int, seed: tf.Tensor, *,
     )
     offset_y, offset_x, _ = tf.unstack(begin)
     height, width, _ = tf.unstack(size)
-    image = tf.image.decode_and_crop_jpeg(encoded, tf.stack([offset_y, offset_x, height, width]), channels=3)
+    image = decode_window(encoded, offset_y, offset_x, height, width, image_size, scaled_decode)
     if flip:
         image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
     return _resize(image, image_size)
 
 
-def eval_image(encoded: tf.Tensor, image_size: int, crop_fraction: float = 0.875) -> tf.Tensor:
+def eval_image(encoded: tf.Tensor, image_size: int, crop_fraction: float = 0.875,
+               scaled_decode: bool = False) -> tf.Tensor:
     """Square center crop of `crop_fraction` of the shorter side, decoded alone, then resized.
 
     Args:
       encoded: scalar tf.string of JPEG bytes.
       image_size: side of the square output.
       crop_fraction: side of the crop over the shorter image side.
+      scaled_decode: see train_image.
 
     Returns:
       float32 [image_size, image_size, 3] on the 0..255 scale.
@@ -65,9 +73,32 @@ def eval_image(encoded: tf.Tensor, image_size: int, crop_fraction: float = 0.875
     shape = tf.image.extract_jpeg_shape(encoded)
     height, width = shape[0], shape[1]
     side = tf.maximum(tf.cast(crop_fraction * tf.cast(tf.minimum(height, width), tf.float32), tf.int32), 1)
-    window = tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
-    image = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+    image = decode_window(encoded, (height - side + 1) // 2, (width - side + 1) // 2, side, side, image_size,
+                          scaled_decode)
     return _resize(image, image_size)
+
+
+def decode_window(encoded: tf.Tensor, offset_y: tf.Tensor, offset_x: tf.Tensor, height: tf.Tensor,
+                  width: tf.Tensor, image_size: int, scaled: bool) -> tf.Tensor:
+    """Decodes only the window of a JPEG, as RGB uint8; scaled by 1/r (r in 1, 2, 4, 8) when `scaled`.
+
+    r is the largest factor that keeps both sides of the window at least image_size after
+    scaling, so the resize that follows still only shrinks. libjpeg then skips most of the inverse
+    DCT work (its scaled IDCT averages each 8x8 block down), and the resize reads r^2 fewer pixels.
+    With a ratio, TensorFlow takes the crop window in the scaled image's coordinates.
+    """
+    if not scaled:
+        return tf.image.decode_and_crop_jpeg(encoded, tf.stack([offset_y, offset_x, height, width]), channels=3)
+    short = tf.minimum(height, width)
+    branch = tf.add_n([tf.cast(short >= r * image_size, tf.int32) for r in _RATIOS[1:]])
+
+    def decode(r):
+        def fn():
+            window = tf.stack([offset_y // r, offset_x // r, tf.maximum(height // r, 1), tf.maximum(width // r, 1)])
+            return tf.image.decode_and_crop_jpeg(encoded, window, channels=3, ratio=r)
+        return fn
+
+    return tf.switch_case(branch, [decode(r) for r in _RATIOS])
 
 
 def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
