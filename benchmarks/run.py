@@ -1,0 +1,414 @@
+"""One benchmark command: corpus, codec limits, peers, both writers, start-up, memory, reader; with ratios.
+
+Usage:
+    python -m benchmarks.run --images 4000 [--repeats 3] [--json out.json]
+    python -m benchmarks.run --quick --json out.json      # a smoke run, a few minutes at most
+
+Every figure is measured in this run and printed next to a baseline from the same run, because the
+machines are shared and noisy: only ratios travel between machines. With --repeats R each
+measurement is taken R times, interleaved with the others, and printed as median [min-max].
+Peak RSS is summed over a command's whole process tree (psutil, sampled every 0.1 s).
+
+Groups (printed as one table each):
+  codec    the limits: Pillow decode + RGB + encode (q90) with one thread per core, and with one
+           process per core (Pillow releases the GIL inside decode and encode, so threads should
+           reach the process figure without pickling bytes across processes; both are printed
+           and the better one is the limit); the checked pass-through limit: a DCT-scaled draft
+           decode of every image on every core, and the builder's own per-image function
+           (codec.prepare_image: draft-check RGB JPEGs, convert the rest) on every core.
+  peers    a serial loop (tf.train.Example + tf.io.TFRecordWriter), pass-through and re-encode;
+           TFDS's Beam path (GeneratorBasedBuilder whose _generate_examples returns a PTransform,
+           DirectRunner with the same worker count) on the same images.
+  build    `python -m imagerecords build` (the real CLI, --no_progress), --writer shards and beam,
+           pass-through and --reencode: wall time (imports included), images/s, peak RSS.
+  startup  a 16-image build in DirectRunner's in_memory, multi_threading and multi_processing
+           modes (--direct_num_workers = cores) and in the CLI's default.
+  memory   manifest builds of many rows pointing at 64 tiny JPEGs under distinct keys:
+           (peak RSS - base) / rows, base being a 16-row manifest build's peak; and the slope
+           between the two sizes.
+  reader   make_dataset train (random-resized crop) and eval (center crop), 224 px, batch 128,
+           against plain tf.data (interleave, shuffle, parse, decode_jpeg, resize, batch) and
+           the decode limit (tf.io.decode_jpeg alone on all cores); time to first batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from benchmarks import corpus as corpus_lib
+
+CORES = os.cpu_count() or 1
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Results:
+    """Figures by group; each figure keeps every run so ranges can be printed."""
+
+    def __init__(self):
+        self.groups: Dict[str, Dict[str, dict]] = {}
+        self.notes: List[str] = []
+
+    def add(self, group: str, name: str, value: float, unit: str, baseline: Optional[str] = None,
+            higher_is_better: bool = True):
+        fig = self.groups.setdefault(group, {}).setdefault(
+            name, {"unit": unit, "runs": [], "baseline": baseline, "higher_is_better": higher_is_better})
+        fig["runs"].append(float(value))
+
+    def value(self, group: str, name: str) -> float:
+        return statistics.median(self.groups[group][name]["runs"])
+
+    def to_json(self) -> dict:
+        out = {"machine": machine(), "notes": list(dict.fromkeys(self.notes)), "groups": {}}
+        for group, figs in self.groups.items():
+            g = out["groups"][group] = {}
+            for name, fig in figs.items():
+                entry = {"value": statistics.median(fig["runs"]), "min": min(fig["runs"]), "max": max(fig["runs"]),
+                         "runs": fig["runs"], "unit": fig["unit"]}
+                base = fig["baseline"]
+                if base:
+                    bg, bn = base.split("/")
+                    ratio = self._ratios(group, name, bg, bn)
+                    entry.update(baseline=base, ratio=statistics.median(ratio), ratio_min=min(ratio),
+                                 ratio_max=max(ratio))
+                g[name] = entry
+        return out
+
+    def _ratios(self, group, name, bg, bn) -> List[float]:
+        """Per-run ratios (runs pair up by index: both were taken in the same round)."""
+        mine, theirs = self.groups[group][name]["runs"], self.groups[bg][bn]["runs"]
+        higher = self.groups[group][name]["higher_is_better"]
+        pairs = list(zip(mine, theirs)) if len(mine) == len(theirs) else [(statistics.median(mine), statistics.median(theirs))]
+        return [(m / t) if higher else (m / t) for m, t in pairs if t]
+
+    def print(self, file=sys.stdout):
+        data = self.to_json()
+        print(f"\nmachine: {data['machine']}", file=file)
+        for group, figs in data["groups"].items():
+            print(f"\n[{group}]", file=file)
+            print(f"  {'figure':<44} {'value (median [min-max])':>34}  ratio vs baseline", file=file)
+            for name, e in figs.items():
+                value = f"{_fmt(e['value'])} [{_fmt(e['min'])}-{_fmt(e['max'])}] {e['unit']}"
+                ratio = ""
+                if "ratio" in e:
+                    ratio = f"{e['ratio']:.2f} [{e['ratio_min']:.2f}-{e['ratio_max']:.2f}] x {e['baseline']}"
+                print(f"  {name:<44} {value:>34}  {ratio}", file=file)
+        for note in data["notes"]:
+            print(f"note: {note}", file=file)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def machine() -> str:
+    import platform
+
+    import psutil
+
+    return (f"{platform.node()}: {CORES} cores ({platform.processor() or platform.machine()}), "
+            f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, Python {platform.python_version()}")
+
+
+# --- running a command and watching its process tree
+
+
+def run_watched(cmd: Sequence[str], env: Optional[dict] = None) -> Tuple[float, float]:
+    """Runs `cmd`; returns (wall seconds, peak RSS in MB summed over its process tree, sampled per 0.1 s).
+
+    Raises:
+      RuntimeError: with the tail of stderr when the command fails.
+    """
+    import psutil
+
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=err, cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
+        root, peak = psutil.Process(proc.pid), 0
+        while proc.poll() is None:
+            total = 0
+            try:
+                for p in [root] + root.children(recursive=True):
+                    try:
+                        total += p.memory_info().rss
+                    except psutil.Error:
+                        pass
+            except psutil.Error:
+                pass
+            peak = max(peak, total)
+            time.sleep(0.1)
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(cmd[:6])} ... failed (exit {proc.returncode}):\n"
+                               f"{err.read().decode(errors='replace')[-3000:]}")
+    return seconds, peak / 1e6
+
+
+def build_cmd(inp: str, out: str, *extra: str) -> List[str]:
+    return [sys.executable, "-m", "imagerecords", "build", "--input", inp, "--output", out, "--no_progress", *extra]
+
+
+# --- codec limits (in this process: no TensorFlow, no Beam)
+
+
+def _pillow_reencode(data: bytes) -> int:
+    import io
+
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    out = io.BytesIO()
+    img.save(out, format="JPEG", quality=90)
+    return len(out.getvalue())
+
+
+def _draft_decode(data: bytes) -> int:
+    import io
+
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data))
+    if img.format == "JPEG":
+        img.draft(img.mode, (max(1, img.width // 8), max(1, img.height // 8)))
+    img.load()
+    return img.width
+
+
+def _prepare(data: bytes) -> int:
+    from imagerecords import codec
+
+    return len(codec.prepare_image(data).jpeg)
+
+
+def pool_rate(fn: Callable[[bytes], int], blobs: List[bytes], processes: bool) -> float:
+    """Images per second of fn over every blob, one worker per core (threads or processes)."""
+    pool_cls = ProcessPoolExecutor if processes else ThreadPoolExecutor
+    with pool_cls(CORES) as pool:
+        list(pool.map(fn, blobs[:CORES * 2]))  # warm: workers started, modules imported
+        start = time.perf_counter()
+        list(pool.map(fn, blobs, chunksize=16 if processes else 1))
+        return len(blobs) / (time.perf_counter() - start)
+
+
+def bench_codec(res: Results, blobs: List[bytes]):
+    res.add("codec", "pillow_reencode_threads", pool_rate(_pillow_reencode, blobs, False), "img/s")
+    res.add("codec", "pillow_reencode_processes", pool_rate(_pillow_reencode, blobs, True), "img/s",
+            baseline="codec/pillow_reencode_threads")
+    res.add("codec", "draft_decode_threads", pool_rate(_draft_decode, blobs, False), "img/s",
+            baseline="codec/pillow_reencode_threads")
+    res.add("codec", "prepare_image_passthrough_threads", pool_rate(_prepare, blobs, False), "img/s",
+            baseline="codec/draft_decode_threads")
+
+
+# --- the groups that run commands
+
+
+def bench_peers(res: Results, root: str, work: str, n: int, tfds: bool, quick: bool, r: int):
+    out = os.path.join(work, f"loop-{r}")
+    js = os.path.join(work, "loop.json")
+    wall, rss = run_watched([sys.executable, "-m", "benchmarks.workloads", "loop", "--input", root, "--output", out,
+                             "--paths", "pass,reencode", "--json", js])
+    with open(js) as f:
+        loop = json.load(f)
+    res.add("peers", "loop_passthrough", n / loop["pass_seconds"], "img/s")
+    res.add("peers", "loop_reencode", n / loop["reencode_seconds"], "img/s")
+    res.add("peers", "loop_peak_rss", rss, "MB", higher_is_better=False)
+    shutil.rmtree(out, ignore_errors=True)
+    if not tfds:
+        return
+    # The same DirectRunner setup our CLI picks locally; --quick runs in process to stay short.
+    beam = (["--direct_running_mode=in_memory"] if quick else
+            [f"--direct_num_workers={CORES}", "--direct_running_mode=multi_processing"])
+    res.notes.append(f"TFDS Beam writer ran with {' '.join(beam)}")
+    for path in ("pass", "reencode"):
+        out = os.path.join(work, f"tfds-{path}-{r}")
+        js = os.path.join(work, "tfds.json")
+        wall, rss = run_watched([sys.executable, "-m", "benchmarks.workloads", "tfds", "--input", root, "--output",
+                                 out, "--paths", path, "--json", js, *beam])
+        res.add("peers", f"tfds_{path}_wall", n / wall, "img/s")
+        res.add("peers", f"tfds_{path}_peak_rss", rss, "MB", higher_is_better=False)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def bench_builds(res: Results, root: str, work: str, n: int, keep: str, r: int, tfds: bool):
+    for writer in ("shards", "beam"):
+        for path in ("pass", "reencode"):
+            out = os.path.join(work, f"build-{writer}-{path}-{r}")
+            extra = ["--writer", writer] + (["--reencode"] if path == "reencode" else [])
+            wall, rss = run_watched(build_cmd(root, out, *extra))
+            name = f"{writer}_{path}"
+            limit = "codec/pillow_reencode_threads" if path == "reencode" else "codec/prepare_image_passthrough_threads"
+            res.add("build", f"{name}_img_s", n / wall, "img/s", baseline=limit)
+            res.add("build", f"{name}_peak_rss", rss, "MB", higher_is_better=False,
+                    baseline=f"peers/tfds_{path}_peak_rss" if tfds else None)
+            if writer == "shards" and path == "pass" and not os.path.exists(keep):
+                os.rename(out, keep)  # the reader's dataset
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+    for path in ("pass", "reencode"):
+        res.add("build", f"shards_{path}_vs_loop", res.groups["build"][f"shards_{path}_img_s"]["runs"][-1],
+                "img/s", baseline=f"peers/loop_{'passthrough' if path == 'pass' else 'reencode'}")
+        if tfds:
+            res.add("build", f"shards_{path}_vs_tfds", res.groups["build"][f"shards_{path}_img_s"]["runs"][-1],
+                    "img/s", baseline=f"peers/tfds_{path}_wall")
+        res.add("build", f"shards_{path}_vs_beam_writer", res.groups["build"][f"shards_{path}_img_s"]["runs"][-1],
+                "img/s", baseline=f"build/beam_{path}_img_s")
+
+
+def bench_startup(res: Results, tiny_root: str, work: str, r: int):
+    modes = [("default", []), ("in_memory", ["--direct_running_mode=in_memory", "--direct_num_workers=1"]),
+             ("multi_threading", ["--direct_running_mode=multi_threading", f"--direct_num_workers={CORES}"]),
+             ("multi_processing", ["--direct_running_mode=multi_processing", f"--direct_num_workers={CORES}"])]
+    for mode, extra in modes:
+        out = os.path.join(work, f"start-{mode}-{r}")
+        wall, _ = run_watched(build_cmd(tiny_root, out, *extra))
+        res.add("startup", f"build16_{mode}", wall, "s", higher_is_better=False,
+                baseline=None if mode == "default" else "startup/build16_default")
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def write_manifest(path: str, rows: int, files: List[str]):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "key"])
+        for i in range(rows):
+            w.writerow([files[i % len(files)], f"c{i % 10}", f"row{i:09d}"])
+
+
+def bench_memory(res: Results, work: str, sizes: Sequence[int], r: int, modes: Sequence[str]):
+    tiny = corpus_lib.ensure_tiny_images()
+    for mode in modes:
+        extra = [] if mode == "default" else [f"--direct_running_mode={mode}", f"--direct_num_workers={CORES}"]
+        peaks = {}
+        for rows in (16, *sizes):
+            man = os.path.join(work, f"manifest-{rows}.csv")
+            if not os.path.exists(man):
+                write_manifest(man, rows, tiny)
+            out = os.path.join(work, f"mem-{mode}-{rows}-{r}")
+            wall, peaks[rows] = run_watched(build_cmd(man, out, *extra))
+            shutil.rmtree(out, ignore_errors=True)
+            if rows != 16:
+                res.add("memory", f"{mode}_rows{rows}_peak_rss", peaks[rows], "MB", higher_is_better=False)
+                res.add("memory", f"{mode}_rows{rows}_img_s", rows / wall, "img/s")
+                res.add("memory", f"{mode}_rows{rows}_kib_per_image", (peaks[rows] - peaks[16]) * 1e6 / 1024 / rows,
+                        "KiB", higher_is_better=False)
+        res.add("memory", f"{mode}_base_peak_rss", peaks[16], "MB", higher_is_better=False)
+        lo, hi = sizes[0], sizes[-1]
+        if hi > lo:
+            res.add("memory", f"{mode}_slope_kib_per_image", max((peaks[hi] - peaks[lo]) * 1e6 / 1024 / (hi - lo), 1e-3),
+                    "KiB", higher_is_better=False)
+
+
+def bench_reader(res: Results, data: str, work: str, batches: int, repeats: int):
+    js = os.path.join(work, "reader.json")
+    run_watched([sys.executable, "-m", "benchmarks.workloads", "reader", "--data", data, "--json", js,
+                 "--batches", str(batches), "--repeats", str(repeats)])
+    with open(js) as f:
+        rd = json.load(f)
+    for name in ("decode_limit", "plain_train", "reader_train", "reader_train_uint8", "reader_eval"):
+        for v in rd[f"{name}_img_s_runs"]:
+            base = None if name == "decode_limit" else "reader/decode_limit_img_s"
+            res.add("reader", f"{name}_img_s", v, "img/s", baseline=base)
+    for v in rd["reader_train_img_s_runs"]:
+        res.add("reader", "reader_train_vs_plain", v, "img/s", baseline="reader/plain_train_img_s")
+    res.add("reader", "ttfb_train", rd["ttfb_train_s"], "s", higher_is_better=False)
+    res.add("reader", "ttfb_train_make_dataset", rd["ttfb_train_make_dataset_s"], "s", higher_is_better=False)
+    res.add("reader", "ttfb_eval", rd["ttfb_eval_s"], "s", higher_is_better=False)
+
+
+def tfds_usable() -> Optional[str]:
+    """None when TFDS's Beam path can run here, else the reason it is skipped."""
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorflow_datasets") is None:
+            return "tensorflow_datasets is not installed"
+    except ImportError as e:
+        return f"tensorflow_datasets cannot be imported: {e}"
+    return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--images", type=int, help="corpus size (default 4000; --quick: 24)")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0, help="corpus seed")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of every measurement, interleaved")
+    p.add_argument("--manifest_rows", help="row counts of the memory builds (default 20000,100000; --quick: 200,600)")
+    p.add_argument("--memory_modes", default="default", help="DirectRunner modes for the memory builds")
+    p.add_argument("--reader_batches", type=int, help="batches per reader measurement (default 16; --quick: 1)")
+    p.add_argument("--skip", default="", help="comma-separated groups to skip: codec,peers,tfds,build,startup,memory,reader")
+    p.add_argument("--cache", default=corpus_lib.CACHE, help="where corpora are kept")
+    p.add_argument("--json", help="write every figure here")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes and TFDS on in_memory DirectRunner: a smoke run of every figure")
+    a = p.parse_args(argv)
+    quick = {"images": 24, "manifest_rows": "200,600", "reader_batches": 1}
+    full = {"images": 4000, "manifest_rows": "20000,100000", "reader_batches": 16}
+    for key, value in (quick if a.quick else full).items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    skip = set(filter(None, a.skip.split(",")))
+    sizes = [int(x) for x in a.manifest_rows.split(",")]
+    res = Results()
+    t0 = time.perf_counter()
+    corpus = corpus_lib.ensure_corpus(a.images, a.seed, a.classes, a.cache)
+    res.notes.append(f"corpus: {len(corpus.files)} images in {corpus.classes} classes, {corpus.num_bytes / 1e6:.1f} MB "
+                     f"(mean {corpus.mean_kb:.0f} KB), kinds {corpus.kinds}, at {corpus.root}")
+    print(res.notes[-1], f"(ready after {time.perf_counter() - t0:.0f} s)", flush=True)
+    reason = tfds_usable() if "tfds" not in skip else "skipped with --skip tfds"
+    if reason:
+        res.notes.append(f"TFDS Beam writer not measured: {reason}")
+    work = tempfile.mkdtemp(prefix="imagerecords-bench-")
+    try:
+        tiny_root = os.path.join(work, "tree16")
+        for path in corpus.files[:16]:
+            dst = os.path.join(tiny_root, os.path.relpath(path, corpus.root))
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copyfile(path, dst)
+        blobs = []
+        for path in corpus.files:
+            with open(path, "rb") as f:
+                blobs.append(f.read())
+        data = os.path.join(work, "reader-ds")
+        n = len(corpus.files)
+        for r in range(a.repeats):
+            if "codec" not in skip:
+                bench_codec(res, blobs)
+            if "peers" not in skip:
+                bench_peers(res, corpus.root, work, n, reason is None, a.quick, r)
+            if "build" not in skip:
+                bench_builds(res, corpus.root, work, n, data, r, reason is None)
+            if "startup" not in skip:
+                bench_startup(res, tiny_root, work, r)
+            if "memory" not in skip:
+                bench_memory(res, work, sizes, r, a.memory_modes.split(","))
+            print(f"round {r + 1}/{a.repeats} done after {time.perf_counter() - t0:.0f} s", flush=True)
+        if "reader" not in skip:
+            if not os.path.exists(data):
+                run_watched(build_cmd(corpus.root, data))
+            bench_reader(res, data, work, a.reader_batches, max(a.repeats, 3))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    res.notes.append(f"benchmark wall time {time.perf_counter() - t0:.0f} s")
+    res.print()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res.to_json(), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""The benchmark's TensorFlow-side workloads, each run in its own process by benchmarks.run.
+
+    python -m benchmarks.workloads loop   --input ROOT --output DIR [--paths pass,reencode] --json PATH
+    python -m benchmarks.workloads tfds   --input ROOT --output DIR [--paths pass,reencode] --json PATH [beam flags]
+    python -m benchmarks.workloads reader --data DIR --json PATH [--batches N] [--repeats R]
+
+Each writes a JSON object of its figures (seconds exclude the process's imports unless the name
+says "wall"). A separate process per workload keeps TensorFlow's thread pools and memory out of
+the other measurements, and lets the parent sum RSS over exactly this workload's process tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import time
+from typing import Dict, List, Tuple
+
+
+def list_tree(root: str) -> List[Tuple[str, str]]:
+    """(path, class name) of every image under the class-folder root, sorted."""
+    out = []
+    for cls in sorted(os.listdir(root)):
+        folder = os.path.join(root, cls)
+        if os.path.isdir(folder):
+            out.extend((os.path.join(folder, n), cls) for n in sorted(os.listdir(folder)))
+    return out
+
+
+def reencode(data: bytes, quality: int = 90) -> bytes:
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    out = io.BytesIO()
+    img.save(out, format="JPEG", quality=quality)
+    return out.getvalue()
+
+
+# --- a serial loop: what people write before they reach for Beam
+
+
+def run_loop(root: str, output: str, recode: bool, tag: str = "loop") -> Dict[str, float]:
+    """One process, one thread: read -> (re-encode) -> tf.train.Example -> TFRecordWriter."""
+    import tensorflow as tf
+
+    items = list_tree(root)
+    names = sorted({c for _, c in items})
+    label = {c: i for i, c in enumerate(names)}
+    os.makedirs(output, exist_ok=True)
+    start = time.perf_counter()
+    with tf.io.TFRecordWriter(os.path.join(output, f"{tag}.tfrecord")) as writer:
+        for path, cls in items:
+            with open(path, "rb") as f:
+                data = f.read()
+            if recode:
+                data = reencode(data)
+            feature = {
+                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label[cls]])),
+                "image/filename": tf.train.Feature(bytes_list=tf.train.BytesList(value=[os.path.basename(path).encode()])),
+            }
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "images": len(items)}
+
+
+def _paths(a) -> List[bool]:
+    """--paths pass,reencode -> [False, True] (re-encode or not, in that order)."""
+    return [{"pass": False, "reencode": True}[x] for x in a.paths.split(",")]
+
+
+# --- TFDS's own Beam path: a GeneratorBasedBuilder whose _generate_examples returns a PTransform
+
+
+def _tfds_example(item):
+    """(path, class, recode) -> (key, example dict); module-level so Beam workers can unpickle it."""
+    path, cls, recode = item
+    if recode:
+        from PIL import Image
+
+        with open(path, "rb") as f:
+            image = Image.open(io.BytesIO(f.read())).convert("RGB")  # TFDS encodes it (PIL, JPEG)
+        image.load()
+    else:
+        image = path  # TFDS reads the file's bytes and stores them as they are
+    return os.path.relpath(path, os.path.dirname(os.path.dirname(path))), {"image": image, "label": cls}
+
+
+def run_tfds(root: str, output: str, recode: bool, beam_args: List[str]) -> Dict[str, float]:
+    import tensorflow_datasets as tfds
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    items = list_tree(root)
+    names = sorted({c for _, c in items})
+
+    class BenchImages(tfds.core.GeneratorBasedBuilder):
+        """The benchmark corpus, built by TFDS with Beam."""
+
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg"),
+                "label": tfds.features.ClassLabel(names=names),
+            }))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples()}
+
+        def _generate_examples(self):
+            beam = tfds.core.lazy_imports.apache_beam
+            return beam.Create([(p, c, recode) for p, c in items]) | beam.Map(_tfds_example)
+
+    start = time.perf_counter()
+    builder = BenchImages(data_dir=output)  # one data_dir per call: TFDS would reuse a finished build
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+        beam_options=PipelineOptions(beam_args)))
+    seconds = time.perf_counter() - start
+    written = builder.info.splits["train"].num_examples
+    if written != len(items):
+        raise SystemExit(f"TFDS wrote {written} examples of {len(items)}")
+    return {"seconds": seconds, "images": len(items)}
+
+
+# --- the reader against plain tf.data and the decode limit
+
+
+def run_reader(data: str, batches: int, repeats: int, batch_size: int = 128, size: int = 224) -> Dict[str, float]:
+    t0 = time.perf_counter()
+    import tensorflow as tf
+
+    from imagerecords import reader
+
+    out: Dict[str, float] = {}
+    # Time to first batch first, in this fresh process: make_dataset (manifest, plan, graph) and
+    # the first batch, which includes filling the shuffle buffer to its start level.
+    start = time.perf_counter()
+    train = reader.make_dataset(data, "train", batch_size=batch_size, image_size=size, training=True, seed=0)
+    built = time.perf_counter()
+    it = iter(train)
+    next(it)
+    out["ttfb_train_s"] = time.perf_counter() - start
+    out["ttfb_train_make_dataset_s"] = built - start
+    del it, train
+    start = time.perf_counter()
+    evald = reader.make_dataset(data, "train", batch_size=batch_size, image_size=size)
+    next(iter(evald))
+    out["ttfb_eval_s"] = time.perf_counter() - start
+    out["tf_import_s"] = start - t0  # noqa: for the record; not a reader cost
+
+    info = reader.load_info(data)
+    files = info.split("train").files
+    keys = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+    AUTO = tf.data.AUTOTUNE
+
+    def records():
+        return tf.data.Dataset.from_tensor_slices(files).interleave(
+            tf.data.TFRecordDataset, cycle_length=min(16, len(files)), num_parallel_calls=AUTO)
+
+    def plain_train():
+        # The textbook pipeline: interleave, shuffle, parse, full decode, random crop? no: resize, batch.
+        def fn(x):
+            ex = tf.io.parse_single_example(x, keys)
+            img = tf.io.decode_jpeg(ex["image"], channels=3)
+            img = tf.image.resize(img, [size, size]) / 255.0
+            return img, tf.cast(ex["label"], tf.int32)
+
+        return (records().repeat().shuffle(10_000).map(fn, num_parallel_calls=AUTO)
+                .batch(batch_size, drop_remainder=True).prefetch(AUTO))
+
+    def decode_limit():
+        # tf.io.decode_jpeg alone on all cores: bytes pre-parsed into memory, nothing else.
+        encoded = [ex for ex in records().map(lambda x: tf.io.parse_single_example(x, keys)["image"])
+                   .take(2000).as_numpy_iterator()]
+        # reduce_max reads every pixel: with only the shape used, grappler may skip the decode.
+        ds = tf.data.Dataset.from_tensor_slices(encoded).repeat().map(
+            lambda b: tf.reduce_max(tf.io.decode_jpeg(b, channels=3)), num_parallel_calls=AUTO)
+        return ds.batch(batch_size).prefetch(AUTO)
+
+    pipelines = {
+        "decode_limit": decode_limit,
+        "plain_train": plain_train,
+        "reader_train": lambda: reader.make_dataset(data, "train", batch_size=batch_size, image_size=size,
+                                                    training=True, seed=0),
+        "reader_train_uint8": lambda: reader.make_dataset(data, "train", batch_size=batch_size, image_size=size,
+                                                          training=True, seed=0,
+                                                          config=reader.ReadConfig(dtype="uint8")),
+        "reader_eval": lambda: reader.make_dataset(data, "train", batch_size=batch_size, image_size=size,
+                                                   config=reader.ReadConfig(repeat=-1)),
+    }
+    for r in range(repeats):  # interleaved, so machine noise hits every pipeline alike
+        for name, make in pipelines.items():
+            # A fresh iterator per measurement, dropped after it: a live one would keep filling its
+            # prefetch buffers while the others are timed, and then drain them at no cost.
+            it = iter(make())
+            for _ in range(2):  # warm: first batch, autotune's start
+                next(it)
+            start = time.perf_counter()
+            for _ in range(batches):
+                next(it)
+            rate = batches * batch_size / (time.perf_counter() - start)
+            out.setdefault(f"{name}_img_s_runs", []).append(rate)
+            del it
+    for name in pipelines:
+        runs = out[f"{name}_img_s_runs"]
+        out[f"{name}_img_s"] = sorted(runs)[len(runs) // 2]
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=("loop", "tfds", "reader"))
+    p.add_argument("--input")
+    p.add_argument("--output")
+    p.add_argument("--data")
+    p.add_argument("--paths", default="pass", help="pass, reencode or pass,reencode: one run each, in order")
+    p.add_argument("--batches", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", required=True)
+    a, rest = p.parse_known_args(argv)
+    result = {}
+    if a.what in ("loop", "tfds"):
+        for recode in _paths(a):
+            tag = "reencode" if recode else "pass"
+            out = os.path.join(a.output, tag)
+            r = run_loop(a.input, out, recode, tag) if a.what == "loop" else run_tfds(a.input, out, recode, rest)
+            result[f"{tag}_seconds"] = r["seconds"]
+            result["images"] = r["images"]
+    else:
+        result = run_reader(a.data, a.batches, a.repeats)
+    with open(a.json, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Smoke test of the benchmark command: `python -m benchmarks.run --quick` with tiny sizes.
+
+The corpus is drawn by the benchmark itself (seeded, 12 images) into a temporary cache. Speed is
+never asserted: only that every figure of every group is there, positive, and that ratios are
+computed against a baseline from the same run.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+GROUPS = {
+    "codec": ["pillow_reencode_threads", "pillow_reencode_processes", "draft_decode_threads",
+              "prepare_image_passthrough_threads"],
+    "peers": ["loop_passthrough", "loop_reencode", "loop_peak_rss", "tfds_pass_wall", "tfds_reencode_wall"],
+    "build": [f"{w}_{p}_{m}" for w in ("shards", "beam") for p in ("pass", "reencode") for m in ("img_s", "peak_rss")],
+    "startup": ["build16_default", "build16_in_memory", "build16_multi_threading", "build16_multi_processing"],
+    "memory": ["default_base_peak_rss", "default_rows20_kib_per_image", "default_rows60_kib_per_image",
+               "default_slope_kib_per_image"],
+    "reader": ["decode_limit_img_s", "plain_train_img_s", "reader_train_img_s", "reader_train_uint8_img_s",
+               "reader_eval_img_s", "ttfb_train", "ttfb_eval"],
+}
+
+
+def test_corpus_is_seeded_varied_and_cached(tmp_path):
+    from benchmarks import corpus
+
+    a = corpus.ensure_corpus(12, seed=3, classes=3, cache=str(tmp_path), workers=1)
+    again = corpus.ensure_corpus(12, seed=3, classes=3, cache=str(tmp_path))
+    assert a == again and len(a.files) == 12 and a.classes == 3
+    assert sorted(os.listdir(a.root)) == ["class_000", "class_001", "class_002"]
+    sizes = [os.path.getsize(p) for p in a.files]
+    assert len(set(sizes)) == 12  # no two files compress alike
+    from PIL import Image
+
+    for path in a.files:
+        with Image.open(path) as img:
+            assert 300 <= min(img.size) <= 500 * 4 // 3 and img.format in ("JPEG", "PNG")
+
+
+# The CI smoke run measures the groups that need no extra build processes; the build, start-up,
+# memory and peer groups each start ~15 CLI builds (minutes on a loaded 2-core machine) and run in
+# the full benchmark. IMAGERECORDS_BENCH_ALL=1 smoke-tests every group.
+SMOKE_GROUPS = list(GROUPS) if os.environ.get("IMAGERECORDS_BENCH_ALL") == "1" else ["codec", "reader"]
+
+
+def test_quick_benchmark_reports_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    skip = ",".join(g for g in ("codec", "peers", "tfds", "build", "startup", "memory", "reader") if g not in SMOKE_GROUPS
+                    and not (g == "tfds" and "peers" in SMOKE_GROUPS))
+    cmd = [sys.executable, "-m", "benchmarks.run", "--quick", "--images", "12", "--manifest_rows", "20,60",
+           "--cache", str(tmp_path / "cache"), "--json", str(out)] + (["--skip", skip] if skip else [])
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert "cores" in data["machine"]
+    for group in SMOKE_GROUPS:
+        figures = data["groups"][group]
+        for name in GROUPS[group]:
+            assert name in figures, f"{group}/{name} missing; have {sorted(figures)}"
+            assert figures[name]["value"] > 0 and figures[name]["min"] > 0, (group, name, figures[name])
+            if "baseline" in figures[name]:
+                assert figures[name]["ratio"] > 0, (group, name)
+    # Ratios come from figures of the same run.
+    if "build" in SMOKE_GROUPS:
+        build = data["groups"]["build"]["shards_pass_img_s"]
+        limit = data["groups"]["codec"]["prepare_image_passthrough_threads"]
+        assert build["ratio"] == pytest.approx(build["value"] / limit["value"], rel=1e-6)
+    reader = data["groups"]["reader"]["reader_train_img_s"]
+    base_group, base_name = reader["baseline"].split("/")
+    base_runs = data["groups"][base_group][base_name]["runs"]
+    # Runs pair up by round when both have one per round; otherwise medians are compared.
+    if len(base_runs) == len(reader["runs"]):
+        want = statistics.median(m / t for m, t in zip(reader["runs"], base_runs))
+    else:
+        want = statistics.median(reader["runs"]) / statistics.median(base_runs)
+    assert reader["ratio"] == pytest.approx(want, rel=1e-6)
+    assert "ratio vs baseline" in proc.stdout
