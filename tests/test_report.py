@@ -2,7 +2,7 @@
 
 The dataset is a real build of the `image_tree` fixture (4 classes x 10 generated images, one
 truncated JPEG). The page is parsed with the stdlib's html.parser; the expected values come from
-the manifest and from reading the shards with the `tfrecord` package (its own framing and Example
+the manifest and from reading the shards with TensorFlow (its own framing and Example
 proto), independently of the report's own reader.
 """
 
@@ -127,9 +127,9 @@ def dataset(image_tree, tmp_path_factory):
 @pytest.fixture(scope="module")
 def records_by_split(dataset):
     """{split: [(shard file, filename, label, height, width, image bytes)]} in shard order, read with
-    the `tfrecord` package's frame reader and Example proto (not the report's wire-format reader)."""
-    from tfrecord import example_pb2
-    from tfrecord.reader import tfrecord_iterator
+    TensorFlow's TFRecordDataset and Example proto (not the report's wire-format reader). The
+    `tfrecord` package is not used in-process: its Example proto clashes with TensorFlow's."""
+    import tensorflow as tf
 
     out, manifest = dataset
     keys = schema.keys(manifest.schema)
@@ -137,10 +137,8 @@ def records_by_split(dataset):
     for split in manifest.splits:
         rows = found[split.name] = []
         for shard in split.shards:
-            for raw in tfrecord_iterator(str(out / shard.filename)):
-                example = example_pb2.Example()
-                example.ParseFromString(bytes(raw))
-                f = example.features.feature
+            for raw in tf.data.TFRecordDataset(str(out / shard.filename)):
+                f = tf.train.Example.FromString(raw.numpy()).features.feature
                 rows.append((shard.filename, f[keys.filename].bytes_list.value[0].decode(),
                              f[keys.label].int64_list.value[0], f[keys.height].int64_list.value[0],
                              f[keys.width].int64_list.value[0], f[keys.image].bytes_list.value[0]))

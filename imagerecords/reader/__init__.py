@@ -1,5 +1,11 @@
 """Reads what the builder wrote as tf.data batches, guided by manifest.json; never imports apache_beam."""
 
+try:
+    import tensorflow  # noqa: F401  (not in install_requires: the trainer brings its own distribution)
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("imagerecords.reader needs TensorFlow >= 2.16 (tensorflow, tensorflow-cpu, tf-nightly, ...): "
+                      "pip install 'imagerecords[tensorflow]'") from e
+
 from imagerecords.reader.config import ReadConfig, normalization_constants
 from imagerecords.reader.dataset import (PAD_LABEL, as_numpy, hide_gpus_from_tensorflow, label_names, make_dataset,
                                          numpy_batches, steps_per_epoch)
