@@ -77,6 +77,9 @@ def _paths(a) -> List[bool]:
 
 def _tfds_example(item):
     """(path, class, recode) -> (key, example dict); module-level so Beam workers can unpickle it."""
+    import io  # imported here: Beam pickles this function by value when the module runs as __main__
+    import os
+
     path, cls, recode = item
     if recode:
         from PIL import Image
