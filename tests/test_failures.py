@@ -294,3 +294,16 @@ def test_odd_inputs_are_rows_and_two_builds_give_identical_errors(clean, tmp_pat
     assert manifest["num_rejected"] == 6 and manifest["num_skipped"] == 1
     assert sum(s["num_examples"] for s in manifest["splits"].values()) == 20  # 10 squares + 10 circles via the link
     assert open(outs[0] / "errors.jsonl", "rb").read() == open(outs[1] / "errors.jsonl", "rb").read()
+
+
+def test_inspect_reads_json_without_tensorflow_or_beam(clean):
+    _, clean_out, _ = clean
+    code = ("import sys; from imagerecords.pipeline import cli; rc = cli.main(['inspect', sys.argv[1]]); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'apache_beam'})); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, str(clean_out)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "[]" and lines[0].startswith("images: schema tfds, 4 labels")
+    manifest = json.load(open(clean_out / MANIFEST))
+    train = manifest["splits"]["train"]
+    assert f"  train: {train['num_examples']} records in {len(train['shards'])} shards" in proc.stdout
