@@ -23,10 +23,7 @@ def test_build_from_gcs_to_gcs_matches_local_build(emulator, image_tree, tmp_pat
     root, files = image_tree
     bucket = f"images-{uuid.uuid4().hex[:8]}"
     emulator.create_bucket(bucket)
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            emulator.upload(path, f"gs://{bucket}/images/{os.path.relpath(path, root)}")
+    emulator.upload_tree(root, f"gs://{bucket}/images")
     args = ("--splits", "train=0.7,validation=0.3", "--num_shards", 2, "--max_reject_fraction", 0.05)
     local = tmp_path / "local"
     build(root, local, *args)

@@ -33,10 +33,7 @@ def published(emulator, image_tree, tmp_path_factory):
     build(root, local, *ARGS[:-2])
     bucket = f"pub-{uuid.uuid4().hex[:8]}"
     emulator.create_bucket(bucket)
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            emulator.upload(path, f"gs://{bucket}/images/{os.path.relpath(path, root)}")
+    emulator.upload_tree(root, f"gs://{bucket}/images")
     return root, local, bucket
 
 

@@ -570,6 +570,14 @@ class GcsEmulator:
         else:
             blob.upload_from_filename(os.fspath(source), content_type="application/octet-stream")
 
+    def upload_tree(self, folder: Union[str, "os.PathLike[str]"], gs_prefix: str) -> None:
+        """Store every file under the local ``folder`` below ``gs_prefix`` (``gs://b/dir``), keeping
+        relative paths."""
+        for dirpath, _, names in os.walk(folder):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                self.upload(path, f"{gs_prefix.rstrip('/')}/{os.path.relpath(path, folder)}")
+
     def download(self, gs_uri: str) -> bytes:
         """The exact bytes stored at ``gs_uri``."""
         bucket, name = parse_gs_uri(gs_uri)
