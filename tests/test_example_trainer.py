@@ -10,7 +10,7 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.mark.slow
 def test_digits_trainer_quick_run(tmp_path):
-    pytest.importorskip("sklearn")
+    pytest.importorskip("sklearn", reason="scikit-learn (the [test] extra) supplies the digits dataset")
     spec = importlib.util.spec_from_file_location("train_digits", EXAMPLE)
     train_digits = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train_digits)

@@ -159,7 +159,7 @@ def test_compose_and_rewrite(emulator, bucket):
 
 
 def test_tensorflow_gfile_and_tfrecords(emulator, bucket, tmp_path):
-    tf = pytest.importorskip("tensorflow")
+    tf = pytest.importorskip("tensorflow", reason="TensorFlow's own GCS filesystem is what this test checks")
 
     records = [b"record-%d" % i for i in range(5)] + [bytes(range(256))]
     local = tmp_path / "local.tfrecord"

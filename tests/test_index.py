@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import build, read_examples
+from conftest import build, read_examples, skip_unless_ci
 from imagerecords import metadata, publish, records
 from imagerecords.manifest import MANIFEST, STAGING, Manifest, Shard
 from imagerecords.metadata import ShardResult
@@ -32,7 +32,7 @@ def without_tensorflow(code: str, args):
     has this one. `code` reads its input from `ARGS` (JSON-able).
     """
     if importlib.util.find_spec("tfrecord") is None:
-        pytest.skip("the `tfrecord` package is missing (pip install -e .[test])")
+        skip_unless_ci("the `tfrecord` package is missing (pip install -e .[test])")
     script = ("import json, sys\nARGS = json.loads(sys.stdin.read())\n" + code +
               "\nassert 'tensorflow' not in sys.modules\nprint(json.dumps(RESULT))\n")
     proc = subprocess.run([sys.executable, "-c", script], input=json.dumps(args), capture_output=True, text=True,
