@@ -33,6 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 from imagerecords import metadata
 from imagerecords.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
 from imagerecords.manifest import DUPLICATES, ERRORS, LOCK, MANIFEST, STAGING, Manifest, dumps
+from imagerecords.refs import has_scheme
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def staging_dir(output: str) -> str:
 
 
 def is_local(path: str) -> bool:
-    return "://" not in path
+    return not has_scheme(path)
 
 
 def read_bytes(uri: str) -> bytes:
@@ -472,9 +473,12 @@ def commit(output: str, results: Optional[BuildResults] = None) -> Manifest:
     # 1. Unpublish the previous dataset: no reader (ours or TFDS) takes the folder from here on.
     _delete_quietly([join(output, n) for n in metadata.PUBLICATION_MARKS])
     # 2. Move the staged shards into place.
+    # One listing of staging, not one existence request per shard (each is a round trip on gs://).
+    prefix = staging.rstrip("/") + "/"
+    in_staging = {path[len(prefix):].replace(os.sep, "/") for path in list_tree(staging)}
     for i, filename in enumerate(sorted(new_files)):
         staged, final = join(staging, filename), join(output, filename)
-        if exists(staged):
+        if filename in in_staging:
             _make_parent(final)
             FileSystems.rename([staged], [final])
         elif not exists(final):

@@ -34,7 +34,6 @@ class RecordWriter:
       count: records written so far.
       num_bytes: bytes written so far.
       offsets: byte offset of every record's frame.
-      lengths: byte length of every record's frame (record + FRAME_OVERHEAD).
     """
 
     def __init__(self, stream: BinaryIO):
@@ -43,23 +42,26 @@ class RecordWriter:
         self.count = 0
         self.num_bytes = 0
         self.offsets: List[int] = []
-        self.lengths: List[int] = []
 
     def write(self, record: bytes) -> None:
         data = frame(record)
         self._stream.write(data)
         self._sha.update(data)
         self.offsets.append(self.num_bytes)
-        self.lengths.append(len(data))
         self.count += 1
         self.num_bytes += len(data)
 
     def sha256(self) -> str:
         return self._sha.hexdigest()
 
+    @property
+    def lengths(self) -> List[int]:
+        """Byte length of every record's frame (record + FRAME_OVERHEAD), from the offsets."""
+        return [length for _, length in index_entries(self.offsets, self.num_bytes)]
+
     def index(self) -> bytes:
         """The index file of what was written so far (see `format_index`)."""
-        return format_index(zip(self.offsets, self.lengths))
+        return format_index(index_entries(self.offsets, self.num_bytes))
 
 
 # Index files ------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Seque
 
 from imagerecords import errors, records, schema
 from imagerecords.manifest import ERRORS, Manifest, Split
+from imagerecords.refs import has_scheme
 
 # Written by the builder's duplicate detection when it found any; a build without the check (or
 # without duplicates) has no such file.
@@ -139,17 +140,13 @@ class Sample:
     problems: List[str] = dataclasses.field(default_factory=list)
 
 
-def _is_local(path: str) -> bool:
-    return "://" not in path
-
-
 def _join(folder: str, name: str) -> str:
-    return os.path.join(folder, name) if _is_local(folder) else folder.rstrip("/") + "/" + name
+    return os.path.join(folder, name) if not has_scheme(folder) else folder.rstrip("/") + "/" + name
 
 
 def _open(path: str) -> Optional[BinaryIO]:
     """Opens a local or remote file for reading; None when it does not exist."""
-    if _is_local(path):
+    if not has_scheme(path):
         try:
             return open(path, "rb")
         except FileNotFoundError:
@@ -649,7 +646,7 @@ def write_report(output: str, html_path: Optional[str] = None, per_class: int = 
                                 "(or 'imagerecords[build]')")
     manifest = checkup.load(output)
     html_path = html_path or default_html(manifest)
-    if not _is_local(html_path):
+    if has_scheme(html_path):
         raise errors.UsageError(f"--html {html_path}: the report is written to a local file")
     parent = os.path.dirname(os.path.abspath(html_path))
     if not os.path.isdir(parent):

@@ -45,10 +45,6 @@ class InputInfo:
     header: Optional[str] = None
 
 
-def _is_remote(path: str) -> bool:
-    return refs_lib.has_scheme(path)
-
-
 def _manifest_kind(path: str) -> Optional[str]:
     lower = path.lower()
     if lower.endswith(".csv"):
@@ -66,7 +62,7 @@ def _first_line(message: object) -> str:
 @contextlib.contextmanager
 def _open_input(path: str) -> Iterator[IO[bytes]]:
     """Opens a manifest for reading, turning every failure into an InputError naming it."""
-    if _is_remote(path):
+    if refs_lib.has_scheme(path):
         from apache_beam.io.filesystem import BeamIOError
         from apache_beam.io.filesystems import FileSystems
 
@@ -278,7 +274,7 @@ def check_input(config: BuildConfig, *, ignore_split_column: bool = False) -> In
     path = config.input
     kind = _manifest_kind(path)
     if kind is None:
-        if _is_remote(path):
+        if refs_lib.has_scheme(path):
             _check_remote_folder(path)
         else:
             _check_local_folder(path)
@@ -300,7 +296,7 @@ def _normalize_uri(uri: str) -> str:
 def _check_not_in_input(config: BuildConfig, output: str, remote: bool) -> None:
     """Refuses an output folder that is the folder input or inside it (the next build would list
     the dataset's files as images of a class)."""
-    if _manifest_kind(config.input) is not None or _is_remote(config.input) != remote:
+    if _manifest_kind(config.input) is not None or refs_lib.has_scheme(config.input) != remote:
         return
     if remote:
         out, inp, sep = _normalize_uri(output), _normalize_uri(config.input), "/"
@@ -398,7 +394,7 @@ def check_output(config: BuildConfig) -> None:
     Raises:
       OutputError: naming the output folder and the reason (the OS's, for a failed write).
     """
-    if _is_remote(config.output):
+    if refs_lib.has_scheme(config.output):
         _check_remote_output(config)
     else:
         _check_local_output(config)

@@ -8,18 +8,15 @@ from typing import List, Optional, Tuple
 
 from imagerecords import errors, metadata
 from imagerecords.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, no_manifest_hint, unfinished_hint
-
-
-def _is_local(path: str) -> bool:
-    return "://" not in path
+from imagerecords.refs import has_scheme
 
 
 def _join(folder: str, name: str) -> str:
-    return os.path.join(folder, name) if _is_local(folder) else folder.rstrip("/") + "/" + name
+    return os.path.join(folder, name) if not has_scheme(folder) else folder.rstrip("/") + "/" + name
 
 
 def _read(path: str) -> bytes:
-    if _is_local(path):
+    if not has_scheme(path):
         with open(path, "rb") as f:
             return f.read()
     from imagerecords import publish
@@ -28,7 +25,7 @@ def _read(path: str) -> bytes:
 
 
 def _names(folder: str) -> List[str]:
-    if _is_local(folder):
+    if not has_scheme(folder):
         try:
             return sorted(os.listdir(folder))
         except (FileNotFoundError, NotADirectoryError):

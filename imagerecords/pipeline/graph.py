@@ -62,7 +62,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
             shuffled["plans"] | "ReportPlan" >> beam.Map(_report_plan, progress_dir)
         written = shuffled["shards"] | "WriteShards" >> WriteShards(
             config.output, config.name, labelled["labels"], config.schema, config.image, config.threads,
-            config.write_index, progress_dir)
+            config.write_index, progress_dir, contents=not config.skip_duplicate_check)
     else:
         split_names = [n for n, _ in config.splits] if config.splits else list(config.split_names or ["train"])
         written = labelled["refs"] | "WriteWithBeamSink" >> WriteWithBeamSink(

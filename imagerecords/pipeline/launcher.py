@@ -58,8 +58,7 @@ def _claim_output(config: BuildConfig) -> None:
     """Refuses an output folder that holds files unless --overwrite; with it, clears a killed
     build's staging area (the lock is ours, so no live build owns it)."""
     names = [n for n in publish.list_names(config.output) if n != LOCK]
-    staged = publish.exists(publish.join(publish.staging_dir(config.output), publish.RESULTS)) or bool(
-        publish.list_tree(publish.staging_dir(config.output)))
+    staged = bool(publish.list_tree(publish.staging_dir(config.output)))
     if config.overwrite:
         if staged:
             publish.remove_staging(config.output)

@@ -45,8 +45,9 @@ class _Progress:
 
 class _WriteShardFn(beam.DoFn):
     def __init__(self, output: str, name: str, preset: str, options: codec.ImageOptions, threads: int,
-                 write_index: bool, progress_dir: Optional[str]):
+                 write_index: bool, progress_dir: Optional[str], contents: bool):
         self._output = output
+        self._contents = contents
         self._name = name
         self._preset = preset
         self._options = options
@@ -112,7 +113,7 @@ class _WriteShardFn(beam.DoFn):
         for r in duplicates + rejected:
             self._rejected.inc()
             yield beam.pvalue.TaggedOutput(REJECTED, r)
-        for digest, ref in stats.contents:
+        for digest, ref in stats.contents if self._contents else ():
             yield beam.pvalue.TaggedOutput(CONTENTS, (digest, (ref.key, ref.split, ref.uri)))
         publish.test_pause("mid_shards")
         yield ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
@@ -156,18 +157,19 @@ class WriteShards(beam.PTransform):
     """Writes each (shard key, [ImageRef]) group as one TFRecord shard in `output`'s staging area.
 
     Outputs: main (ShardResult), REJECTED (Rejected: unreadable, undecodable, duplicate key) and
-    CONTENTS ((16-byte digest of the source file, (key, split, uri)) per written image).
+    CONTENTS ((16-byte digest of the source file, (key, split, uri)) per written image; empty
+    with contents=False, when no duplicate check consumes it).
     """
 
     def __init__(self, output: str, name: str, labels, preset: str = "tfds",
                  options: codec.ImageOptions = codec.ImageOptions(), threads: int = 4,
-                 write_index: bool = False, progress_dir: Optional[str] = None):
+                 write_index: bool = False, progress_dir: Optional[str] = None, contents: bool = True):
         super().__init__()
         if not output:
             raise ValueError("WriteShards: output folder is empty")
         if threads < 1:
             raise ValueError(f"WriteShards: threads must be >= 1, got {threads}")
-        self._fn = _WriteShardFn(output, name, preset, options, threads, write_index, progress_dir)
+        self._fn = _WriteShardFn(output, name, preset, options, threads, write_index, progress_dir, contents)
         self._labels = labels
 
     def expand(self, shards):
