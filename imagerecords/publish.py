@@ -27,13 +27,10 @@ import time
 import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from apache_beam.io.filesystem import BeamIOError, CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
-from imagerecords import metadata
+from imagerecords import metadata, storage
 from imagerecords.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
 from imagerecords.manifest import DUPLICATES, ERRORS, LOCK, MANIFEST, STAGING, Manifest, dumps
-from imagerecords.refs import has_scheme
+from imagerecords.storage import exists, is_local, join, list_names, list_tree
 
 log = logging.getLogger(__name__)
 
@@ -45,20 +42,12 @@ COMMIT = "commit.json"
 # Paths ----------------------------------------------------------------------------------------
 
 
-def join(folder: str, *names: str) -> str:
-    return FileSystems.join(folder.rstrip("/"), *names)
-
-
 def staging_dir(output: str) -> str:
     return join(output, STAGING)
 
 
-def is_local(path: str) -> bool:
-    return not has_scheme(path)
-
-
 def read_bytes(uri: str) -> bytes:
-    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with storage.open_read(uri) as f:
         return f.read()
 
 
@@ -67,47 +56,20 @@ def write_bytes(uri: str, data: bytes) -> None:
     the temporary file does not outlive a failed write."""
     tmp = f"{uri}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        with FileSystems.create(tmp, mime_type="application/octet-stream",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with storage.create(tmp) as f:
             f.write(data)
-        FileSystems.rename([tmp], [uri])
+        storage.rename(tmp, uri)
     except BaseException:
         _delete_quietly([tmp])
         raise
 
 
-def exists(uri: str) -> bool:
-    return FileSystems.exists(uri)
-
-
-def list_names(folder: str) -> List[str]:
-    """Names of the files directly in `folder` (hidden ones included; sub-folders' files excluded)."""
-    if is_local(folder):
-        try:
-            return sorted(e.name for e in os.scandir(folder) if not e.is_dir())
-        except FileNotFoundError:
-            return []
-    prefix = folder.rstrip("/") + "/"
-    found = FileSystems.match([prefix + "*"])[0].metadata_list
-    return sorted({m.path[len(prefix):] for m in found if "/" not in m.path[len(prefix):]})
-
-
-def list_tree(folder: str) -> List[str]:
-    """Every file under `folder`, as full paths."""
-    if is_local(folder):
-        out = []
-        for dirpath, _, files in os.walk(folder):
-            out.extend(os.path.join(dirpath, f) for f in files)
-        return sorted(out)
-    return sorted(m.path for m in FileSystems.match([folder.rstrip("/") + "/**"])[0].metadata_list)
-
-
 def _delete_quietly(paths: Sequence[str]) -> None:
     for path in paths:
         try:
-            if FileSystems.exists(path):
-                FileSystems.delete([path])
-        except (BeamIOError, OSError) as e:
+            if exists(path):
+                storage.delete(path)
+        except OSError as e:
             log.warning("could not remove %s: %s", path, e)
 
 
@@ -119,9 +81,7 @@ def remove_staging(output: str) -> None:
 
         shutil.rmtree(staging, ignore_errors=True)
         return
-    files = list_tree(staging)
-    if files:
-        FileSystems.delete(files)
+    storage.delete_all(list_tree(staging))
 
 
 # The build's results (written by the graph, read by the launcher or `finish`) --------------------
@@ -263,7 +223,7 @@ def read_lock(output: str) -> Optional[LockInfo]:
     try:
         data = json.loads(read_bytes(path))
         return LockInfo(**data)
-    except (BeamIOError, OSError):
+    except OSError:
         return None
     except (ValueError, TypeError):
         return LockInfo("unknown", "unknown", -1, "unknown", "unreadable lock file")
@@ -291,9 +251,9 @@ def _create_exclusive(path: str, data: bytes) -> bool:
             return False
         return True
     # Other filesystems have no create-if-absent; check then create (a narrow race, documented).
-    if FileSystems.exists(path):
+    if exists(path):
         return False
-    with FileSystems.create(path) as f:
+    with storage.create(path) as f:
         f.write(data)
     return True
 
@@ -480,7 +440,7 @@ def commit(output: str, results: Optional[BuildResults] = None) -> Manifest:
         staged, final = join(staging, filename), join(output, filename)
         if filename in in_staging:
             _make_parent(final)
-            FileSystems.rename([staged], [final])
+            storage.rename(staged, final)
         elif not exists(final):
             raise UnfinishedBuild(f"cannot publish {output}: {filename} is neither staged nor in place; "
                                   "rerun `imagerecords build ... --overwrite`")
@@ -493,7 +453,7 @@ def commit(output: str, results: Optional[BuildResults] = None) -> Manifest:
     for report in (ERRORS, DUPLICATES):
         staged_report, final_report = join(staging, report), join(output, report)
         if exists(staged_report):
-            FileSystems.rename([staged_report], [final_report])
+            storage.rename(staged_report, final_report)
         elif report == ERRORS and not exists(final_report):
             write_bytes(final_report, b"")
         elif report == DUPLICATES and manifest.num_duplicate_groups < 0:

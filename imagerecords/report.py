@@ -18,6 +18,7 @@ from typing import Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Seque
 from imagerecords import errors, records, schema
 from imagerecords.manifest import ERRORS, Manifest, Split
 from imagerecords.refs import has_scheme
+from imagerecords.storage import exists, join, open_read
 
 # Written by the builder's duplicate detection when it found any; a build without the check (or
 # without duplicates) has no such file.
@@ -140,10 +141,6 @@ class Sample:
     problems: List[str] = dataclasses.field(default_factory=list)
 
 
-def _join(folder: str, name: str) -> str:
-    return os.path.join(folder, name) if not has_scheme(folder) else folder.rstrip("/") + "/" + name
-
-
 def _open(path: str) -> Optional[BinaryIO]:
     """Opens a local or remote file for reading; None when it does not exist."""
     if not has_scheme(path):
@@ -152,12 +149,7 @@ def _open(path: str) -> Optional[BinaryIO]:
         except FileNotFoundError:
             return None
     # Remote folders (gs://, s3://) need Beam's file systems, i.e. the builder extra.
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    if not FileSystems.exists(path):
-        return None
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    return open_read(path) if exists(path) else None
 
 
 def thumbnail(image: bytes, side: int = THUMB_SIDE) -> Tuple[str, Tuple[int, int]]:
@@ -204,7 +196,7 @@ def sample_split(output: str, manifest: Manifest, split: Split, classes: Sequenc
             break
         if len(sample.sizes) >= limit and not missing.intersection(label for label, _ in shard.labels):
             continue
-        path = _join(output, shard.filename)
+        path = join(output, shard.filename)
         stream = _open(path)
         if stream is None:
             sample.problems.append(f"{shard.filename}: missing")
@@ -665,11 +657,11 @@ def write_report(output: str, html_path: Optional[str] = None, per_class: int = 
     taken = sample_split(output, manifest, chosen, classes, per_class, sample) if chosen else None
 
     extras = Extras()
-    stream = _open(_join(output, manifest.errors_file or ERRORS))
+    stream = _open(join(output, manifest.errors_file or ERRORS))
     if stream is not None:
         with stream:
             extras.rejected, extras.skipped, extras.bad_error_lines = read_errors(stream)
-    stream = _open(_join(output, DUPLICATES))
+    stream = _open(join(output, DUPLICATES))
     if stream is not None:
         with stream:
             extras.duplicates, extras.bad_duplicate_lines = read_duplicates(stream)

@@ -257,11 +257,9 @@ def walk_class_folder(
 
 
 def _open_uri(uri: str) -> BinaryIO:
-    # Imported here so this module (and the tests of the walk) need no Beam.
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
+    from imagerecords import storage
 
-    return FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED)
+    return storage.open_read(uri)
 
 
 def read_limited(uri: str, max_bytes: Optional[int] = None,

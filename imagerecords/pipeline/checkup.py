@@ -9,19 +9,12 @@ from typing import List, Optional, Tuple
 from imagerecords import errors, metadata
 from imagerecords.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, no_manifest_hint, unfinished_hint
 from imagerecords.refs import has_scheme
-
-
-def _join(folder: str, name: str) -> str:
-    return os.path.join(folder, name) if not has_scheme(folder) else folder.rstrip("/") + "/" + name
+from imagerecords.storage import join, open_read
 
 
 def _read(path: str) -> bytes:
-    if not has_scheme(path):
-        with open(path, "rb") as f:
-            return f.read()
-    from imagerecords import publish
-
-    return publish.read_bytes(path)
+    with open_read(path) as f:
+        return f.read()
 
 
 def _names(folder: str) -> List[str]:
@@ -45,7 +38,7 @@ def load(output: str) -> Manifest:
       errors.UnfinishedBuild: no manifest, but a staging area (says how to finish or clear it).
       errors.InputError: no manifest at all, or an unreadable one.
     """
-    path = _join(output, MANIFEST)
+    path = join(output, MANIFEST)
     names = _names(output)
     if MANIFEST not in names:
         if STAGING in names:
@@ -67,23 +60,23 @@ def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[s
         if name in listed:
             continue
         if name == STAGING:
-            notes.append(f"{_join(output, STAGING)}: leftover staging area of an unfinished or failed build "
+            notes.append(f"{join(output, STAGING)}: leftover staging area of an unfinished or failed build "
                             "(remove it, or rebuild with --overwrite)")
         elif name == LOCK:
             from imagerecords import publish
 
             holder = publish.read_lock(output)
             state = "stale lock of" if holder and holder.is_dead_here() else "lock held by"
-            notes.append(f"{_join(output, LOCK)}: {state} {holder.describe() if holder else 'an unknown build'}")
+            notes.append(f"{join(output, LOCK)}: {state} {holder.describe() if holder else 'an unknown build'}")
         elif ".tfrecord" in name or name.endswith((".index", ".tmp")):
-            problems.append(f"{_join(output, name)}: not listed in {MANIFEST} (not part of the published dataset)")
+            problems.append(f"{join(output, name)}: not listed in {MANIFEST} (not part of the published dataset)")
     # A stray index file reaches no shard glob, but a reader pairing sorted index and shard lists
     # (DALI's index_path) would read the wrong offsets with it.
-    index_dir = _join(output, metadata.INDEX_DIR)
+    index_dir = join(output, metadata.INDEX_DIR)
     for name in _names(index_dir):
         relative = f"{metadata.INDEX_DIR}/{name}"
         if relative not in listed and not os.path.isdir(os.path.join(index_dir, name)):
-            problems.append(f"{_join(output, relative)}: not listed in {MANIFEST} (an index of no published shard)")
+            problems.append(f"{join(output, relative)}: not listed in {MANIFEST} (an index of no published shard)")
     return problems, notes
 
 
@@ -92,7 +85,7 @@ def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> L
     the shard's frame lengths, read with --records) entries that do not match its frames."""
     from imagerecords import records
 
-    path = _join(output, shard.index_file)
+    path = join(output, shard.index_file)
     try:
         data = _read(path)
     except OSError:  # FileNotFoundError locally; BeamIOError (an IOError) on remote filesystems
@@ -136,8 +129,6 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
     Raises:
       errors.BuildError: when there is no readable manifest.
     """
-    from apache_beam.io.filesystems import FileSystems
-
     from imagerecords.records import FRAME_OVERHEAD, CorruptRecordError, HashingReader, read_records
 
     manifest = load(output)
@@ -145,13 +136,13 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
     names = set(_names(output))
     for split in manifest.splits:
         for shard in split.shards:
-            path = _join(output, shard.filename)
+            path = join(output, shard.filename)
             if shard.filename not in names:
                 problems.append(f"{path}: missing")
                 continue
             count = 0
             frame_lengths = None  # with records: each frame's length, to check the index against
-            with FileSystems.open(path) as f:  # streamed: a shard can be hundreds of MB
+            with open_read(path) as f:  # streamed: a shard can be hundreds of MB
                 stream = HashingReader(f)
                 if records:
                     try:
@@ -189,7 +180,7 @@ def inspect(output: str) -> Tuple[List[str], List[str]]:
         missing = [s.filename for s in split.shards if s.filename not in names]
         lines.append(f"  {split.name}: {split.num_examples} records in {len(split.shards)} shards, "
                      f"{split.num_bytes / 1e6:.1f} MB")
-        problems.extend(f"{_join(output, m)}: missing" for m in missing)
+        problems.extend(f"{join(output, m)}: missing" for m in missing)
     lines.append(f"  rejected: {manifest.num_rejected}, skipped: {manifest.num_skipped} (see {manifest.errors_file})")
     names_shown = ", ".join(manifest.label_names[:20]) + (" ..." if len(manifest.label_names) > 20 else "")
     lines.append(f"  labels: {names_shown}")
