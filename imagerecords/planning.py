@@ -136,17 +136,22 @@ def finish_plan(plan: CoarsePlan, values: Iterable[Tuple[int, int]]) -> ShardPla
                      tuple(by_index[i] for i in range(1, plan.num_shards)))
 
 
-def plan_shards(split: str, sorted_hashes: Sequence[int], num_bytes: int, num_shards: int) -> ShardPlan:
-    """The same plan from a split's hashes in one list (small splits, tests): through the bucket
-    counts, so both paths are one algorithm."""
-    acc: Tuple[Dict[int, int], int] = ({}, 0)
-    for h in sorted_hashes:
-        acc = add_to_counts(acc, h, 0)
-    coarse = coarse_plan(split, acc[0], num_bytes, num_shards)
-    values = []
-    for bucket in sorted(coarse.buckets):
-        members = sorted(h for h in sorted_hashes if h >> _SHIFT == bucket)
-        values.extend(cut_values(coarse, bucket, members))
+def plan_shards(split: str, hashes: Sequence[int], num_bytes: int, num_shards: int) -> ShardPlan:
+    """The same plan from a split's hashes held in one process (the in-process engine, tests):
+    the same bucket counts and boundary-bucket sort, so both paths are one algorithm. Two passes
+    over `hashes` (any order); only the boundary buckets' hashes are copied and sorted."""
+    counts: Dict[int, int] = {}
+    for h in hashes:
+        b = h >> _SHIFT
+        counts[b] = counts.get(b, 0) + 1
+    coarse = coarse_plan(split, counts, num_bytes, num_shards)
+    members: Dict[int, List[int]] = {b: [] for b in coarse.buckets}
+    if members:
+        for h in hashes:
+            found = members.get(h >> _SHIFT)
+            if found is not None:
+                found.append(h)
+    values = [v for b in sorted(members) for v in cut_values(coarse, b, sorted(members[b]))]
     return finish_plan(coarse, values)
 
 

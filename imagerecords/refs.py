@@ -93,6 +93,11 @@ class DuplicateGroup:
                           sort_keys=True, ensure_ascii=False)
 
 
+def is_manifest(path: str) -> bool:
+    """Whether --input names a manifest (.csv, .jsonl, .ndjson) rather than a class-folder tree."""
+    return path.lower().endswith((".csv", ".jsonl", ".ndjson"))
+
+
 def has_scheme(path: str) -> bool:
     return bool(_SCHEME_RE.match(path))
 

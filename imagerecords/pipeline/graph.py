@@ -7,23 +7,15 @@ from typing import Mapping, Optional
 import apache_beam as beam
 
 from imagerecords import refs as refs_lib
+from imagerecords import stages
 from imagerecords.config import BuildConfig
 from imagerecords.transforms import (AssignLabels, FindDuplicates, GlobalShuffle, ListImages, ReadManifest,
                                      RecordResults, WriteShards, WriteWithBeamSink)
 from imagerecords.transforms.common import CONTENTS, REJECTED
-from imagerecords.transforms.listing import is_manifest
 
 
 def _report_plan(item, progress_dir: str) -> None:
-    """Local runs: tells the launcher's progress line how many images each split holds."""
-    import json
-    import os
-
-    split, plan = item
-    tmp = os.path.join(progress_dir, f".plan-{split}.tmp")
-    with open(tmp, "w") as f:
-        json.dump({"split": split, "count": plan.count, "num_shards": plan.num_shards}, f)
-    os.replace(tmp, os.path.join(progress_dir, f"plan-{split}.plan"))
+    stages.report_plan(item[1], progress_dir)
 
 
 def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, versions: Mapping[str, str],
@@ -44,7 +36,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
     Returns:
       A PCollection holding the single publish.BuildResults written.
     """
-    if is_manifest(config.input):
+    if refs_lib.is_manifest(config.input):
         columns = refs_lib.ManifestColumns(config.path_column, config.label_column, config.split_column, config.key_column,
                                            config.size_column)
         listed = p | "ReadManifest" >> ReadManifest(config.input, columns, config.image.max_file_bytes, csv_header,

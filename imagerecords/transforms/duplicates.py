@@ -6,16 +6,16 @@ from typing import Iterable, Tuple
 
 import apache_beam as beam
 
+from imagerecords import stages
 from imagerecords.refs import DuplicateGroup
 
 __all__ = ["FindDuplicates"]
 
 
 def _group(item: Tuple[bytes, Iterable[Tuple[str, str, str]]]) -> Iterable[DuplicateGroup]:
-    digest, members = item
-    members = tuple(sorted(set(members)))
-    if len(members) > 1:
-        yield DuplicateGroup(digest.hex(), members)
+    group = stages.duplicate_group(*item)
+    if group is not None:
+        yield group
 
 
 class FindDuplicates(beam.PTransform):

@@ -2,43 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
-import re
 from typing import Iterable, Optional, Sequence, Tuple, Union
 
 import apache_beam as beam
 
 from imagerecords import refs as refs_lib
+from imagerecords import stages
 from imagerecords.refs import ImageRef, LabelMap, Rejected
 from imagerecords.transforms.common import REJECTED
 
 __all__ = ["AssignLabels"]
 
-_SPLIT_RE = re.compile(r"^[A-Za-z0-9_]+$")
-
-
-def _assign(
-    ref: ImageRef,
-    labels: LabelMap,
-    splits: Optional[Sequence[Tuple[str, float]]],
-    split_seed: int,
-) -> Iterable[Union[ImageRef, beam.pvalue.TaggedOutput]]:
-    if splits:
-        split = refs_lib.assign_split(splits, split_seed, ref.key)
-    else:
-        split = ref.split or "train"
-    if not _SPLIT_RE.match(split):
-        yield beam.pvalue.TaggedOutput(
-            REJECTED, Rejected(ref.uri, f"split name {split!r} has characters other than letters, digits, '_'", ref.key, split,
-                               stage="label")
-        )
-        return
-    label_id = labels.label_id(ref.label)
-    if label_id is None:
-        yield beam.pvalue.TaggedOutput(
-            REJECTED, Rejected(ref.uri, f"label {ref.label!r} is not in the label map", ref.key, split, stage="label"))
-        return
-    yield dataclasses.replace(ref, split=split, label_id=label_id)
+def _assign(ref: ImageRef, labels: LabelMap, splits: Optional[Sequence[Tuple[str, float]]],
+            split_seed: int) -> Iterable[Union[ImageRef, beam.pvalue.TaggedOutput]]:
+    out = stages.assign(ref, labels, splits, split_seed)
+    yield beam.pvalue.TaggedOutput(REJECTED, out) if isinstance(out, Rejected) else out
 
 
 class AssignLabels(beam.PTransform):

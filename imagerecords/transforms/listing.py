@@ -6,20 +6,15 @@ from typing import Iterable, Optional, Union
 
 import apache_beam as beam
 from apache_beam.io import fileio
-from apache_beam.io.filesystem import BeamIOError, FileMetadata
-from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.filesystem import FileMetadata
 from apache_beam.metrics import Metrics
 
 from imagerecords import refs as refs_lib
-from imagerecords import sources
-from imagerecords.refs import ImageRef, ManifestColumns, Rejected
+from imagerecords import sources, stages
+from imagerecords.refs import ImageRef, ManifestColumns, Rejected, is_manifest
 from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
 
 __all__ = ["ListImages", "ReadManifest", "is_manifest"]
-
-
-def is_manifest(path: str) -> bool:
-    return path.lower().endswith((".csv", ".jsonl", ".ndjson"))
 
 
 def _check_max_file_bytes(owner: str, max_file_bytes: Optional[int]) -> None:
@@ -159,58 +154,16 @@ class _ManifestRowFn(beam.DoFn):
         self._header = header
         self._columns = columns
         self._max_file_bytes = max_file_bytes
-        self._base = refs_lib.dirname(manifest)
 
     def setup(self):
         self._parse = refs_lib.csv_row_parser(self._header) if self._header is not None else refs_lib.parse_jsonl_line
         self._listed = Metrics.counter(METRICS_NAMESPACE, "listed")
 
     def process(self, line: str) -> Iterable[Union[ImageRef, beam.pvalue.TaggedOutput]]:
-        if not line.strip():
-            return
-        self._listed.inc()
-        try:
-            row = self._parse(line)
-        except ValueError as e:
-            yield _tagged(Rejected(line, f"{self._manifest}: bad manifest line: {sources.stable_text(str(e))}",
-                                   stage="list", error=type(e).__name__))
-            return
-        ref, rejected = refs_lib.parse_manifest_row(row, self._base, self._columns)
-        if rejected is not None:
-            yield _tagged(rejected)
-            return
-        if ref.size >= 0 or not self._stat:  # the manifest gave the size, or the user skips the lookup
-            size, problem = ref.size, None
-        else:
-            size, problem = self._size(ref)
-        if problem is not None:
-            reason, error = problem
-            yield _tagged(Rejected(ref.uri, reason, ref.key, ref.split, stage="list", error=error))
-            return
-        too_big = sources.size_refusal(size, self._max_file_bytes)
-        if too_big is not None:
-            yield _tagged(Rejected(ref.uri, too_big, ref.key, ref.split, stage="read"))
-            return
-        yield ImageRef(ref.key, ref.uri, ref.label, ref.split, size)
-
-    @staticmethod
-    def _size(ref: ImageRef):
-        """Returns (size, None), or (-1, (reason, error type)) when the file cannot be listed."""
-        if not refs_lib.has_scheme(ref.uri):
-            # Local: stat only (a FIFO, dangling symlink or folder is a row, never opened).
-            found = sources.probe(ref.uri)
-            if found.kind == "file":
-                return found.size, None
-            if found.kind == "dir":
-                return -1, ("a folder, not a file", "")
-            return -1, (found.reason, found.error)
-        try:
-            matched = [m for m in FileSystems.match([ref.uri])[0].metadata_list if m.path == ref.uri]
-        except BeamIOError as e:
-            return -1, (f"file not found ({sources.describe_os_error(e)})", type(e).__name__)
-        if not matched:
-            return -1, ("file not found", "")
-        return matched[0].size_in_bytes, None
+        out = stages.manifest_row(line, self._parse, self._manifest, self._columns, self._max_file_bytes, self._stat)
+        if out is not None:
+            self._listed.inc()
+            yield _tagged(out)
 
 
 class ReadManifest(beam.PTransform):

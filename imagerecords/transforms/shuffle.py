@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import apache_beam as beam
 
 from imagerecords import refs as refs_lib
-from imagerecords import planning
+from imagerecords import planning, stages
 from imagerecords.planning import ShardPlan
 from imagerecords.refs import ImageRef
 from imagerecords.transforms.coders import KeyedRef, ShardGroup, ShardKey
@@ -123,10 +123,7 @@ class GlobalShuffle(beam.PTransform):
 
         def in_order(item) -> Tuple[Tuple[str, int, int], List[ImageRef]]:
             key, members = item
-            # Hash order; the rest of the key only orders repeats of one key, so which repeat is
-            # kept (and which rejected as a duplicate) never depends on the runner's grouping.
-            hashed = sorted(filter(None, members), key=lambda hr: (hr[0], hr[1].key, hr[1].uri, hr[1].label or "", hr[1].label_id))
-            return key, [r for _, r in hashed]
+            return key, stages.shard_order(filter(None, members))
 
         shards = (
             (keyed, every_shard)

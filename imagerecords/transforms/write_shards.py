@@ -3,44 +3,17 @@
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
-import json
-import os
-import time
-import uuid
 from typing import Iterable, List, Optional, Tuple, Union
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from imagerecords import codec, metadata, planning, publish, records, shard_writer
-from imagerecords.manifest import Shard
+from imagerecords import codec, shard_writer, stages
 from imagerecords.metadata import ShardResult
 from imagerecords.refs import ImageRef, LabelMap
 from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, REJECTED
 
 __all__ = ["WriteShards"]
-
-
-class _Progress:
-    """Reports a shard's progress as a small JSON file the local launcher sums up (local runs only)."""
-
-    def __init__(self, progress_dir: Optional[str], name: str, total: int):
-        self._path = os.path.join(progress_dir, name + ".json") if progress_dir else None
-        self._total = total
-        self._last = 0.0
-
-    def __call__(self, done: int, rejected: int, force: bool = False) -> None:
-        now = time.monotonic()
-        if self._path is None or (not force and now - self._last < 0.5):
-            return
-        self._last = now
-        tmp = f"{self._path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"done": done, "rejected": rejected, "total": self._total}, f)
-        os.replace(tmp, self._path)
 
 
 class _WriteShardFn(beam.DoFn):
@@ -69,88 +42,20 @@ class _WriteShardFn(beam.DoFn):
 
     def process(self, element: Tuple[Tuple[str, int, int], List[ImageRef]], labels: LabelMap
                 ) -> Iterable[Union[ShardResult, beam.pvalue.TaggedOutput]]:
-        (split, index, num_shards), refs = element
-        publish.test_pause("before_shards")
-        filename = planning.shard_name(self._name, split, index, num_shards)
-        staging = publish.staging_dir(self._output)
-        staged = FileSystems.join(staging, filename)
-        # A unique temporary name per attempt: a retried or speculative bundle never writes into
-        # another attempt's file, and the last rename wins with identical bytes.
-        tmp = FileSystems.join(staging, f".{filename}.{uuid.uuid4().hex}.tmp")
-        kept, duplicates = shard_writer.dedupe_sorted(refs)
-        progress = _Progress(self._progress_dir, filename, len(refs))
-
-        def on_progress(done: int, rejected: int) -> None:
-            progress(done + len(duplicates), rejected + len(duplicates))
-            if done == len(kept) // 2:
-                _fail_once_for_tests(filename)
-
-        try:
-            with FileSystems.create(tmp, mime_type="application/octet-stream",
-                                    compression_type=CompressionTypes.UNCOMPRESSED) as stream:
-                stats, rejected = shard_writer.write_shard(
-                    kept, stream, read_bytes=self._read, preset=self._preset, labels=labels,
-                    options=self._options, executor=self._executor, window=2 * self._threads,
-                    on_progress=on_progress,
-                )
-            FileSystems.rename([tmp], [staged])
-        except BaseException:
-            if FileSystems.exists(tmp):
-                FileSystems.delete([tmp])
-            raise
-        progress(len(refs), len(duplicates) + len(rejected), force=True)
-        _log_writer(filename, stats.count)
-        index_file = index_sha256 = None
-        if self._write_index:
-            # tfrecord2idx format (records.format_index), in the index folder no shard glob reaches.
-            index_file = metadata.index_name(filename)
-            index_data = records.format_index(records.index_entries(stats.offsets, stats.num_bytes))
-            index_sha256 = hashlib.sha256(index_data).hexdigest()
-            publish.write_bytes(FileSystems.join(staging, index_file), index_data)
-        self._written.inc(stats.count)
-        self._passthrough.inc(stats.passthrough)
-        self._bytes.inc(stats.num_bytes)
-        for r in duplicates + rejected:
+        shard, refs = element
+        staged = stages.stage_shard(
+            shard, refs, output=self._output, name=self._name, preset=self._preset, labels=labels,
+            options=self._options, read_bytes=self._read, executor=self._executor, window=2 * self._threads,
+            write_index=self._write_index, progress_dir=self._progress_dir, contents=self._contents)
+        self._written.inc(staged.result.shard.count)
+        self._passthrough.inc(staged.passthrough)
+        self._bytes.inc(staged.result.shard.num_bytes)
+        for r in staged.rejected:
             self._rejected.inc()
             yield beam.pvalue.TaggedOutput(REJECTED, r)
-        for digest, ref in stats.contents if self._contents else ():
+        for digest, ref in staged.contents:
             yield beam.pvalue.TaggedOutput(CONTENTS, (digest, (ref.key, ref.split, ref.uri)))
-        publish.test_pause("mid_shards")
-        yield ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
-                          stats.passthrough, index_file, index_sha256))
-
-
-def _fail_once_for_tests(filename: str) -> None:
-    """Test hook: with IMAGERECORDS_TEST_FAIL_ONCE=PATH, the first shard writer to get half-way
-    through a shard creates PATH and fails, so a test sees the runner retry a shard mid-write."""
-    marker = os.environ.get("IMAGERECORDS_TEST_FAIL_ONCE")
-    if not marker:
-        return
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return
-    os.close(fd)
-    raise RuntimeError(f"test hook: failing once in the middle of {filename}")
-
-
-def _log_writer(filename: str, count: int) -> None:
-    """Debug hook: with IMAGERECORDS_WRITER_LOG=DIR, records which process wrote each shard as
-    DIR/<shard>.json ({shard, records, host, pid, ppid, cpu_s}: cpu_s is the writing process's CPU
-    seconds so far), so a test or an operator can see where the work ran (on a cluster, DIR must be a
-    local folder of each worker's host). The last successful attempt of a shard wins."""
-    log_dir = os.environ.get("IMAGERECORDS_WRITER_LOG")
-    if not log_dir:
-        return
-    import socket
-
-    os.makedirs(log_dir, exist_ok=True)
-    path = os.path.join(log_dir, filename + ".json")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"shard": filename, "records": count, "host": socket.gethostname(), "pid": os.getpid(),
-                   "ppid": os.getppid(), "cpu_s": time.process_time()}, f)
-    os.replace(tmp, path)
+        yield staged.result
 
 
 class WriteShards(beam.PTransform):

@@ -1,0 +1,291 @@
+"""The work of each build stage as plain functions, importable without Beam.
+
+`transforms/` wires them into the Beam graph (one DoFn or Map per function); the in-process engine
+(`pipeline/inprocess.py`) calls the same functions directly. One definition of every step is what
+keeps the two byte-identical.
+
+    manifest_row     a manifest line → ImageRef or Rejected           (ReadManifest)
+    assign           split and label id of a ref, or Rejected         (AssignLabels)
+    shard_order      a shard's refs in hash order                     (GlobalShuffle)
+    stage_shard      one shard written into staging                   (WriteShards)
+    duplicate_group  identical files under different keys            (FindDuplicates)
+    record_results   errors.jsonl, duplicates.jsonl, results.json     (RecordResults)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import time
+import uuid
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from imagerecords import codec, metadata, planning, publish, records, shard_writer, sources, storage
+from imagerecords import refs as refs_lib
+from imagerecords.manifest import DUPLICATES, ERRORS, Shard
+from imagerecords.metadata import ShardResult
+from imagerecords.refs import DuplicateGroup, ImageRef, LabelMap, ManifestColumns, Rejected
+
+# Listing ------------------------------------------------------------------------------------------
+
+
+def manifest_row(line: str, parse: Callable[[str], Mapping[str, Any]], manifest: str, columns: ManifestColumns,
+                 max_file_bytes: Optional[int], stat: bool = True) -> Optional[Union[ImageRef, Rejected]]:
+    """One manifest line as a ref, or the row saying why not; None for a blank line.
+
+    Args:
+      parse: turns the line into a {column: value} row (refs.csv_row_parser(header) or
+        refs.parse_jsonl_line); raises ValueError for a malformed line.
+      manifest: the manifest's path (relative paths resolve against its folder).
+      stat: look up the size of a row without one (a missing file is rejected here); without it a
+        missing file is rejected when its shard reads it.
+    """
+    if not line.strip():
+        return None
+    try:
+        row = parse(line)
+    except ValueError as e:
+        return Rejected(line, f"{manifest}: bad manifest line: {sources.stable_text(str(e))}", stage="list",
+                        error=type(e).__name__)
+    ref, rejected = refs_lib.parse_manifest_row(row, refs_lib.dirname(manifest), columns)
+    if rejected is not None:
+        return rejected
+    if ref.size >= 0 or not stat:  # the manifest gave the size, or the user skips the lookup
+        size, problem = ref.size, None
+    else:
+        size, problem = _size(ref)
+    if problem is not None:
+        reason, error = problem
+        return Rejected(ref.uri, reason, ref.key, ref.split, stage="list", error=error)
+    too_big = sources.size_refusal(size, max_file_bytes)
+    if too_big is not None:
+        return Rejected(ref.uri, too_big, ref.key, ref.split, stage="read")
+    return ImageRef(ref.key, ref.uri, ref.label, ref.split, size)
+
+
+def _size(ref: ImageRef) -> Tuple[int, Optional[Tuple[str, str]]]:
+    """Returns (size, None), or (-1, (reason, error type)) when the file cannot be listed."""
+    if storage.is_local(ref.uri):
+        # Local: stat only (a FIFO, dangling symlink or folder is a row, never opened).
+        found = sources.probe(ref.uri)
+        if found.kind == "file":
+            return found.size, None
+        if found.kind == "dir":
+            return -1, ("a folder, not a file", "")
+        return -1, (found.reason, found.error)
+    from apache_beam.io.filesystem import BeamIOError
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        matched = [m for m in FileSystems.match([ref.uri])[0].metadata_list if m.path == ref.uri]
+    except BeamIOError as e:
+        return -1, (f"file not found ({sources.describe_os_error(e)})", type(e).__name__)
+    if not matched:
+        return -1, ("file not found", "")
+    return matched[0].size_in_bytes, None
+
+
+# Labels and splits --------------------------------------------------------------------------------
+
+_SPLIT_RE = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def assign(ref: ImageRef, labels: LabelMap, splits: Optional[Sequence[Tuple[str, float]]],
+           split_seed: int) -> Union[ImageRef, Rejected]:
+    """The ref with its split and label id set, or the row saying why it has none."""
+    if splits:
+        split = refs_lib.assign_split(splits, split_seed, ref.key)
+    else:
+        split = ref.split or "train"
+    if not _SPLIT_RE.match(split):
+        return Rejected(ref.uri, f"split name {split!r} has characters other than letters, digits, '_'", ref.key,
+                        split, stage="label")
+    label_id = labels.label_id(ref.label)
+    if label_id is None:
+        return Rejected(ref.uri, f"label {ref.label!r} is not in the label map", ref.key, split, stage="label")
+    return dataclasses.replace(ref, split=split, label_id=label_id)
+
+
+# The shuffle --------------------------------------------------------------------------------------
+
+
+def shard_order(members: Iterable[Tuple[int, ImageRef]]) -> List[ImageRef]:
+    """A shard's (shuffle hash, ref) pairs as refs in hash order. The rest of the sort key only
+    orders repeats of one key, so which repeat is kept (and which rejected as a duplicate) never
+    depends on how the runner grouped them."""
+    ordered = sorted(members, key=lambda hr: (hr[0], hr[1].key, hr[1].uri, hr[1].label or "", hr[1].label_id))
+    return [r for _, r in ordered]
+
+
+# Writing a shard ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class StagedShard:
+    """What stage_shard wrote: the shard, the inputs it turned away, and (with contents) the
+    (16-byte source digest, ref) of every record written, for the duplicate check."""
+
+    result: ShardResult
+    rejected: List[Rejected]
+    contents: List[Tuple[bytes, ImageRef]]
+    passthrough: int
+
+
+class ShardProgress:
+    """Reports a shard's progress as a small JSON file the local launcher sums up (local runs only)."""
+
+    def __init__(self, progress_dir: Optional[str], name: str, total: int):
+        self._path = os.path.join(progress_dir, name + ".json") if progress_dir else None
+        self._total = total
+        self._last = 0.0
+
+    def __call__(self, done: int, rejected: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._path is None or (not force and now - self._last < 0.5):
+            return
+        self._last = now
+        tmp = f"{self._path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"done": done, "rejected": rejected, "total": self._total}, f)
+        os.replace(tmp, self._path)
+
+
+def report_plan(plan: planning.ShardPlan, progress_dir: str) -> None:
+    """Local runs: tells the launcher's progress line how many images a split holds."""
+    tmp = os.path.join(progress_dir, f".plan-{plan.split}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"split": plan.split, "count": plan.count, "num_shards": plan.num_shards}, f)
+    os.replace(tmp, os.path.join(progress_dir, f"plan-{plan.split}.plan"))
+
+
+def stage_shard(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, output: str, name: str, preset: str,
+                labels: LabelMap, options: codec.ImageOptions, read_bytes: Callable[[str], bytes],
+                executor: Optional[concurrent.futures.Executor], window: int, write_index: bool,
+                progress_dir: Optional[str], contents: bool,
+                cancelled: Optional[Callable[[], bool]] = None) -> StagedShard:
+    """Writes one shard (refs in hash order) to a temporary file in `output`'s staging area and
+    renames it to its shard name when complete; with write_index, its tfrecord2idx index too.
+
+    Args:
+      shard: (split, shard index, number of shards of the split).
+      executor, window: where images are read and prepared, and how many at once (bounded memory).
+      contents: keep each written record's source digest (for FindDuplicates).
+      cancelled: polled once per image; when it returns True the write stops (KeyboardInterrupt).
+    """
+    split, index, num_shards = shard
+    publish.test_pause("before_shards")
+    filename = planning.shard_name(name, split, index, num_shards)
+    staging = publish.staging_dir(output)
+    staged = storage.join(staging, filename)
+    # A unique temporary name per attempt: a retried or speculative bundle never writes into
+    # another attempt's file, and the last rename wins with identical bytes.
+    tmp = storage.join(staging, f".{filename}.{uuid.uuid4().hex}.tmp")
+    kept, duplicates = shard_writer.dedupe_sorted(refs)
+    progress = ShardProgress(progress_dir, filename, len(refs))
+
+    def on_progress(done: int, rejected: int) -> None:
+        if cancelled is not None and cancelled():
+            raise KeyboardInterrupt(f"cancelled while writing {filename}")
+        progress(done + len(duplicates), rejected + len(duplicates))
+        if done == len(kept) // 2:
+            _fail_once_for_tests(filename)
+
+    try:
+        with storage.create(tmp) as stream:
+            stats, rejected = shard_writer.write_shard(
+                kept, stream, read_bytes=read_bytes, preset=preset, labels=labels, options=options,
+                executor=executor, window=window, on_progress=on_progress)
+        storage.rename(tmp, staged)
+    except BaseException:
+        if storage.exists(tmp):
+            storage.delete(tmp)
+        raise
+    progress(len(refs), len(duplicates) + len(rejected), force=True)
+    _log_writer(filename, stats.count)
+    index_file = index_sha256 = None
+    if write_index:
+        # tfrecord2idx format (records.format_index), in the index folder no shard glob reaches.
+        index_file = metadata.index_name(filename)
+        index_data = records.format_index(records.index_entries(stats.offsets, stats.num_bytes))
+        index_sha256 = hashlib.sha256(index_data).hexdigest()
+        publish.write_bytes(storage.join(staging, index_file), index_data)
+    publish.test_pause("mid_shards")
+    result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
+                                      stats.passthrough, index_file, index_sha256))
+    return StagedShard(result, duplicates + rejected, stats.contents if contents else [], stats.passthrough)
+
+
+def _fail_once_for_tests(filename: str) -> None:
+    """Test hook: with IMAGERECORDS_TEST_FAIL_ONCE=PATH, the first shard writer to get half-way
+    through a shard creates PATH and fails, so a test sees the runner retry a shard mid-write."""
+    marker = os.environ.get("IMAGERECORDS_TEST_FAIL_ONCE")
+    if not marker:
+        return
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.close(fd)
+    raise RuntimeError(f"test hook: failing once in the middle of {filename}")
+
+
+def _log_writer(filename: str, count: int) -> None:
+    """Debug hook: with IMAGERECORDS_WRITER_LOG=DIR, records which process wrote each shard as
+    DIR/<shard>.json ({shard, records, host, pid, ppid, cpu_s}: cpu_s is the writing process's CPU
+    seconds so far), so a test or an operator can see where the work ran (on a cluster, DIR must be a
+    local folder of each worker's host). The last successful attempt of a shard wins."""
+    log_dir = os.environ.get("IMAGERECORDS_WRITER_LOG")
+    if not log_dir:
+        return
+    import socket
+
+    os.makedirs(log_dir, exist_ok=True)
+    path = os.path.join(log_dir, filename + ".json")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"shard": filename, "records": count, "host": socket.gethostname(), "pid": os.getpid(),
+                   "ppid": os.getppid(), "cpu_s": time.process_time()}, f)
+    os.replace(tmp, path)
+
+
+# Duplicates and results ---------------------------------------------------------------------------
+
+
+def duplicate_group(digest: bytes, members: Iterable[Tuple[str, str, str]]) -> Optional[DuplicateGroup]:
+    """The group of (key, split, uri) sharing one content digest, or None when only one key has it."""
+    unique = tuple(sorted(set(members)))
+    return DuplicateGroup(digest.hex(), unique) if len(unique) > 1 else None
+
+
+def errors_jsonl(rejected: Sequence[Rejected]) -> bytes:
+    """errors.jsonl: one row per rejected or skipped input, in a fixed order."""
+    rows = sorted(rejected, key=lambda r: (r.split, r.key, r.uri, r.stage, r.reason))
+    return "".join(r.to_json() + "\n" for r in rows).encode("utf-8")
+
+
+def duplicates_jsonl(groups: Sequence[DuplicateGroup]) -> bytes:
+    """duplicates.jsonl: one row per group of identical files, groups that leak across splits first."""
+    rows = sorted(groups, key=lambda g: (not g.leaks, g.members))
+    return "".join(g.to_json() + "\n" for g in rows).encode("utf-8")
+
+
+def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected], labels: LabelMap,
+                   duplicates: Sequence[DuplicateGroup], *, output: str, build: Mapping[str, Any],
+                   find_duplicates: bool) -> publish.BuildResults:
+    """Writes errors.jsonl, duplicates.jsonl (when looked for) and, last, results.json into staging:
+    the presence of results.json says every shard was written."""
+    staging = publish.staging_dir(output)
+    publish.write_bytes(storage.join(staging, ERRORS), errors_jsonl(rejected))
+    if find_duplicates:
+        publish.write_bytes(storage.join(staging, DUPLICATES), duplicates_jsonl(duplicates))
+    skipped = sum(1 for r in rejected if r.skipped)
+    out = publish.BuildResults(labels=labels.to_json(), shards=tuple(sorted(results, key=lambda r: (r.split, r.index))),
+                               num_rejected=len(rejected) - skipped, num_skipped=skipped,
+                               num_duplicate_groups=len(duplicates) if find_duplicates else -1,
+                               num_leaking_groups=sum(1 for g in duplicates if g.leaks), **build)
+    publish.write_bytes(storage.join(staging, publish.RESULTS), publish.dumps(out.to_json()))
+    return out
