@@ -21,12 +21,13 @@ def skip_unless_ci(reason):
     pytest.skip(reason)
 
 
-def build(input_path, output, *extra, workers=1):
-    """Runs a real build on DirectRunner and returns the manifest it wrote."""
+def build(input_path, output, *extra, workers=None):
+    """Runs a real build and returns the manifest it wrote: on the in-process engine (the local
+    default), or with `workers` on Beam's DirectRunner with that many workers."""
     from imagerecords.pipeline import run
 
-    return run(["--input", str(input_path), "--output", str(output), "--no_progress",
-                f"--direct_num_workers={workers}", *map(str, extra)])
+    beam = [f"--direct_num_workers={workers}"] if workers else []
+    return run(["--input", str(input_path), "--output", str(output), "--no_progress", *beam, *map(str, extra)])
 
 
 def shard_files(output):

@@ -21,8 +21,12 @@ from imagerecords.manifest import LOCK, MANIFEST, STAGING
 from imagerecords.pipeline import cli
 
 ARGS = ["--splits", "train=0.7,validation=0.3", "--num_shards", "3", "--max_reject_fraction", "0.05",
-        "--no_progress", "--direct_num_workers=1"]
+        "--no_progress"]
 PHASES = ("before_shards", "mid_shards", "before_commit", "in_commit")
+# The local default is the in-process engine; a Beam option puts the same build on DirectRunner.
+ENGINES = {"in-process": [], "DirectRunner": ["--direct_num_workers=1"]}
+# Every phase on the in-process engine; DirectRunner where its worker threads are killed mid-write.
+KILLS = [(phase, engine) for phase in PHASES for engine in ENGINES if engine == "in-process" or phase == "mid_shards"]
 
 
 def _env(**extra):
@@ -94,15 +98,15 @@ def clean(image_tree, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("phase,engine", KILLS)
 @pytest.mark.parametrize("over", ["fresh", "published"])
-def test_kill_matrix(clean, tmp_path, phase, over):
+def test_kill_matrix(clean, tmp_path, phase, engine, over):
     root, clean_out, old = clean
     out = tmp_path / "out"
     if over == "published":
         shutil.copytree(old, out)
     before = snapshot(out) if over == "published" else {}
-    kill_at(phase, root, out, str(tmp_path), "--overwrite")
+    kill_at(phase, root, out, str(tmp_path), "--overwrite", *ENGINES[engine])
     assert (out / LOCK).exists()  # a killed build cannot clean up; its lock is stale (pid gone)
     if phase == "in_commit":
         # Inside the commit: the old dataset is unpublished, the new one not yet; readers refuse.
@@ -130,7 +134,7 @@ def test_kill_matrix(clean, tmp_path, phase, over):
     else:
         assert not glob.glob(str(out / "*.tfrecord*")) and not (out / MANIFEST).exists()
     # The rerun takes over the stale lock, clears the staging area and gives the clean bytes.
-    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--overwrite")
+    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--overwrite", *ENGINES[engine])
     assert code == 0, err
     assert "took over the lock" in err
     assert_same_dataset(out, clean_out)
@@ -275,10 +279,10 @@ def test_odd_inputs_are_rows_and_two_builds_give_identical_errors(clean, tmp_pat
     (tree / "square" / "text.png").write_text("not a png")
     (tree / "README.txt").write_text("about these images")
     outs = []
-    for name in ("one", "two"):
-        out = tmp_path / name
+    for engine in ENGINES:  # two builds, one per engine
+        out = tmp_path / engine
         code, text, err = cli_run("build", "--input", tree, "--output", out, "--max_file_mb", "2",
-                                  "--max_reject_fraction", "0.5", "--no_progress", "--direct_num_workers=1", timeout=300)
+                                  "--max_reject_fraction", "0.5", "--no_progress", *ENGINES[engine], timeout=300)
         assert code == 0, err
         outs.append(out)
     rows = [json.loads(line) for line in open(outs[0] / "errors.jsonl")]
@@ -294,6 +298,7 @@ def test_odd_inputs_are_rows_and_two_builds_give_identical_errors(clean, tmp_pat
     assert manifest["num_rejected"] == 6 and manifest["num_skipped"] == 1
     assert sum(s["num_examples"] for s in manifest["splits"].values()) == 20  # 10 squares + 10 circles via the link
     assert open(outs[0] / "errors.jsonl", "rb").read() == open(outs[1] / "errors.jsonl", "rb").read()
+    assert_same_dataset(outs[0], outs[1])
 
 
 def test_inspect_reads_json_without_tensorflow_or_beam(clean):

@@ -14,7 +14,7 @@ from conftest import build
 from imagerecords import errors, publish
 from imagerecords.manifest import LOCK, MANIFEST, STAGING
 from tests.support.gcs import SKIP_REASON, GcsEmulator, emulator_available
-from test_failures import ARGS, kill_at, without_created
+from test_failures import ARGS, kill_at, without_created  # ARGS[:-1]: without --no_progress, which build() adds
 
 pytestmark = [pytest.mark.gcs, pytest.mark.skipif(not emulator_available(), reason=SKIP_REASON)]
 
@@ -30,7 +30,7 @@ def published(emulator, image_tree, tmp_path_factory):
     """A local clean build (the expected bytes), and a bucket holding the images."""
     root, _ = image_tree
     local = tmp_path_factory.mktemp("gcs_publish") / "clean"
-    build(root, local, *ARGS[:-2])
+    build(root, local, *ARGS[:-1])
     bucket = f"pub-{uuid.uuid4().hex[:8]}"
     emulator.create_bucket(bucket)
     emulator.upload_tree(root, f"gs://{bucket}/images")
@@ -77,12 +77,12 @@ def test_failed_rebuild_and_kills_leave_the_gcs_dataset_whole(emulator, publishe
     root, local, bucket = published
     images, out = f"gs://{bucket}/images", f"gs://{bucket}/ds"
     with emulator.activated():
-        build(images, out, *ARGS[:-2], "--seed", "5")
+        build(images, out, *ARGS[:-1], "--seed", "5")
         before = visible(emulator, out)
         assert MANIFEST in before
         # Over budget: the published dataset stays byte-identical.
         with pytest.raises(errors.BudgetExceeded):
-            build(images, out, *ARGS[:-2], "--overwrite", "--max_reject_fraction", "0")
+            build(images, out, *ARGS[:-1], "--overwrite", "--max_reject_fraction", "0")
         assert visible(emulator, out) == before
         assert not emulator.list(f"{out}/{LOCK}")
     env = {**os.environ, **emulator.env()}

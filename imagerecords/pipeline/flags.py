@@ -268,6 +268,8 @@ def check_beam_args(args: Sequence[str], where: str = "") -> None:
     Raises:
       UsageError: naming the first unknown flag and the closest known build or Beam flag.
     """
+    if not args:
+        return  # nothing to check, and no reason to import Beam (a local build may not need it)
     beam = _beam_parser()
     _, unknown = beam.parse_known_args(list(args))
     if not unknown:

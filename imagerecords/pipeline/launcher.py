@@ -54,6 +54,17 @@ def _local_options(options, beam_args: Sequence[str]) -> bool:
     return True
 
 
+def uses_in_process_engine(config: BuildConfig, beam_args: Sequence[str], detached: bool = False) -> bool:
+    """Whether a build runs on the in-process engine (pipeline/inprocess.py) rather than Beam.
+
+    It does when there is nothing for Beam to do: local input and output, no Beam option at all
+    (`--runner DirectRunner`, `--direct_num_workers`, a preset's beam_options all choose Beam) and
+    the default shard writer (`--writer beam` is Beam's own sink). Both engines write the same bytes.
+    """
+    return (not beam_args and not detached and config.writer == "shards"
+            and publish.is_local(config.input) and publish.is_local(config.output))
+
+
 def _claim_output(config: BuildConfig) -> None:
     """Refuses an output folder that holds files unless --overwrite; with it, clears a killed
     build's staging area (the lock is ours, so no live build owns it)."""
@@ -273,7 +284,9 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
 
     Any flag the build does not know must be one of Beam's pipeline options, so the same call runs
     on Flink (--runner=FlinkRunner --flink_master=...) or Dataflow (--runner=DataflowRunner ...).
-    Locally it runs DirectRunner with one worker process per core.
+    A local build without Beam options runs on the in-process engine (pipeline/inprocess.py, no
+    Beam); --runner=DirectRunner runs the same build on Beam's DirectRunner, one worker thread per
+    core. Both write the same bytes.
 
     Returns:
       The published manifest, or None when --template_location only staged a Dataflow template.
@@ -291,16 +304,18 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
     checks.check_output(config)
     label_map = _read_label_map(config)
 
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+    in_process = uses_in_process_engine(config, parsed.beam_args, parsed.launcher.detached)
+    options = template = flink_job = None
+    if in_process:
+        local = True
+    else:
+        from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-    from imagerecords.pipeline.graph import build_pipeline
-
-    options = PipelineOptions(parsed.beam_args)
-    local = _local_options(options, parsed.beam_args)
-    if parsed.launcher.detached:
-        _check_detached(options)
-    template = options.view_as(GoogleCloudOptions).template_location
+        options = PipelineOptions(parsed.beam_args)
+        local = _local_options(options, parsed.beam_args)
+        if parsed.launcher.detached:
+            _check_detached(options)
+        template = options.view_as(GoogleCloudOptions).template_location
     build_id = publish.new_build_id()
     if parsed.launcher.detached and not options.view_as(GoogleCloudOptions).job_name:
         options.view_as(GoogleCloudOptions).job_name = f"imagerecords-{build_id.lower()}"
@@ -315,19 +330,29 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
         on_terminal = sys.stderr.isatty()
         show_progress = local and not parsed.launcher.no_progress and (on_terminal or parsed.launcher.progress)
         progress_dir = tempfile.mkdtemp(prefix="imagerecords-progress-") if show_progress else None
+        graph_args = dict(build_id=build_id, versions=versions(), label_map=label_map, csv_header=input_info.header,
+                          progress_dir=progress_dir)
         try:
             with _quiet_stderr(log_path) as terminal:
                 progress = _Progress(progress_dir, terminal, on_terminal) if progress_dir else contextlib.nullcontext()
                 try:
                     with progress:
-                        p = beam.Pipeline(options=options)
-                        build_pipeline(p, config, build_id=build_id, versions=versions(), label_map=label_map,
-                                       csv_header=input_info.header, progress_dir=progress_dir)
-                        result = p.run()
-                        if parsed.launcher.detached:
-                            flink_job = _wait_until_on_flink(options, result)
+                        if in_process:
+                            from imagerecords.pipeline import inprocess
+
+                            inprocess.build(config, **graph_args)
                         else:
-                            result.wait_until_finish()
+                            import apache_beam as beam
+
+                            from imagerecords.pipeline.graph import build_pipeline
+
+                            p = beam.Pipeline(options=options)
+                            build_pipeline(p, config, **graph_args)
+                            result = p.run()
+                            if parsed.launcher.detached:
+                                flink_job = _wait_until_on_flink(options, result)
+                            else:
+                                result.wait_until_finish()
                 except KeyboardInterrupt:
                     raise
                 except Exception as e:  # the runner's wrapper of a worker error: reported in one line
@@ -363,7 +388,7 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
             raise
     if log_path and os.path.exists(log_path):
         os.remove(log_path)
-    print_summary(manifest, config.output, time.monotonic() - start)
+    print_summary(manifest, config.output, time.monotonic() - start, engine="in-process" if in_process else _runner(options))
     return manifest
 
 
@@ -380,7 +405,14 @@ def finish(output: str, break_lock: bool = False) -> Manifest:
         return publish.commit(output)
 
 
-def print_summary(manifest: Manifest, output: str, seconds: float, stream=sys.stdout) -> None:
+def _runner(options) -> str:
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    runner = options.view_as(StandardOptions).runner or "DirectRunner"
+    return runner if isinstance(runner, str) else type(runner).__name__
+
+
+def print_summary(manifest: Manifest, output: str, seconds: float, stream=sys.stdout, engine: str = "") -> None:
     stream.write(f"imagerecords: wrote {output}\n")
     for split in manifest.splits:
         stream.write(f"  {split.name:<12} {split.num_examples:>9} records  {len(split.shards):>5} shards  "
@@ -392,4 +424,5 @@ def print_summary(manifest: Manifest, output: str, seconds: float, stream=sys.st
         leaks = f", {manifest.num_leaking_groups} across splits" if manifest.num_leaking_groups else ""
         stream.write(f"  duplicates   {manifest.num_duplicate_groups:>9} groups of identical files{leaks} "
                      f"(see {DUPLICATES})\n")
-    stream.write(f"  {seconds:.1f} s, {manifest.num_examples / max(seconds, 1e-9):.1f} images/s\n")
+    on = f" ({engine})" if engine else ""
+    stream.write(f"  {seconds:.1f} s, {manifest.num_examples / max(seconds, 1e-9):.1f} images/s{on}\n")

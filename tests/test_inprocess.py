@@ -1,0 +1,161 @@
+"""The in-process engine (the local default) against Beam's DirectRunner: the same bytes, no Beam."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import build, manifest_without_time, shard_files
+from imagerecords.manifest import LOCK, MANIFEST, STAGING
+from imagerecords.pipeline import cli
+from imagerecords.pipeline.launcher import uses_in_process_engine
+
+SPLITS = "train=0.7,validation=0.3"
+
+
+def files_of(out):
+    """{relative path: bytes} of everything in a dataset folder but manifest.json (it holds the time)."""
+    found = {}
+    for dirpath, _, names in os.walk(out):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, out)
+            if rel != MANIFEST:
+                found[rel] = open(path, "rb").read()
+    return found
+
+
+def assert_engines_agree(inp, tmp_path, *args):
+    """Builds `inp` on both engines and asserts byte-identical datasets; returns the manifest."""
+    ours = build(inp, tmp_path / "inprocess", *args)
+    theirs = build(inp, tmp_path / "direct", *args, workers=2)
+    a, b = files_of(tmp_path / "inprocess"), files_of(tmp_path / "direct")
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name] == b[name], name
+    assert manifest_without_time(tmp_path / "inprocess") == manifest_without_time(tmp_path / "direct")
+    assert ours.num_examples == theirs.num_examples
+    return ours
+
+
+def test_folder_build_with_splits_index_reencode_and_duplicates(image_tree, tmp_path):
+    root, files = image_tree
+    tree = tmp_path / "tree"
+    shutil.copytree(root, tree)
+    shutil.copy(tree / "circle" / files["circle"][0], tree / "square" / "copy_of_a_circle.jpg")
+    (tree / "README.txt").write_text("a root-level file: a skipped row")
+    manifest = assert_engines_agree(tree, tmp_path, "--splits", SPLITS, "--num_shards", 3, "--write_index",
+                                    "--reencode", "--max_side", 32, "--max_reject_fraction", 0.05)
+    assert manifest.num_examples == 41 and manifest.num_rejected == 1 and manifest.num_skipped == 1
+    assert manifest.num_duplicate_groups == 1
+    assert len(os.listdir(tmp_path / "inprocess" / "index")) == 6
+    assert cli.verify(str(tmp_path / "inprocess"), records=True) == []
+
+
+def test_csv_manifest_with_split_column_sizes_bad_rows_and_repeated_keys(image_tree, tmp_path):
+    root, files = image_tree
+    man = tmp_path / "list.csv"
+    rows = ["path,label,split,key,size"]
+    for cls, rels in sorted(files.items()):
+        for i, rel in enumerate(rels):
+            path = root / cls / rel
+            size = os.path.getsize(path) if i % 2 else ""  # half the rows give their size
+            rows.append(f"{path},{cls},{'validation' if i % 3 == 0 else 'train'},{cls}/{rel},{size}")
+    rows.append(f"{root / 'circle' / files['circle'][0]},circle,validation,circle/{files['circle'][0]},")  # repeated key
+    rows.append(f"{tmp_path / 'missing.jpg'},circle,train,missing,")  # no such file
+    rows.append(f"{root / 'circle' / files['circle'][1]},circle,bad-split,weird,")  # bad split name
+    rows.append("")  # a blank line is not a row
+    man.write_text("\r\n".join(rows) + "\r\n")  # Windows line ends
+    manifest = assert_engines_agree(man, tmp_path, "--num_shards", 2, "--max_reject_fraction", 0.2)
+    errors = [json.loads(line) for line in open(tmp_path / "inprocess" / "errors.jsonl")]
+    assert sorted((r["key"], r["stage"]) for r in errors) == [
+        (f"circle/{files['circle'][0]}", "duplicate"), ("missing", "list"), ("weird", "label")]
+    assert {s.name for s in manifest.splits} == {"train", "validation"}
+
+
+def test_jsonl_manifest_with_a_label_map_and_skip_stat(image_tree, tmp_path):
+    root, files = image_tree
+    man = tmp_path / "list.jsonl"
+    labels = tmp_path / "labels.txt"
+    labels.write_text("square\ncircle\n")  # stripes and triangle are not in the map: rejected rows
+    with open(man, "w") as f:
+        for cls, rels in sorted(files.items()):
+            for rel in rels:
+                f.write(json.dumps({"path": str(root / cls / rel), "label": cls, "key": f"{cls}/{rel}"}) + "\n")
+        f.write("{not json\n")
+        f.write(json.dumps({"path": str(tmp_path / "gone.jpg"), "label": "circle", "key": "gone"}))  # no final newline
+    manifest = assert_engines_agree(man, tmp_path, "--num_shards", 2, "--label_map", labels, "--skip_stat",
+                                    "--max_reject_fraction", 0.9)
+    assert list(manifest.label_names) == ["square", "circle"]
+    # 10 squares + 10 circles; rejected: 20 stripes and triangles, the bad line and the missing file
+    assert manifest.num_examples == 20 and manifest.num_rejected == 22
+
+
+def test_the_engine_is_chosen_by_what_the_build_needs():
+    from imagerecords.config import make_config
+
+    local = make_config({}, {"input": "in", "output": "out"})
+    assert uses_in_process_engine(local, [])
+    assert not uses_in_process_engine(local, ["--runner=DirectRunner"])
+    assert not uses_in_process_engine(local, ["--direct_num_workers=2"])
+    assert not uses_in_process_engine(local, [], detached=True)
+    assert not uses_in_process_engine(make_config({}, {"input": "in", "output": "out", "writer": "beam"}), [])
+    assert not uses_in_process_engine(make_config({}, {"input": "gs://b/in", "output": "out"}), [])
+    assert not uses_in_process_engine(make_config({}, {"input": "in", "output": "gs://b/out"}), [])
+
+
+def test_a_local_build_never_imports_beam(image_tree, tmp_path):
+    """What start-up saves: Beam (about 1.6 s of imports) stays out of a local build's process."""
+    root, _ = image_tree
+    code = ("import sys; from imagerecords.pipeline import cli; "
+            f"rc = cli.main(['build', '--input', {str(root)!r}, '--output', {str(tmp_path / 'ds')!r}, "
+            "'--max_reject_fraction', '0.05', '--no_progress']); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'apache_beam')); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[]", proc.stdout
+    assert "(in-process)" in proc.stdout
+    assert len(shard_files(tmp_path / "ds")) == 8
+
+
+def _noise_tree(root, classes=2, per_class=200, side=384):
+    """Photo-sized JPEGs of noise: slow enough to decode and re-encode that a build takes seconds."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        os.makedirs(root / f"class{c}")
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / f"class{c}" / f"{i:04d}.jpg", quality=90)
+
+
+def test_ctrl_c_stops_the_build_at_once_and_publishes_nothing(tmp_path):
+    """SIGINT mid-shard: exit 130 within seconds, one line, nothing published, the lock released;
+    the running shard writers stop at their next image and remove their temporary files."""
+    tree = tmp_path / "tree"
+    _noise_tree(tree)
+    out = tmp_path / "ds"
+    proc = subprocess.Popen([sys.executable, "-m", "imagerecords", "build", "--input", str(tree), "--output", str(out),
+                             "--reencode", "--num_shards", "2", "--no_progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    staging = out / STAGING
+    deadline = time.monotonic() + 60
+    while not (staging.exists() and any(n.endswith(".tmp") for n in os.listdir(staging))):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the build never started writing a shard"
+        time.sleep(0.01)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - sent < 10
+    assert err.count("\n") == 1 and "interrupted" in err and "Traceback" not in err, err
+    assert not shard_files(out) and not (out / MANIFEST).exists() and not (out / LOCK).exists()
+    assert not [n for n in os.listdir(staging) if n.endswith(".tmp")]
