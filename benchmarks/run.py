@@ -19,13 +19,14 @@ Groups (printed as one table each):
   peers    a serial loop (tf.train.Example + tf.io.TFRecordWriter), pass-through and re-encode;
            TFDS's Beam path (GeneratorBasedBuilder whose _generate_examples returns a PTransform,
            DirectRunner with the same worker count) on the same images.
-  build    `python -m imagerecords build` (the real CLI, --no_progress), --writer shards and beam,
+  build    `python -m imagerecords build` (the real CLI, --no_progress): the default (in-process
+           engine, --writer shards), the same on --runner=DirectRunner, and --writer beam; each
            pass-through and --reencode: wall time (imports included), images/s, peak RSS.
-  startup  a 16-image build in DirectRunner's in_memory, multi_threading and multi_processing
-           modes (--direct_num_workers = cores) and in the CLI's default.
+  startup  a 16-image build in the CLI's default (the in-process engine) and in DirectRunner's
+           in_memory, multi_threading and multi_processing modes (--direct_num_workers = cores).
   memory   manifest builds of many rows pointing at 64 tiny JPEGs under distinct keys:
            (peak RSS - base) / rows, base being a 16-row manifest build's peak; and the slope
-           between the two sizes.
+           between the two sizes. Modes: default (the in-process engine) and DirectRunner's modes.
   reader   make_dataset train (random-resized crop) and eval (center crop), 224 px, batch 128,
            against plain tf.data (interleave, shuffle, parse, decode_jpeg, resize, batch) and
            the decode limit (tf.io.decode_jpeg alone on all cores); time to first batch.
@@ -242,12 +243,17 @@ def bench_peers(res: Results, root: str, work: str, n: int, tfds: bool, quick: b
         shutil.rmtree(out, ignore_errors=True)
 
 
+# Our build configurations: the local default (the in-process engine, --writer shards), the same
+# writer on Beam's DirectRunner (what a cluster runs), and Beam's own TFRecord sink.
+BUILDS = (("shards", []), ("direct", ["--runner=DirectRunner"]), ("beam", ["--writer", "beam"]))
+
+
 def bench_builds(res: Results, root: str, work: str, n: int, keep: str, r: int, tfds: bool):
-    for writer in ("shards", "beam"):
+    for writer, extra in BUILDS:
         for path in ("pass", "reencode"):
             out = os.path.join(work, f"build-{writer}-{path}-{r}")
-            extra = ["--writer", writer] + (["--reencode"] if path == "reencode" else [])
-            wall, rss = run_watched(build_cmd(root, out, *extra))
+            args = extra + (["--reencode"] if path == "reencode" else [])
+            wall, rss = run_watched(build_cmd(root, out, *args))
             name = f"{writer}_{path}"
             limit = "codec/pillow_reencode_threads" if path == "reencode" else "codec/prepare_image_passthrough_threads"
             res.add("build", f"{name}_img_s", n / wall, "img/s", baseline=limit)
@@ -258,13 +264,13 @@ def bench_builds(res: Results, root: str, work: str, n: int, keep: str, r: int, 
             else:
                 shutil.rmtree(out, ignore_errors=True)
     for path in ("pass", "reencode"):
-        res.add("build", f"shards_{path}_vs_loop", res.groups["build"][f"shards_{path}_img_s"]["runs"][-1],
-                "img/s", baseline=f"peers/loop_{'passthrough' if path == 'pass' else 'reencode'}")
+        ours = res.groups["build"][f"shards_{path}_img_s"]["runs"][-1]
+        res.add("build", f"shards_{path}_vs_loop", ours, "img/s",
+                baseline=f"peers/loop_{'passthrough' if path == 'pass' else 'reencode'}")
         if tfds:
-            res.add("build", f"shards_{path}_vs_tfds", res.groups["build"][f"shards_{path}_img_s"]["runs"][-1],
-                    "img/s", baseline=f"peers/tfds_{path}_wall")
-        res.add("build", f"shards_{path}_vs_beam_writer", res.groups["build"][f"shards_{path}_img_s"]["runs"][-1],
-                "img/s", baseline=f"build/beam_{path}_img_s")
+            res.add("build", f"shards_{path}_vs_tfds", ours, "img/s", baseline=f"peers/tfds_{path}_wall")
+        res.add("build", f"shards_{path}_vs_beam_writer", ours, "img/s", baseline=f"build/beam_{path}_img_s")
+        res.add("build", f"shards_{path}_vs_direct", ours, "img/s", baseline=f"build/direct_{path}_img_s")
 
 
 def bench_startup(res: Results, tiny_root: str, work: str, r: int):
@@ -347,7 +353,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="corpus seed")
     p.add_argument("--repeats", type=int, default=1, help="rounds of every measurement, interleaved")
     p.add_argument("--manifest_rows", help="row counts of the memory builds (default 20000,100000; --quick: 200,600)")
-    p.add_argument("--memory_modes", default="default", help="DirectRunner modes for the memory builds")
+    p.add_argument("--memory_modes", default="default,multi_threading",
+                   help="engines of the memory builds: default (in-process) and DirectRunner modes")
     p.add_argument("--reader_batches", type=int, help="batches per reader measurement (default 16; --quick: 1)")
     p.add_argument("--skip", default="", help="comma-separated groups to skip: codec,peers,tfds,build,startup,memory,reader")
     p.add_argument("--cache", default=corpus_lib.CACHE, help="where corpora are kept")
