@@ -19,14 +19,15 @@ Groups (printed as one table each):
   peers    a serial loop (tf.train.Example + tf.io.TFRecordWriter), pass-through and re-encode;
            TFDS's Beam path (GeneratorBasedBuilder whose _generate_examples returns a PTransform,
            DirectRunner with the same worker count) on the same images.
-  build    `python -m imagerecords build` (the real CLI, --no_progress): the default (in-process
-           engine, --writer shards), the same on --runner=DirectRunner, and --writer beam; each
+  build    `python -m imagerecords build` (the real CLI, --no_progress): the default (local
+           engine, --writer shards), the same with --local_workers=0 (threads), on
+           --runner=DirectRunner, and --writer beam; each
            pass-through and --reencode: wall time (imports included), images/s, peak RSS.
-  startup  a 16-image build in the CLI's default (the in-process engine) and in DirectRunner's
+  startup  a 16-image build in the CLI's default (the local engine) and in DirectRunner's
            in_memory, multi_threading and multi_processing modes (--direct_num_workers = cores).
   memory   manifest builds of many rows pointing at 64 tiny JPEGs under distinct keys:
            (peak RSS - base) / rows, base being a 16-row manifest build's peak; and the slope
-           between the two sizes. Modes: default (the in-process engine) and DirectRunner's modes.
+           between the two sizes. Modes: default (the local engine) and DirectRunner's modes.
   reader   make_dataset train (random-resized crop) and eval (center crop), 224 px, batch 128,
            against plain tf.data (interleave, shuffle, parse, decode_jpeg, resize, batch) and
            the decode limit (tf.io.decode_jpeg alone on all cores); time to first batch.
@@ -243,9 +244,11 @@ def bench_peers(res: Results, root: str, work: str, n: int, tfds: bool, quick: b
         shutil.rmtree(out, ignore_errors=True)
 
 
-# Our build configurations: the local default (the in-process engine, --writer shards), the same
-# writer on Beam's DirectRunner (what a cluster runs), and Beam's own TFRecord sink.
-BUILDS = (("shards", []), ("direct", ["--runner=DirectRunner"]), ("beam", ["--writer", "beam"]))
+# Our build configurations: the local default (the local engine, --writer shards: worker
+# processes), the local engine on threads in one process, the same writer on Beam's DirectRunner
+# (what a cluster runs), and Beam's own TFRecord sink.
+BUILDS = (("shards", []), ("threads", ["--local_workers=0"]), ("direct", ["--runner=DirectRunner"]),
+          ("beam", ["--writer", "beam"]))
 
 
 def bench_builds(res: Results, root: str, work: str, n: int, keep: str, r: int, tfds: bool):
@@ -271,6 +274,7 @@ def bench_builds(res: Results, root: str, work: str, n: int, keep: str, r: int, 
             res.add("build", f"shards_{path}_vs_tfds", ours, "img/s", baseline=f"peers/tfds_{path}_wall")
         res.add("build", f"shards_{path}_vs_beam_writer", ours, "img/s", baseline=f"build/beam_{path}_img_s")
         res.add("build", f"shards_{path}_vs_direct", ours, "img/s", baseline=f"build/direct_{path}_img_s")
+        res.add("build", f"shards_{path}_vs_threads", ours, "img/s", baseline=f"build/threads_{path}_img_s")
 
 
 def bench_startup(res: Results, tiny_root: str, work: str, r: int):
@@ -354,7 +358,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="rounds of every measurement, interleaved")
     p.add_argument("--manifest_rows", help="row counts of the memory builds (default 20000,100000; --quick: 200,600)")
     p.add_argument("--memory_modes", default="default,multi_threading",
-                   help="engines of the memory builds: default (in-process) and DirectRunner modes")
+                   help="engines of the memory builds: default (local engine) and DirectRunner modes")
     p.add_argument("--reader_batches", type=int, help="batches per reader measurement (default 16; --quick: 1)")
     p.add_argument("--skip", default="", help="comma-separated groups to skip: codec,peers,tfds,build,startup,memory,reader")
     p.add_argument("--cache", default=corpus_lib.CACHE, help="where corpora are kept")

@@ -1,7 +1,7 @@
 """The work of each build stage as plain functions, importable without Beam.
 
 `transforms/` wires them into the Beam graph (one DoFn or Map per function); the in-process engine
-(`pipeline/inprocess.py`) calls the same functions directly. One definition of every step is what
+(`pipeline/local.py`) calls the same functions directly. One definition of every step is what
 keeps the two byte-identical.
 
     manifest_row     a manifest line → ImageRef or Rejected           (ReadManifest)

@@ -22,8 +22,8 @@ def skip_unless_ci(reason):
 
 
 def build(input_path, output, *extra, workers=None):
-    """Runs a real build and returns the manifest it wrote: on the in-process engine (the local
-    default), or with `workers` on Beam's DirectRunner with that many workers."""
+    """Runs a real build and returns the manifest it wrote: on the local engine (the default for
+    local paths), or with `workers` on Beam's DirectRunner with that many workers."""
     from imagerecords.pipeline import run
 
     beam = [f"--direct_num_workers={workers}"] if workers else []

@@ -19,7 +19,7 @@ GROUPS = {
     "codec": ["pillow_reencode_threads", "pillow_reencode_processes", "draft_decode_threads",
               "prepare_image_passthrough_threads"],
     "peers": ["loop_passthrough", "loop_reencode", "loop_peak_rss", "tfds_pass_wall", "tfds_reencode_wall"],
-    "build": [f"{w}_{p}_{m}" for w in ("shards", "direct", "beam") for p in ("pass", "reencode") for m in ("img_s", "peak_rss")],
+    "build": [f"{w}_{p}_{m}" for w in ("shards", "threads", "direct", "beam") for p in ("pass", "reencode") for m in ("img_s", "peak_rss")],
     "startup": ["build16_default", "build16_in_memory", "build16_multi_threading", "build16_multi_processing"],
     "memory": ["default_base_peak_rss", "default_rows20_kib_per_image", "default_rows60_kib_per_image",
                "default_slope_kib_per_image"],

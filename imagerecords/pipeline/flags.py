@@ -50,6 +50,8 @@ class LauncherFlags:
       break_lock: take over the output folder's lock that another build left behind.
       detached: on a cluster runner, return once the job is submitted; `imagerecords finish OUT`
         publishes it after the job has finished.
+      local_workers: the local engine's worker processes (0: threads in the launcher's process);
+        None picks by input size (see pipeline/local.py).
     """
 
     config_file: Optional[str] = None
@@ -59,6 +61,7 @@ class LauncherFlags:
     ignore_split_column: bool = False
     break_lock: bool = False
     detached: bool = False
+    local_workers: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +193,9 @@ def parser() -> argparse.ArgumentParser:
         description="Build a sharded TFRecord dataset from a class-folder tree or a CSV/JSONL manifest.",
         epilog="Any other flag must be an Apache Beam pipeline option (for example --runner, --project, "
                "--region, --temp_location, --flink_master, --direct_num_workers); an unknown flag is an "
-               "error. Settings are layered: defaults < the --config preset < flags.")
+               "error. A local build without any Beam option runs on the local engine, without Beam; --runner "
+               "DirectRunner (or any Beam option) runs the same build on Beam, with the same bytes. "
+               "Settings are layered: defaults < the --config preset < flags.")
     build = p.add_argument_group("build settings")
     for flag in _field_flags():
         build.add_argument(f"--{flag.name}", **flag.argparse_kwargs())
@@ -199,7 +204,21 @@ def parser() -> argparse.ArgumentParser:
                           help="YAML preset (see configs/): build settings and beam_options; flags override it")
     for flag, dest, help_text in _LAUNCHER_SWITCHES:
         launcher.add_argument(flag, dest=dest, action="store_true", help=help_text)
+    launcher.add_argument("--local_workers", type=_non_negative_int, metavar="N", default=None,
+                          help="local engine: shards are written by N worker processes (0: by threads in this "
+                               "process); default: one per core, or threads for inputs too small to repay "
+                               "starting processes")
     return p
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
 
 
 def build_flag_names() -> List[str]:

@@ -54,8 +54,8 @@ def _local_options(options, beam_args: Sequence[str]) -> bool:
     return True
 
 
-def uses_in_process_engine(config: BuildConfig, beam_args: Sequence[str], detached: bool = False) -> bool:
-    """Whether a build runs on the in-process engine (pipeline/inprocess.py) rather than Beam.
+def uses_local_engine(config: BuildConfig, beam_args: Sequence[str], detached: bool = False) -> bool:
+    """Whether a build runs on the local engine (pipeline/local.py) rather than Beam.
 
     It does when there is nothing for Beam to do: local input and output, no Beam option at all
     (`--runner DirectRunner`, `--direct_num_workers`, a preset's beam_options all choose Beam) and
@@ -284,9 +284,9 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
 
     Any flag the build does not know must be one of Beam's pipeline options, so the same call runs
     on Flink (--runner=FlinkRunner --flink_master=...) or Dataflow (--runner=DataflowRunner ...).
-    A local build without Beam options runs on the in-process engine (pipeline/inprocess.py, no
-    Beam); --runner=DirectRunner runs the same build on Beam's DirectRunner, one worker thread per
-    core. Both write the same bytes.
+    A local build without Beam options runs on the local engine (pipeline/local.py, no Beam);
+    --runner=DirectRunner runs the same build on Beam's DirectRunner, one worker thread per core.
+    Both write the same bytes.
 
     Returns:
       The published manifest, or None when --template_location only staged a Dataflow template.
@@ -304,9 +304,13 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
     checks.check_output(config)
     label_map = _read_label_map(config)
 
-    in_process = uses_in_process_engine(config, parsed.beam_args, parsed.launcher.detached)
+    local_engine = uses_local_engine(config, parsed.beam_args, parsed.launcher.detached)
+    if parsed.launcher.local_workers is not None and not local_engine:
+        raise errors.UsageError("--local_workers is for the local engine (local paths, no Beam options); on Beam "
+                                "use the runner's options (--direct_num_workers, ...)")
     options = template = flink_job = None
-    if in_process:
+    engine = ""
+    if local_engine:
         local = True
     else:
         from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
@@ -337,10 +341,13 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
                 progress = _Progress(progress_dir, terminal, on_terminal) if progress_dir else contextlib.nullcontext()
                 try:
                     with progress:
-                        if in_process:
-                            from imagerecords.pipeline import inprocess
+                        if local_engine:
+                            from imagerecords.pipeline import local as local_lib
 
-                            inprocess.build(config, **graph_args)
+                            _, workers = local_lib.build(config, workers=parsed.launcher.local_workers,
+                                                         **graph_args)
+                            engine = (f"local engine, {workers} worker processes" if workers else
+                                      "local engine, in-process")
                         else:
                             import apache_beam as beam
 
@@ -388,7 +395,7 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
             raise
     if log_path and os.path.exists(log_path):
         os.remove(log_path)
-    print_summary(manifest, config.output, time.monotonic() - start, engine="in-process" if in_process else _runner(options))
+    print_summary(manifest, config.output, time.monotonic() - start, engine=engine or _runner(options))
     return manifest
 
 

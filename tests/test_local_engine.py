@@ -1,4 +1,4 @@
-"""The in-process engine (the local default) against Beam's DirectRunner: the same bytes, no Beam."""
+"""The local engine (the local default) against Beam's DirectRunner: the same bytes, without Beam."""
 
 import json
 import os
@@ -13,7 +13,7 @@ import pytest
 from conftest import build, manifest_without_time, shard_files
 from imagerecords.manifest import LOCK, MANIFEST, STAGING
 from imagerecords.pipeline import cli
-from imagerecords.pipeline.launcher import uses_in_process_engine
+from imagerecords.pipeline.launcher import uses_local_engine
 
 SPLITS = "train=0.7,validation=0.3"
 
@@ -31,14 +31,18 @@ def files_of(out):
 
 
 def assert_engines_agree(inp, tmp_path, *args):
-    """Builds `inp` on both engines and asserts byte-identical datasets; returns the manifest."""
-    ours = build(inp, tmp_path / "inprocess", *args)
+    """Builds `inp` on the local engine (with threads, and with 2 worker processes) and on
+    DirectRunner, asserts byte-identical datasets, and returns the local build's manifest."""
+    ours = build(inp, tmp_path / "local", *args, "--local_workers", 0)
+    build(inp, tmp_path / "processes", *args, "--local_workers", 2)
     theirs = build(inp, tmp_path / "direct", *args, workers=2)
-    a, b = files_of(tmp_path / "inprocess"), files_of(tmp_path / "direct")
-    assert sorted(a) == sorted(b)
-    for name in a:
-        assert a[name] == b[name], name
-    assert manifest_without_time(tmp_path / "inprocess") == manifest_without_time(tmp_path / "direct")
+    want = files_of(tmp_path / "direct")
+    for engine in ("local", "processes"):
+        got = files_of(tmp_path / engine)
+        assert sorted(got) == sorted(want), engine
+        for name in got:
+            assert got[name] == want[name], (engine, name)
+        assert manifest_without_time(tmp_path / engine) == manifest_without_time(tmp_path / "direct")
     assert ours.num_examples == theirs.num_examples
     return ours
 
@@ -53,8 +57,8 @@ def test_folder_build_with_splits_index_reencode_and_duplicates(image_tree, tmp_
                                     "--reencode", "--max_side", 32, "--max_reject_fraction", 0.05)
     assert manifest.num_examples == 41 and manifest.num_rejected == 1 and manifest.num_skipped == 1
     assert manifest.num_duplicate_groups == 1
-    assert len(os.listdir(tmp_path / "inprocess" / "index")) == 6
-    assert cli.verify(str(tmp_path / "inprocess"), records=True) == []
+    assert len(os.listdir(tmp_path / "local" / "index")) == 6
+    assert cli.verify(str(tmp_path / "local"), records=True) == []
 
 
 def test_csv_manifest_with_split_column_sizes_bad_rows_and_repeated_keys(image_tree, tmp_path):
@@ -72,7 +76,7 @@ def test_csv_manifest_with_split_column_sizes_bad_rows_and_repeated_keys(image_t
     rows.append("")  # a blank line is not a row
     man.write_text("\r\n".join(rows) + "\r\n")  # Windows line ends
     manifest = assert_engines_agree(man, tmp_path, "--num_shards", 2, "--max_reject_fraction", 0.2)
-    errors = [json.loads(line) for line in open(tmp_path / "inprocess" / "errors.jsonl")]
+    errors = [json.loads(line) for line in open(tmp_path / "local" / "errors.jsonl")]
     assert sorted((r["key"], r["stage"]) for r in errors) == [
         (f"circle/{files['circle'][0]}", "duplicate"), ("missing", "list"), ("weird", "label")]
     assert {s.name for s in manifest.splits} == {"train", "validation"}
@@ -100,13 +104,13 @@ def test_the_engine_is_chosen_by_what_the_build_needs():
     from imagerecords.config import make_config
 
     local = make_config({}, {"input": "in", "output": "out"})
-    assert uses_in_process_engine(local, [])
-    assert not uses_in_process_engine(local, ["--runner=DirectRunner"])
-    assert not uses_in_process_engine(local, ["--direct_num_workers=2"])
-    assert not uses_in_process_engine(local, [], detached=True)
-    assert not uses_in_process_engine(make_config({}, {"input": "in", "output": "out", "writer": "beam"}), [])
-    assert not uses_in_process_engine(make_config({}, {"input": "gs://b/in", "output": "out"}), [])
-    assert not uses_in_process_engine(make_config({}, {"input": "in", "output": "gs://b/out"}), [])
+    assert uses_local_engine(local, [])
+    assert not uses_local_engine(local, ["--runner=DirectRunner"])
+    assert not uses_local_engine(local, ["--direct_num_workers=2"])
+    assert not uses_local_engine(local, [], detached=True)
+    assert not uses_local_engine(make_config({}, {"input": "in", "output": "out", "writer": "beam"}), [])
+    assert not uses_local_engine(make_config({}, {"input": "gs://b/in", "output": "out"}), [])
+    assert not uses_local_engine(make_config({}, {"input": "in", "output": "gs://b/out"}), [])
 
 
 def test_a_local_build_never_imports_beam(image_tree, tmp_path):
@@ -119,7 +123,7 @@ def test_a_local_build_never_imports_beam(image_tree, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "[]", proc.stdout
-    assert "(in-process)" in proc.stdout
+    assert "(local engine, in-process)" in proc.stdout
     assert len(shard_files(tmp_path / "ds")) == 8
 
 
@@ -136,14 +140,21 @@ def _noise_tree(root, classes=2, per_class=200, side=384):
             Image.fromarray(pixels).save(root / f"class{c}" / f"{i:04d}.jpg", quality=90)
 
 
-def test_ctrl_c_stops_the_build_at_once_and_publishes_nothing(tmp_path):
-    """SIGINT mid-shard: exit 130 within seconds, one line, nothing published, the lock released;
-    the running shard writers stop at their next image and remove their temporary files."""
-    tree = tmp_path / "tree"
+@pytest.fixture(scope="module")
+def noise_tree(tmp_path_factory):
+    tree = tmp_path_factory.mktemp("noise") / "tree"
     _noise_tree(tree)
+    return tree
+
+
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_ctrl_c_stops_the_build_at_once_and_publishes_nothing(noise_tree, tmp_path, workers):
+    """SIGINT mid-shard (worker processes, or threads): exit 130 within seconds, one line, nothing
+    published, the lock released; running shard writers stop at their next image and remove their
+    temporary files."""
     out = tmp_path / "ds"
-    proc = subprocess.Popen([sys.executable, "-m", "imagerecords", "build", "--input", str(tree), "--output", str(out),
-                             "--reencode", "--num_shards", "2", "--no_progress"],
+    proc = subprocess.Popen([sys.executable, "-m", "imagerecords", "build", "--input", str(noise_tree), "--output",
+                             str(out), "--reencode", "--num_shards", "2", "--no_progress", "--local_workers", workers],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     staging = out / STAGING
     deadline = time.monotonic() + 60

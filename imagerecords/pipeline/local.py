@@ -1,10 +1,12 @@
-"""The in-process engine: a local build's stages run in this process, on threads, without Beam.
+"""The local engine: a local build's stages run on this machine without Beam.
 
 A local build (local input and output, no Beam option on the command line) runs here by default:
 it starts in well under a second where Beam's DirectRunner takes seconds (importing Beam alone is
-~1.6 s), holds each reference once (about 0.5 KiB an image instead of DirectRunner's 4-6 KiB of
-per-element buffering), and keeps every core busy to the last shard. `--runner DirectRunner`, or
-any Beam option, runs the same build as a Beam pipeline (pipeline/graph.py) instead.
+~1.6 s), holds each reference once (under 1 KiB an image instead of DirectRunner's 4-6 KiB of
+per-element buffering), and writes shards in one worker process per core, so the Python parts of
+each image (container parsing, the Example, framing) do not queue for one interpreter's GIL.
+`--runner DirectRunner`, or any Beam option, runs the same build as a Beam pipeline
+(pipeline/graph.py) instead.
 
 Both engines call the same stage functions (imagerecords/stages.py) and the same shard planning,
 so their shards, index files, errors.jsonl and duplicates.jsonl are byte-identical (tested); only
@@ -12,14 +14,17 @@ the orchestration differs:
 
     list (class folders or manifest lines) → vocabulary → assign split and label id
     → per split: shuffle hashes → shard plan (planning.plan_shards) → refs grouped per shard
-    → shards written concurrently, images prepared on a shared thread pool → results.json
+    → shards written concurrently (worker processes, or threads here for small inputs),
+      images of a shard prepared on a small thread pool → results.json
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import multiprocessing
 import os
+import signal
 import threading
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
@@ -103,20 +108,84 @@ def plan(config: BuildConfig, refs: List[ImageRef]) -> _Shards:
     return shards
 
 
-def default_workers() -> int:
-    return os.cpu_count() or 1
+# Below this many images, worker processes cost more to start (~0.3 s) than they save.
+PROCESS_MIN_IMAGES = 256
+# Image threads per worker process: one prepares an image while another parses or writes.
+THREADS_PER_PROCESS = 2
+
+
+def choose_workers(num_images: int, asked: Optional[int] = None) -> int:
+    """Worker processes for a build of `num_images` (0: threads in this process)."""
+    if asked is not None:
+        return asked
+    cores = os.cpu_count() or 1
+    return cores if cores > 1 and num_images >= PROCESS_MIN_IMAGES else 0
+
+
+class _Writer:
+    """Writes shards with everything but the shard's refs fixed; one per process or thread pool."""
+
+    def __init__(self, config: BuildConfig, labels: LabelMap, threads: int, progress_dir: Optional[str],
+                 cancelled):
+        self._config = config
+        self._labels = labels
+        self._threads = threads
+        self._progress_dir = progress_dir
+        self._cancelled = cancelled
+        self._read = shard_writer.limited_reader(config.image)
+        self._images = (concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="imagerecords-image")
+                        if threads > 1 else None)
+
+    def __call__(self, key: ShardKey, refs: List[ImageRef]) -> stages.StagedShard:
+        c = self._config
+        return stages.stage_shard(
+            key, refs, output=c.output, name=c.name, preset=c.schema, labels=self._labels, options=c.image,
+            read_bytes=self._read, executor=self._images, window=2 * self._threads, write_index=c.write_index,
+            progress_dir=self._progress_dir, contents=not c.skip_duplicate_check, cancelled=self._cancelled)
+
+    def close(self) -> None:
+        if self._images is not None:
+            self._images.shutdown(wait=True, cancel_futures=True)
+
+
+_WORKER: Dict[str, _Writer] = {}
+
+
+def _start_worker(config: BuildConfig, labels: LabelMap, progress_dir: Optional[str], cancel) -> None:
+    # Ctrl-C reaches the whole process group; the launcher answers it by setting `cancel`, which
+    # stops each shard at its next image and cleans its temporary file.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER["writer"] = _Writer(config, labels, THREADS_PER_PROCESS, progress_dir, cancel.is_set)
+
+
+def _write_in_worker(key: ShardKey, refs: List[ImageRef]) -> stages.StagedShard:
+    return _WORKER["writer"](key, refs)
+
+
+def _process_pool(workers: int, config: BuildConfig, labels: LabelMap, progress_dir: Optional[str]):
+    """Worker processes forked from a fresh server process (forkserver: this process has threads,
+    which a plain fork would copy in whatever state they are in); the server imports the codec and
+    writer once, so each worker starts at once."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["imagerecords.stages", "imagerecords.pipeline.local"])
+    cancel = ctx.Event()
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
+                                                  initargs=(config, labels, progress_dir, cancel))
+    return pool, _write_in_worker, cancel
 
 
 def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap],
           csv_header: Optional[str], progress_dir: Optional[str], workers: Optional[int] = None
-          ) -> publish.BuildResults:
+          ) -> Tuple[publish.BuildResults, int]:
     """Runs the whole build into `config.output`'s staging area and writes staging/results.json,
     as build_pipeline's graph does. Nothing is published here (see imagerecords.publish).
 
     Args:
-      workers: shards written at once (default: one per core); images are prepared on a shared
-        pool of max(workers, config.threads) threads, since decoding, encoding and hashing release
-        the GIL.
+      workers: worker processes writing shards (0: threads in this process); None picks by input
+        size (choose_workers).
+
+    Returns:
+      The results written, and the worker processes used.
     """
     rejected: List[Rejected] = []
     listed: List[ImageRef] = []
@@ -130,30 +199,26 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
         out = stages.assign(ref, label_map, splits, config.split_seed)
         (rejected if isinstance(out, Rejected) else refs).append(out)
     del listed
+    workers = choose_workers(len(refs), workers)
     shards = plan(config, refs)
     if progress_dir:
         for p in shards.plans.values():
             stages.report_plan(p, progress_dir)
 
-    workers = workers or default_workers()
-    threads = max(workers, config.threads)
-    cancelled = threading.Event()
-    read = shard_writer.limited_reader(config.image)
+    cores = os.cpu_count() or 1
+    if workers:
+        pool, write, cancel = _process_pool(workers, config, label_map, progress_dir)
+        local_writer = None
+    else:
+        cancel = threading.Event()
+        # Threads: one shard writer per core, sharing one pool of image threads.
+        local_writer = _Writer(config, label_map, max(cores, config.threads), progress_dir, cancel.is_set)
+        pool = concurrent.futures.ThreadPoolExecutor(cores, thread_name_prefix="imagerecords-shard")
+        write = local_writer
     contents: Dict[bytes, Union[Tuple[str, str, str], List[Tuple[str, str, str]]]] = {}
     results = []
-    find_duplicates = not config.skip_duplicate_check
-    images = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="imagerecords-image")
-    writers = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="imagerecords-shard")
-
-    def write(key: ShardKey) -> stages.StagedShard:
-        return stages.stage_shard(
-            key, shards.take(key), output=config.output, name=config.name, preset=config.schema, labels=label_map,
-            options=config.image, read_bytes=read, executor=images, window=2 * threads,
-            write_index=config.write_index, progress_dir=progress_dir, contents=find_duplicates,
-            cancelled=cancelled.is_set)
-
     try:
-        futures = [writers.submit(write, key) for key in shards.keys()]
+        futures = [pool.submit(write, key, shards.take(key)) for key in shards.keys()]
         for future in concurrent.futures.as_completed(futures):
             staged = future.result()
             results.append(staged.result)
@@ -164,20 +229,22 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
                 if seen is not member:  # a second file with these bytes: keep the whole group
                     contents[digest] = (seen if isinstance(seen, list) else [seen]) + [member]
     except BaseException:
-        cancelled.set()  # running shards stop at their next image; queued ones never start
-        writers.shutdown(wait=True, cancel_futures=True)
-        images.shutdown(wait=True, cancel_futures=True)
+        cancel.set()  # running shards stop at their next image; queued ones never start
+        pool.shutdown(wait=True, cancel_futures=True)
         raise
-    writers.shutdown()
-    images.shutdown()
+    finally:
+        if local_writer is not None:
+            local_writer.close()
+    pool.shutdown()
     groups = []
     for digest, members in contents.items():
         if isinstance(members, list):
             group = stages.duplicate_group(digest, members)
             if group is not None:
                 groups.append(group)
-    return stages.record_results(
-        results, rejected, label_map, groups, output=config.output, find_duplicates=find_duplicates,
+    results_written = stages.record_results(
+        results, rejected, label_map, groups, output=config.output, find_duplicates=not config.skip_duplicate_check,
         build=dict(build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
                    parameters=config.to_json(), versions=dict(versions),
                    max_reject_fraction=config.max_reject_fraction))
+    return results_written, workers
