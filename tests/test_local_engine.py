@@ -113,17 +113,21 @@ def test_the_engine_is_chosen_by_what_the_build_needs():
     assert not uses_local_engine(make_config({}, {"input": "in", "output": "gs://b/out"}), [])
 
 
-def test_a_local_build_never_imports_beam(image_tree, tmp_path):
-    """What start-up saves: Beam (about 1.6 s of imports) stays out of a local build's process."""
+@pytest.mark.parametrize("workers,engine", [("0", "local engine, in-process"), ("2", "local engine, 2 worker processes")])
+def test_a_local_build_never_imports_beam(image_tree, tmp_path, workers, engine):
+    """What start-up saves: Beam (about 1.6 s of imports) stays out of a local build's processes.
+    The build is called from code without a `__main__` guard (python -c), which worker processes
+    must not run again."""
     root, _ = image_tree
     code = ("import sys; from imagerecords.pipeline import cli; "
             f"rc = cli.main(['build', '--input', {str(root)!r}, '--output', {str(tmp_path / 'ds')!r}, "
-            "'--max_reject_fraction', '0.05', '--no_progress']); "
+            f"'--max_reject_fraction', '0.05', '--no_progress', '--local_workers', {workers!r}]); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'apache_beam')); sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "[]", proc.stdout
-    assert "(local engine, in-process)" in proc.stdout
+    assert f"({engine})" in proc.stdout
+    assert proc.stdout.count("imagerecords: wrote") == 1  # once: no worker ran the script again
     assert len(shard_files(tmp_path / "ds")) == 8
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -114,8 +115,6 @@ class _Progress:
         self._last_print = 0.0
 
     def state(self) -> Dict[str, int]:
-        import json
-
         out = {"done": 0, "rejected": 0, "total": 0, "planned": 0}
         for name in os.listdir(self._dir):
             try:

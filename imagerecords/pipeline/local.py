@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import gc
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
@@ -108,10 +110,18 @@ def plan(config: BuildConfig, refs: List[ImageRef]) -> _Shards:
     return shards
 
 
-# Below this many images, worker processes cost more to start (~0.3 s) than they save.
+# Below this many images, worker processes cost more to start than they save.
 PROCESS_MIN_IMAGES = 256
 # Image threads per worker process: one prepares an image while another parses or writes.
 THREADS_PER_PROCESS = 2
+
+
+def _fork_available() -> bool:
+    # Workers are forked: they inherit the imported codec and the build's settings, and never
+    # re-import the caller's __main__ (which spawn and forkserver do: a script calling run()
+    # without a `__main__` guard would start itself again in every worker). macOS's system
+    # libraries are not fork-safe, so elsewhere the default stays on threads.
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
 
 
 def choose_workers(num_images: int, asked: Optional[int] = None) -> int:
@@ -119,7 +129,7 @@ def choose_workers(num_images: int, asked: Optional[int] = None) -> int:
     if asked is not None:
         return asked
     cores = os.cpu_count() or 1
-    return cores if cores > 1 and num_images >= PROCESS_MIN_IMAGES else 0
+    return cores if cores > 1 and num_images >= PROCESS_MIN_IMAGES and _fork_available() else 0
 
 
 class _Writer:
@@ -163,11 +173,9 @@ def _write_in_worker(key: ShardKey, refs: List[ImageRef]) -> stages.StagedShard:
 
 
 def _process_pool(workers: int, config: BuildConfig, labels: LabelMap, progress_dir: Optional[str]):
-    """Worker processes forked from a fresh server process (forkserver: this process has threads,
-    which a plain fork would copy in whatever state they are in); the server imports the codec and
-    writer once, so each worker starts at once."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["imagerecords.stages", "imagerecords.pipeline.local"])
+    """Forked worker processes (spawned where fork is not available: the caller needs a
+    `__main__` guard there)."""
+    ctx = multiprocessing.get_context("fork" if _fork_available() else "spawn")
     cancel = ctx.Event()
     pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
                                                   initargs=(config, labels, progress_dir, cancel))
@@ -218,7 +226,14 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
     contents: Dict[bytes, Union[Tuple[str, str, str], List[Tuple[str, str, str]]]] = {}
     results = []
     try:
-        futures = [pool.submit(write, key, shards.take(key)) for key in shards.keys()]
+        # Forked workers share this process's memory until either side writes to it; a garbage
+        # collection in a worker would write to every object's header and copy the whole heap
+        # (every ref of the build) into each worker. Frozen objects are never collected.
+        gc.freeze()
+        try:
+            futures = [pool.submit(write, key, shards.take(key)) for key in shards.keys()]  # forks on the first
+        finally:
+            gc.unfreeze()
         for future in concurrent.futures.as_completed(futures):
             staged = future.result()
             results.append(staged.result)
