@@ -150,6 +150,42 @@ def test_same_seed_same_batches_other_seed_other_order(ds_path):
     assert names[:n // 2] != names[n:n + n // 2]
 
 
+def test_eval_is_deterministic_and_in_file_order(ds_path):
+    """Two evaluation reads give the same pixels, labels and order: the shards' own record order."""
+    def read():
+        ds = reader.make_dataset(ds_path, "train", batch_size=4, image_size=SIZE,
+                                 config=ReadConfig(with_filename=True, dtype="uint8"))
+        return [(i.numpy(), l.numpy().tolist(), [x.decode() for x in f.numpy()]) for i, l, f in ds]
+
+    first, again = read(), read()
+    assert len(first) == len(again) > 1
+    for (ia, la, fa), (ib, lb, fb) in zip(first, again):
+        np.testing.assert_array_equal(ia, ib)
+        assert la == lb and fa == fb
+    assert reader.make_dataset(ds_path, "train", batch_size=4, image_size=SIZE).options().deterministic is True
+    names = [n for _, _, f in first for n in f]
+    # One host, evaluation: shards interleaved one record at a time, each in its file order.
+    per_shard = [_shard_filenames_of(path) for path in reader.load_info(ds_path).splits["train"].files]
+    expected = [s[i] for i in range(max(map(len, per_shard))) for s in per_shard if i < len(s)]
+    assert names == expected
+
+
+def _shard_filenames_of(path):
+    return [tf.train.Example.FromString(raw.numpy()).features.feature["image/filename"].bytes_list.value[0].decode()
+            for raw in tf.data.TFRecordDataset(path)]
+
+
+def test_uint8_rounding_of_in_range_images():
+    """The one-pass uint8 conversion of built-in images rounds half up, like round() but at .5."""
+    from imagerecords.reader import preprocess
+
+    values = tf.constant([0.0, 0.49, 0.5, 1.5, 127.51, 254.6, 255.0])
+    assert preprocess.finish(values, "uint8", "none", in_range=True).numpy().tolist() == [0, 0, 1, 2, 128, 255, 255]
+    # Images of a user function may leave the range: clipped, rounded half to even.
+    outside = tf.constant([-3.0, 0.5, 1.5, 300.0])
+    assert preprocess.finish(outside, "uint8", "none").numpy().tolist() == [0, 0, 2, 255]
+
+
 def test_training_crops_are_random_and_decoded_from_the_crop(ds_path):
     cfg = dict(batch_size=8, image_size=SIZE, training=True, seed=3)
     a = next(iter(reader.make_dataset(ds_path, "train", config=ReadConfig(shuffle_buffer=0, shuffle_files=False), **cfg)))
@@ -288,11 +324,33 @@ def corrupt(ds_path, tmp_path):
 
 
 def test_corrupt_record_fails_naming_the_shard(corrupt):
-    path, shard, _, _, _ = corrupt
+    path, shard, _, frames, _ = corrupt
     ds = reader.make_dataset(path, "train", batch_size=2, image_size=SIZE)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=os.path.basename(shard)):
+    # Record 1 fails its data checksum, so one record was read of the manifest's count.
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"{os.path.basename(shard)}.* is corrupt.*: 1 records read .*says {len(frames)} "):
         for _ in ds:
             pass
+
+
+def test_truncated_shard_fails_and_a_longer_one_is_read_to_its_count(ds_path, tmp_path):
+    """The manifest's count bounds every shard: fewer readable records fail, more are not read."""
+    copy = tmp_path / "ds"
+    shutil.copytree(ds_path, copy)
+    files = reader.load_info(str(copy)).splits["train"].files
+    first, second = (bytearray(open(f, "rb").read()) for f in files[:2])
+    frames = _frames(first)
+    with open(files[0], "wb") as f:  # cut inside the last frame: one record short
+        f.write(first[:frames[-1][0] + 20])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"{os.path.basename(files[0])}.*: {len(frames) - 1} records read .*says {len(frames)} "):
+        for _ in reader.make_dataset(str(copy), "train", batch_size=2, image_size=SIZE):
+            pass
+    with open(files[0], "wb") as f:  # whole again, and shard 1's records appended after its own
+        f.write(first + second)
+    names, _, _ = _collect(reader.make_dataset(str(copy), "train", batch_size=2, image_size=SIZE,
+                                               config=ReadConfig(with_filename=True)))
+    assert sorted(names) == sorted(_shard_filenames(ds_path, "train"))
 
 
 def test_corrupt_record_skip_yields_the_others(corrupt, caplog):

@@ -31,7 +31,7 @@ class ReadConfig:
       block_length: consecutive records taken from one shard before moving to the next.
       deterministic: keep the element order independent of thread timing (parallel stages emit in
         input order). None: True when a seed is given or when not training.
-      num_parallel_calls: parallelism of the interleave, decode and batch stages; -1 is AUTOTUNE.
+      num_parallel_calls: parallelism of the interleave and of the decode (fused with the batch); -1 is AUTOTUNE.
       dtype: image dtype, "uint8", "float32" or "bfloat16". "uint8" moves a quarter of float32's
         bytes to the accelerator and leaves normalisation to it (see normalization_constants).
       normalization: "none" (0..255), "unit" (0..1), "symmetric" (-1..1), "imagenet" (ImageNet mean

@@ -148,10 +148,12 @@ def make_dataset(
     # --- examples
     may_pad = plan.remainder == "pad" and n_hosts > 1
     decode = _decoder(info, image_size, config, r, _derive(seed, host, "augment"), may_pad)
+    # (stream index, serialized record); the stream index seeds the augmentation
     examples = records.enumerate().map(decode, num_parallel_calls=config.num_parallel_calls,
                                        deterministic=r.deterministic)
-    batches = examples.batch(batch_size, drop_remainder=r.drop_remainder,
-                             num_parallel_calls=config.num_parallel_calls, deterministic=r.deterministic)
+    # A plain batch right after the parallel map: tf.data fuses the two (map_and_batch_fusion), so
+    # each image is written straight into its batch and batches are built in parallel, in order.
+    batches = examples.batch(batch_size, drop_remainder=r.drop_remainder)
     if config.prefetch:
         batches = batches.prefetch(config.prefetch)
     options = tf.data.Options()
@@ -172,21 +174,28 @@ def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_l
              may_pad: bool):
     """Returns the map function (index, serialized) -> (image, label[, filename]).
 
-    Parse, decode, crop, resize and scaling run as one map function, so tf.data schedules one
+    Parse, decode, crop, resize, scaling and flip run as one map function, so tf.data schedules one
     parallel stage and no intermediate element (the parsed dict, the decoded crop) is buffered.
-    The check for padding elements is only built when padding can occur (several hosts, "pad").
+    For uint8 output the built-in training flip comes last, on the finished image (the smallest
+    form of it); for float output it flips the decoded crop. The check for padding elements is
+    only built when padding can occur (several hosts, "pad"), and the filename is only parsed when
+    it is yielded.
     """
     keys = schema.keys(info.schema)
-    spec = {k: v for k, v in schema.parse_spec(info.schema).items() if k in (keys.image, keys.label, keys.filename)}
+    wanted = (keys.image, keys.label, keys.filename) if config.with_filename else (keys.image, keys.label)
+    spec = {k: v for k, v in schema.parse_spec(info.schema).items() if k in wanted}
+    flip_last = r.preprocess == "train" and config.random_flip and config.dtype == "uint8"
     if r.preprocess == "train":
         image_fn = functools.partial(preprocess_lib.train_image, area_range=config.crop_area_range,
-                                     aspect_ratio_range=config.crop_aspect_ratio_range, flip=config.random_flip,
+                                     aspect_ratio_range=config.crop_aspect_ratio_range,
+                                     flip=config.random_flip and not flip_last,
                                      scaled_decode=config.scaled_decode)
     elif r.preprocess == "eval":
         def image_fn(encoded, size, seed):
             return preprocess_lib.eval_image(encoded, size, config.eval_crop_fraction, config.scaled_decode)
     else:
         image_fn = r.preprocess
+    built_in = isinstance(r.preprocess, str)  # its float pixels are a bilinear resize of uint8: 0..255
     label_shift = info.label_offset if config.zero_based_labels else 0
     out_dtype = tf.dtypes.as_dtype(config.dtype)
 
@@ -196,9 +205,11 @@ def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_l
         seed = tf.random.experimental.stateless_fold_in(tf.constant([augment_seed, 0], tf.int64), index)
         image = image_fn(example[keys.image], image_size, seed)
         image = tf.ensure_shape(image, [image_size, image_size, 3])
-        image = preprocess_lib.finish(image, config.dtype, r.normalization)
+        image = preprocess_lib.finish(image, config.dtype, r.normalization, in_range=built_in)
+        if flip_last:
+            image = preprocess_lib.random_flip(image, seed)
         label = tf.cast(example[keys.label] - label_shift, tf.int32)
-        return image, label, example[keys.filename]
+        return image, label, example[keys.filename] if config.with_filename else tf.constant("")
 
     def pad():
         return tf.zeros([image_size, image_size, 3], out_dtype), tf.constant(PAD_LABEL, tf.int32), tf.constant("")

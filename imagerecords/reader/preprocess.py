@@ -37,7 +37,7 @@ def train_image(encoded: tf.Tensor, image_size: int, seed: tf.Tensor, *,
     Returns:
       float32 [image_size, image_size, 3] on the 0..255 scale.
     """
-    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    crop_seed, _ = _split(seed)
     shape = tf.image.extract_jpeg_shape(encoded)
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
         shape,
@@ -53,8 +53,23 @@ def train_image(encoded: tf.Tensor, image_size: int, seed: tf.Tensor, *,
     height, width, _ = tf.unstack(size)
     image = decode_window(encoded, offset_y, offset_x, height, width, image_size, scaled_decode)
     if flip:
-        image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+        image = random_flip(image, seed)
     return _resize(image, image_size)
+
+
+def random_flip(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """train_image's left-right flip (probability 1/2, the same for the same seed), for any dtype.
+
+    train_image flips the decoded crop, before the resize. For uint8 output make_dataset flips the
+    finished image instead, which is smaller (224 x 224 x 1 byte against an average crop of about
+    twice the pixels); flip commutes with the resize and the rounding up to float rounding.
+    """
+    return tf.image.stateless_random_flip_left_right(image, seed=_split(seed)[1])
+
+
+def _split(seed: tf.Tensor):
+    """(crop seed, flip seed) of one element's seed."""
+    return tf.unstack(tf.random.experimental.stateless_split(seed, 2))
 
 
 def eval_image(encoded: tf.Tensor, image_size: int, crop_fraction: float = 0.875,
@@ -108,13 +123,15 @@ def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
 
 
 def finish(image: tf.Tensor, dtype: str,
-           normalization: Union[str, Tuple[Sequence[float], Sequence[float]]]) -> tf.Tensor:
+           normalization: Union[str, Tuple[Sequence[float], Sequence[float]]], in_range: bool = False) -> tf.Tensor:
     """Scales a 0..255 image as `normalization` says and casts it to `dtype`.
 
     Args:
       image: numeric image on the 0..255 scale.
       dtype: "uint8", "float32" or "bfloat16".
       normalization: "none", "unit", "symmetric", "imagenet" or (mean, std) on the 0..255 scale.
+      in_range: the float image is known to lie in [0, 255] (a bilinear resize of uint8 pixels
+        does), so uint8 needs no clipping: it is rounded half up in one pass.
 
     Returns:
       The image in `dtype`; uint8 values are rounded and clipped to 0..255.
@@ -122,6 +139,8 @@ def finish(image: tf.Tensor, dtype: str,
     if dtype == "uint8":
         if image.dtype == tf.uint8:
             return image
+        if in_range and image.dtype == tf.float32:
+            return tf.cast(image + 0.5, tf.uint8)  # the cast truncates: floor(x + 0.5) for x >= 0
         return tf.saturate_cast(tf.round(tf.cast(image, tf.float32)), tf.uint8)
     image = tf.cast(image, tf.float32)
     if normalization == "unit":
