@@ -71,7 +71,7 @@ class DuplicateGroup:
     """Inputs under different keys whose files hold identical bytes (one row of duplicates.jsonl).
 
     Attributes:
-      content: hex digest of the shared bytes (BLAKE2b, 16 bytes).
+      content: hex digest of the shared bytes (the first 16 bytes of SHA-256).
       members: ((key, split, uri), ...) sorted.
     """
 

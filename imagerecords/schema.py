@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 PRESETS = ("tfds", "tf-models")
 
@@ -90,22 +90,32 @@ def make_example(
       The serialized Example.
     """
     k = keys(preset)
-    feature = {
-        k.image: _bytes_feature(image),
+    small = {
         k.label: _int64_feature(label),
         k.filename: _bytes_feature(filename.encode("utf-8")),
         k.height: _int64_feature(height),
         k.width: _int64_feature(width),
     }
     if k.image_format:
-        feature[k.image_format] = _bytes_feature(b"JPEG")
+        small[k.image_format] = _bytes_feature(b"JPEG")
     if k.label_text:
-        feature[k.label_text] = _bytes_feature(label_text.encode("utf-8"))
+        small[k.label_text] = _bytes_feature(label_text.encode("utf-8"))
     # Example{features=1: Features{feature=1: map<string, Feature>}}; a map is a repeated entry
     # message {key=1, value=2}; entries are written in key order, so equal inputs give equal bytes.
-    entries = b"".join(
-        _field(1, _field(1, name.encode("utf-8")) + _field(2, value)) for name, value in sorted(feature.items()))
-    return _field(1, entries)
+    # The image is the only large value: its entry is written as headers around the bytes, so they
+    # are copied once (into the final join) instead of once per nesting level.
+    parts: List[bytes] = []
+    for name in sorted([*small, k.image]):
+        if name != k.image:
+            parts.append(_field(1, _field(1, name.encode("utf-8")) + _field(2, small[name])))
+            continue
+        value_header = _header(1, len(image))  # BytesList.value
+        list_header = _header(1, len(value_header) + len(image))  # Feature.bytes_list
+        feature_len = len(list_header) + len(value_header) + len(image)
+        key_and_value_header = _field(1, name.encode("utf-8")) + _header(2, feature_len)  # entry key, value
+        entry_header = _header(1, len(key_and_value_header) + feature_len)  # Features.feature entry
+        parts += [entry_header, key_and_value_header, list_header, value_header, image]
+    return b"".join([_header(1, sum(map(len, parts))), *parts])
 
 
 # Protocol-buffer wire format, just what tf.train.Example needs. Writing it here keeps TensorFlow
@@ -113,7 +123,12 @@ def make_example(
 # TensorFlow parses the bytes to the message it would build itself.
 
 
+_ONE_BYTE = [bytes((i,)) for i in range(0x80)]  # tags and short lengths: most varints written
+
+
 def _varint(value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
     value &= 0xFFFFFFFFFFFFFFFF  # negative int64 values take ten bytes, two's complement
     out = bytearray()
     while value > 0x7F:
@@ -123,9 +138,14 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+def _header(number: int, length: int) -> bytes:
+    """The tag and length of a length-delimited field (wire type 2) whose payload follows."""
+    return _varint(number << 3 | 2) + _varint(length)
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return _header(number, len(payload)) + payload
 
 
 def _bytes_feature(value: bytes) -> bytes:

@@ -79,8 +79,10 @@ def encode_ref(
 
 
 def content_digest(data: bytes) -> bytes:
-    """16 bytes of BLAKE2b: collisions are out of reach for any dataset (2**64 files for an even chance)."""
-    return hashlib.blake2b(data, digest_size=16).digest()
+    """The first 16 bytes of SHA-256: collisions are out of reach for any dataset (2**64 files for an
+    even chance). SHA-256 rather than BLAKE2b: CPUs hash it in hardware (60 against 157 us for a
+    90 KB file here), and every written image is hashed."""
+    return hashlib.sha256(data).digest()[:16]
 
 
 def dedupe_sorted(refs: Sequence[ImageRef]) -> Tuple[List[ImageRef], List[Rejected]]:
