@@ -65,6 +65,10 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
         figures = data["groups"][group]
         for name in GROUPS[group]:
             assert name in figures, f"{group}/{name} missing; have {sorted(figures)}"
+            if name.endswith("kib_per_image"):
+                # A difference of two peaks: at smoke sizes (20 vs 16 rows) it is noise, either sign.
+                assert isinstance(figures[name]["value"], float), (group, name, figures[name])
+                continue
             assert figures[name]["value"] > 0 and figures[name]["min"] > 0, (group, name, figures[name])
             if "baseline" in figures[name]:
                 assert figures[name]["ratio"] > 0, (group, name)
