@@ -357,7 +357,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="corpus seed")
     p.add_argument("--repeats", type=int, default=1, help="rounds of every measurement, interleaved")
     p.add_argument("--manifest_rows", help="row counts of the memory builds (default 20000,100000; --quick: 200,600)")
-    p.add_argument("--memory_modes", default="default,multi_threading",
+    p.add_argument("--memory_modes", default="default,multi_processing",
                    help="engines of the memory builds: default (local engine) and DirectRunner modes")
     p.add_argument("--reader_batches", type=int, help="batches per reader measurement (default 16; --quick: 1)")
     p.add_argument("--skip", default="", help="comma-separated groups to skip: codec,peers,tfds,build,startup,memory,reader")

@@ -222,3 +222,22 @@ def test_identical_files_under_two_keys_are_reported_and_leaks_flagged(image_tre
     unchecked = tmp_path / "unchecked"
     manifest = build(tree, unchecked, "--num_shards", 2, "--max_reject_fraction", 0.05, "--skip_duplicate_check")
     assert manifest.num_duplicate_groups == -1 and not (unchecked / "duplicates.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_directrunner_default_mode_survives_a_100k_row_manifest(image_tree, tmp_path):
+    """DirectRunner's multi_threading mode corrupted bundles this large ("Error decoding input
+    stream with coder ...", Beam issue 22321); the mode the launcher picks must build it whole."""
+    root, files = image_tree
+    rows = [(root / cls / rel, cls) for cls, rels in sorted(files.items()) for rel in rels]
+    manifest_path = tmp_path / "rows.csv"
+    with open(manifest_path, "w") as f:
+        f.write("path,label,key\n")
+        for i in range(100_000):
+            path, cls = rows[i % len(rows)]
+            f.write(f"{path},{cls},row{i:06d}\n")
+    extra = os.environ.get("IMAGERECORDS_TEST_DIRECT_MODE")  # to see this test fail: multi_threading
+    manifest = build(manifest_path, tmp_path / "ds", "--runner=DirectRunner", "--num_shards", 4, "--max_side", 16,
+                     *([f"--direct_running_mode={extra}"] if extra else []))
+    assert manifest.num_examples == 100_000 and manifest.num_rejected == 0
+    assert manifest.num_duplicate_groups == len(rows)

@@ -47,11 +47,12 @@ def _local_options(options, beam_args: Sequence[str]) -> bool:
     if not any(a.startswith("--direct_num_workers") for a in beam_args):
         direct.direct_num_workers = os.cpu_count() or 1
     if not any(a.startswith("--direct_running_mode") for a in beam_args):
-        # Measured (benchmarks/run.py start-up group, and whole builds of 1,000 photos on 2 cores):
-        # worker threads start in about half the time of worker processes (6.6 vs 12.2 s for 16
-        # images) and build faster (11.8-14.3 s vs 17.6-27.8 s), since decoding, encoding and
-        # hashing release the GIL. One worker needs neither.
-        direct.direct_running_mode = "in_memory" if direct.direct_num_workers == 1 else "multi_threading"
+        # Worker processes. Worker threads start faster (6.6 vs 12.2 s for 16 images) but
+        # multi_threading corrupts large bundles: a 100,000-row manifest build failed with
+        # "Error decoding input stream with coder ..." / "unexpected value for null indicator"
+        # (Beam 2.62; the symptom of Beam issue 22321), where multi_processing built it in 29 s.
+        # Quick local builds run on the local engine anyway. One worker runs in memory.
+        direct.direct_running_mode = "in_memory" if direct.direct_num_workers == 1 else "multi_processing"
     return True
 
 
