@@ -7,7 +7,8 @@ Usage:
 Every figure is measured in this run and printed next to a baseline from the same run, because the
 machines are shared and noisy: only ratios travel between machines. With --repeats R each
 measurement is taken R times, interleaved with the others, and printed as median [min-max].
-Peak RSS is summed over a command's whole process tree (psutil, sampled every 0.1 s).
+Peak memory is summed over a command's whole process tree (psutil, sampled every 0.1 s) as PSS,
+which splits pages a forked worker shares with its parent (RSS would count them once per process).
 
 Groups (printed as one table each):
   codec    the limits: Pillow decode + RGB + encode (q90) with one thread per core, and with one
@@ -22,11 +23,11 @@ Groups (printed as one table each):
   build    `python -m imagerecords build` (the real CLI, --no_progress): the default (local
            engine, --writer shards), the same with --local_workers=0 (threads), on
            --runner=DirectRunner, and --writer beam; each
-           pass-through and --reencode: wall time (imports included), images/s, peak RSS.
+           pass-through and --reencode: wall time (imports included), images/s, peak memory.
   startup  a 16-image build in the CLI's default (the local engine) and in DirectRunner's
            in_memory, multi_threading and multi_processing modes (--direct_num_workers = cores).
   memory   manifest builds of many rows pointing at 64 tiny JPEGs under distinct keys:
-           (peak RSS - base) / rows, base being a 16-row manifest build's peak; and the slope
+           (peak memory - base) / rows, base being a 16-row manifest build's peak; and the slope
            between the two sizes. Modes: default (the local engine) and DirectRunner's modes.
   reader   make_dataset train (random-resized crop) and eval (center crop), 224 px, batch 128,
            against plain tf.data (interleave, shuffle, parse, decode_jpeg, resize, batch) and
@@ -125,8 +126,25 @@ def machine() -> str:
 # --- running a command and watching its process tree
 
 
+def _memory(p) -> int:
+    """A process's share of memory: PSS where the OS has it (Linux), else RSS. Summing RSS over a
+    tree counts every page a forked worker shares with its parent once per process, so the local
+    engine's forked workers would each seem to hold the whole launcher's heap."""
+    try:
+        return p.memory_full_info().pss
+    except (AttributeError, psutil_error()):
+        return p.memory_info().rss
+
+
+def psutil_error():
+    import psutil
+
+    return psutil.AccessDenied
+
+
 def run_watched(cmd: Sequence[str], env: Optional[dict] = None) -> Tuple[float, float]:
-    """Runs `cmd`; returns (wall seconds, peak RSS in MB summed over its process tree, sampled per 0.1 s).
+    """Runs `cmd`; returns (wall seconds, peak memory in MB summed over its process tree: PSS, or
+    RSS where there is no PSS; sampled per 0.1 s).
 
     Raises:
       RuntimeError: with the tail of stderr when the command fails.
@@ -143,7 +161,7 @@ def run_watched(cmd: Sequence[str], env: Optional[dict] = None) -> Tuple[float, 
             try:
                 for p in [root] + root.children(recursive=True):
                     try:
-                        total += p.memory_info().rss
+                        total += _memory(p)
                     except psutil.Error:
                         pass
             except psutil.Error:
@@ -237,8 +255,13 @@ def bench_peers(res: Results, root: str, work: str, n: int, tfds: bool, quick: b
     for path in ("pass", "reencode"):
         out = os.path.join(work, f"tfds-{path}-{r}")
         js = os.path.join(work, "tfds.json")
-        wall, rss = run_watched([sys.executable, "-m", "benchmarks.workloads", "tfds", "--input", root, "--output",
-                                 out, "--paths", path, "--json", js, *beam])
+        try:
+            wall, rss = run_watched([sys.executable, "-m", "benchmarks.workloads", "tfds", "--input", root,
+                                     "--output", out, "--paths", path, "--json", js, *beam])
+        except RuntimeError as e:  # a peer's failure is a finding, not the end of the run
+            res.notes.append(f"round {r + 1}: TFDS {path} failed: {str(e).strip().splitlines()[-1][:200]}")
+            shutil.rmtree(out, ignore_errors=True)
+            continue
         res.add("peers", f"tfds_{path}_wall", n / wall, "img/s")
         res.add("peers", f"tfds_{path}_peak_rss", rss, "MB", higher_is_better=False)
         shutil.rmtree(out, ignore_errors=True)

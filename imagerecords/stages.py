@@ -127,11 +127,11 @@ def shard_order(members: Iterable[Tuple[int, ImageRef]]) -> List[ImageRef]:
 @dataclasses.dataclass
 class StagedShard:
     """What stage_shard wrote: the shard, the inputs it turned away, and (with contents) the
-    (16-byte source digest, ref) of every record written, for the duplicate check."""
+    (16-byte source digest, (key, split, uri)) of every record written, for the duplicate check."""
 
     result: ShardResult
     rejected: List[Rejected]
-    contents: List[Tuple[bytes, ImageRef]]
+    contents: List[Tuple[bytes, Tuple[str, str, str]]]
     passthrough: int
 
 
@@ -216,7 +216,8 @@ def stage_shard(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, output
     publish.test_pause("mid_shards")
     result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
                                       stats.passthrough, index_file, index_sha256))
-    return StagedShard(result, duplicates + rejected, stats.contents if contents else [], stats.passthrough)
+    written = [(digest, (r.key, r.split, r.uri)) for digest, r in stats.contents] if contents else []
+    return StagedShard(result, duplicates + rejected, written, stats.passthrough)
 
 
 def _fail_once_for_tests(filename: str) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import gc
 import multiprocessing
 import os
 import signal
@@ -133,12 +132,11 @@ def choose_workers(num_images: int, asked: Optional[int] = None) -> int:
 
 
 class _Writer:
-    """Writes shards with everything but the shard's refs fixed; one per process or thread pool."""
+    """Writes shards with everything but the shard's refs and labels fixed; one per process, or
+    one shared by this process's shard threads."""
 
-    def __init__(self, config: BuildConfig, labels: LabelMap, threads: int, progress_dir: Optional[str],
-                 cancelled):
+    def __init__(self, config: BuildConfig, threads: int, progress_dir: Optional[str], cancelled):
         self._config = config
-        self._labels = labels
         self._threads = threads
         self._progress_dir = progress_dir
         self._cancelled = cancelled
@@ -146,10 +144,10 @@ class _Writer:
         self._images = (concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="imagerecords-image")
                         if threads > 1 else None)
 
-    def __call__(self, key: ShardKey, refs: List[ImageRef]) -> stages.StagedShard:
+    def __call__(self, key: ShardKey, refs: List[ImageRef], labels: LabelMap) -> stages.StagedShard:
         c = self._config
         return stages.stage_shard(
-            key, refs, output=c.output, name=c.name, preset=c.schema, labels=self._labels, options=c.image,
+            key, refs, output=c.output, name=c.name, preset=c.schema, labels=labels, options=c.image,
             read_bytes=self._read, executor=self._images, window=2 * self._threads, write_index=c.write_index,
             progress_dir=self._progress_dir, contents=not c.skip_duplicate_check, cancelled=self._cancelled)
 
@@ -161,25 +159,31 @@ class _Writer:
 _WORKER: Dict[str, _Writer] = {}
 
 
-def _start_worker(config: BuildConfig, labels: LabelMap, progress_dir: Optional[str], cancel) -> None:
+def _start_worker(config: BuildConfig, progress_dir: Optional[str], cancel) -> None:
     # Ctrl-C reaches the whole process group; the launcher answers it by setting `cancel`, which
     # stops each shard at its next image and cleans its temporary file.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER["writer"] = _Writer(config, labels, THREADS_PER_PROCESS, progress_dir, cancel.is_set)
+    _WORKER["writer"] = _Writer(config, THREADS_PER_PROCESS, progress_dir, cancel.is_set)
 
 
-def _write_in_worker(key: ShardKey, refs: List[ImageRef]) -> stages.StagedShard:
-    return _WORKER["writer"](key, refs)
+def _write_in_worker(key: ShardKey, refs: List[ImageRef], labels: LabelMap) -> stages.StagedShard:
+    return _WORKER["writer"](key, refs, labels)
 
 
-def _process_pool(workers: int, config: BuildConfig, labels: LabelMap, progress_dir: Optional[str]):
-    """Forked worker processes (spawned where fork is not available: the caller needs a
-    `__main__` guard there)."""
+def _fork_workers(workers: int, config: BuildConfig, progress_dir: Optional[str]):
+    """Starts `workers` forked worker processes now, before the build lists anything: a worker
+    forked later would share the launcher's pages holding every ref, and each page the launcher
+    then touches (a refcount, while pickling a shard's refs) would be copied, once per worker;
+    measured, that cost 1.7 KiB per image on 2 workers where the launcher holds 0.7. Forking is
+    cheap (no new interpreter, nothing imported again), so it is done even if the input turns out
+    too small to use them. Elsewhere than Linux workers are spawned (the caller needs a
+    `__main__` guard)."""
     ctx = multiprocessing.get_context("fork" if _fork_available() else "spawn")
     cancel = ctx.Event()
     pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
-                                                  initargs=(config, labels, progress_dir, cancel))
-    return pool, _write_in_worker, cancel
+                                                  initargs=(config, progress_dir, cancel))
+    pool.submit(os.getpid).result()  # a fork context starts every worker at the first submit
+    return pool, cancel
 
 
 def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap],
@@ -195,6 +199,20 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
     Returns:
       The results written, and the worker processes used.
     """
+    cores = os.cpu_count() or 1
+    maybe = workers if workers is not None else choose_workers(PROCESS_MIN_IMAGES)
+    pool, cancel = _fork_workers(maybe, config, progress_dir) if maybe else (None, None)
+    try:
+        return _build(config, pool, cancel, maybe, cores, build_id=build_id, versions=versions, label_map=label_map,
+                      csv_header=csv_header, progress_dir=progress_dir, workers=workers)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _build(config: BuildConfig, process_pool, process_cancel, forked: int, cores: int, *, build_id: str,
+           versions: Mapping[str, str], label_map: Optional[LabelMap], csv_header: Optional[str],
+           progress_dir: Optional[str], workers: Optional[int]) -> Tuple[publish.BuildResults, int]:
     rejected: List[Rejected] = []
     listed: List[ImageRef] = []
     for item in list_inputs(config, csv_header):
@@ -207,39 +225,30 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
         out = stages.assign(ref, label_map, splits, config.split_seed)
         (rejected if isinstance(out, Rejected) else refs).append(out)
     del listed
-    workers = choose_workers(len(refs), workers)
+    workers = forked if workers is not None else min(forked, choose_workers(len(refs)))
     shards = plan(config, refs)
     if progress_dir:
         for p in shards.plans.values():
             stages.report_plan(p, progress_dir)
 
-    cores = os.cpu_count() or 1
+    local_writer = None
     if workers:
-        pool, write, cancel = _process_pool(workers, config, label_map, progress_dir)
-        local_writer = None
+        pool, write, cancel = process_pool, _write_in_worker, process_cancel
     else:
         cancel = threading.Event()
         # Threads: one shard writer per core, sharing one pool of image threads.
-        local_writer = _Writer(config, label_map, max(cores, config.threads), progress_dir, cancel.is_set)
+        local_writer = _Writer(config, max(cores, config.threads), progress_dir, cancel.is_set)
         pool = concurrent.futures.ThreadPoolExecutor(cores, thread_name_prefix="imagerecords-shard")
         write = local_writer
     contents: Dict[bytes, Union[Tuple[str, str, str], List[Tuple[str, str, str]]]] = {}
     results = []
     try:
-        # Forked workers share this process's memory until either side writes to it; a garbage
-        # collection in a worker would write to every object's header and copy the whole heap
-        # (every ref of the build) into each worker. Frozen objects are never collected.
-        gc.freeze()
-        try:
-            futures = [pool.submit(write, key, shards.take(key)) for key in shards.keys()]  # forks on the first
-        finally:
-            gc.unfreeze()
+        futures = [pool.submit(write, key, shards.take(key), label_map) for key in shards.keys()]
         for future in concurrent.futures.as_completed(futures):
             staged = future.result()
             results.append(staged.result)
             rejected.extend(staged.rejected)
-            for digest, ref in staged.contents:
-                member = (ref.key, ref.split, ref.uri)
+            for digest, member in staged.contents:
                 seen = contents.setdefault(digest, member)
                 if seen is not member:  # a second file with these bytes: keep the whole group
                     contents[digest] = (seen if isinstance(seen, list) else [seen]) + [member]
@@ -250,7 +259,7 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
     finally:
         if local_writer is not None:
             local_writer.close()
-    pool.shutdown()
+            pool.shutdown()
     groups = []
     for digest, members in contents.items():
         if isinstance(members, list):

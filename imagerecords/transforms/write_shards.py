@@ -53,8 +53,8 @@ class _WriteShardFn(beam.DoFn):
         for r in staged.rejected:
             self._rejected.inc()
             yield beam.pvalue.TaggedOutput(REJECTED, r)
-        for digest, ref in staged.contents:
-            yield beam.pvalue.TaggedOutput(CONTENTS, (digest, (ref.key, ref.split, ref.uri)))
+        for item in staged.contents:
+            yield beam.pvalue.TaggedOutput(CONTENTS, item)
         yield staged.result
 
 
