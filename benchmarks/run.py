@@ -130,16 +130,12 @@ def _memory(p) -> int:
     """A process's share of memory: PSS where the OS has it (Linux), else RSS. Summing RSS over a
     tree counts every page a forked worker shares with its parent once per process, so the local
     engine's forked workers would each seem to hold the whole launcher's heap."""
-    try:
-        return p.memory_full_info().pss
-    except (AttributeError, psutil_error()):
-        return p.memory_info().rss
-
-
-def psutil_error():
     import psutil
 
-    return psutil.AccessDenied
+    try:
+        return p.memory_full_info().pss
+    except (AttributeError, psutil.AccessDenied):
+        return p.memory_info().rss
 
 
 def run_watched(cmd: Sequence[str], env: Optional[dict] = None) -> Tuple[float, float]:

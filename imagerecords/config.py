@@ -10,6 +10,7 @@ import yaml
 
 from imagerecords import schema
 from imagerecords.codec import ImageOptions
+from imagerecords.refs import ManifestColumns
 
 WRITERS = ("shards", "beam")
 LABEL_TYPES = ("auto", "name", "int")
@@ -145,6 +146,11 @@ class BuildConfig:
             problems.append(f"threads must be >= 1, got {self.threads}")
         if problems:
             raise ValueError("invalid build configuration: " + "; ".join(problems))
+
+    def manifest_columns(self) -> ManifestColumns:
+        """The column names a manifest input is read with."""
+        return ManifestColumns(self.path_column, self.label_column, self.split_column, self.key_column,
+                               self.size_column)
 
     def to_json(self) -> Dict[str, Any]:
         """Returns the parameters recorded in manifest.json (paths excluded: they vary by machine)."""

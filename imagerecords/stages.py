@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -51,7 +52,7 @@ def manifest_row(line: str, parse: Callable[[str], Mapping[str, Any]], manifest:
     except ValueError as e:
         return Rejected(line, f"{manifest}: bad manifest line: {sources.stable_text(str(e))}", stage="list",
                         error=type(e).__name__)
-    ref, rejected = refs_lib.parse_manifest_row(row, refs_lib.dirname(manifest), columns)
+    ref, rejected = refs_lib.parse_manifest_row(row, _folder_of(manifest), columns)
     if rejected is not None:
         return rejected
     if ref.size >= 0 or not stat:  # the manifest gave the size, or the user skips the lookup
@@ -65,6 +66,10 @@ def manifest_row(line: str, parse: Callable[[str], Mapping[str, Any]], manifest:
     if too_big is not None:
         return Rejected(ref.uri, too_big, ref.key, ref.split, stage="read")
     return ImageRef(ref.key, ref.uri, ref.label, ref.split, size)
+
+
+# Relative paths resolve against the manifest's folder: worked out once per manifest, not per row.
+_folder_of = functools.lru_cache(maxsize=16)(refs_lib.dirname)
 
 
 def _size(ref: ImageRef) -> Tuple[int, Optional[Tuple[str, str]]]:

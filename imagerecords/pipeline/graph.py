@@ -37,8 +37,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
       A PCollection holding the single publish.BuildResults written.
     """
     if refs_lib.is_manifest(config.input):
-        columns = refs_lib.ManifestColumns(config.path_column, config.label_column, config.split_column, config.key_column,
-                                           config.size_column)
+        columns = config.manifest_columns()
         listed = p | "ReadManifest" >> ReadManifest(config.input, columns, config.image.max_file_bytes, csv_header,
                                                     stat=not config.skip_stat)
     else:

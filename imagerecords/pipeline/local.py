@@ -54,8 +54,7 @@ def list_inputs(config: BuildConfig, csv_header: Optional[str]) -> Iterator[Unio
     """Every listed input as a ref, or as a row saying why it cannot be one (ListImages, ReadManifest)."""
     max_bytes = config.image.max_file_bytes
     if refs_lib.is_manifest(config.input):
-        columns = refs_lib.ManifestColumns(config.path_column, config.label_column, config.split_column,
-                                           config.key_column, config.size_column)
+        columns = config.manifest_columns()
         parse = refs_lib.csv_row_parser(csv_header) if csv_header is not None else refs_lib.parse_jsonl_line
         for line in _manifest_lines(config.input, csv_header is not None):
             out = stages.manifest_row(line, parse, config.input, columns, max_bytes, stat=not config.skip_stat)
@@ -123,12 +122,11 @@ def _fork_available() -> bool:
     return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
 
 
-def choose_workers(num_images: int, asked: Optional[int] = None) -> int:
-    """Worker processes for a build of `num_images` (0: threads in this process)."""
-    if asked is not None:
-        return asked
+def _auto_workers() -> int:
+    """Worker processes an input of PROCESS_MIN_IMAGES or more gets: one per core, where forking is
+    available and there is more than one core; otherwise 0 (threads in this process)."""
     cores = os.cpu_count() or 1
-    return cores if cores > 1 and num_images >= PROCESS_MIN_IMAGES and _fork_available() else 0
+    return cores if cores > 1 and _fork_available() else 0
 
 
 class _Writer:
@@ -193,26 +191,25 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
     as build_pipeline's graph does. Nothing is published here (see imagerecords.publish).
 
     Args:
-      workers: worker processes writing shards (0: threads in this process); None picks by input
-        size (choose_workers).
+      workers: worker processes writing shards (0: threads in this process); None: one per core
+        (_auto_workers) for PROCESS_MIN_IMAGES images or more, threads below.
 
     Returns:
       The results written, and the worker processes used.
     """
-    cores = os.cpu_count() or 1
-    maybe = workers if workers is not None else choose_workers(PROCESS_MIN_IMAGES)
-    pool, cancel = _fork_workers(maybe, config, progress_dir) if maybe else (None, None)
+    forked = workers if workers is not None else _auto_workers()
+    pool, cancel = _fork_workers(forked, config, progress_dir) if forked else (None, None)
     try:
-        return _build(config, pool, cancel, maybe, cores, build_id=build_id, versions=versions, label_map=label_map,
-                      csv_header=csv_header, progress_dir=progress_dir, workers=workers)
+        return _build(config, pool, cancel, forked, build_id=build_id, versions=versions, label_map=label_map,
+                      csv_header=csv_header, progress_dir=progress_dir, asked=workers is not None)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _build(config: BuildConfig, process_pool, process_cancel, forked: int, cores: int, *, build_id: str,
+def _build(config: BuildConfig, process_pool, process_cancel, forked: int, *, build_id: str,
            versions: Mapping[str, str], label_map: Optional[LabelMap], csv_header: Optional[str],
-           progress_dir: Optional[str], workers: Optional[int]) -> Tuple[publish.BuildResults, int]:
+           progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
     rejected: List[Rejected] = []
     listed: List[ImageRef] = []
     for item in list_inputs(config, csv_header):
@@ -225,7 +222,7 @@ def _build(config: BuildConfig, process_pool, process_cancel, forked: int, cores
         out = stages.assign(ref, label_map, splits, config.split_seed)
         (rejected if isinstance(out, Rejected) else refs).append(out)
     del listed
-    workers = forked if workers is not None else min(forked, choose_workers(len(refs)))
+    workers = forked if asked or len(refs) >= PROCESS_MIN_IMAGES else 0
     shards = plan(config, refs)
     if progress_dir:
         for p in shards.plans.values():
@@ -236,6 +233,7 @@ def _build(config: BuildConfig, process_pool, process_cancel, forked: int, cores
         pool, write, cancel = process_pool, _write_in_worker, process_cancel
     else:
         cancel = threading.Event()
+        cores = os.cpu_count() or 1
         # Threads: one shard writer per core, sharing one pool of image threads.
         local_writer = _Writer(config, max(cores, config.threads), progress_dir, cancel.is_set)
         pool = concurrent.futures.ThreadPoolExecutor(cores, thread_name_prefix="imagerecords-shard")
