@@ -262,6 +262,27 @@ def _open_uri(uri: str) -> BinaryIO:
     return storage.open_read(uri)
 
 
+def _read_whole(f: BinaryIO, size: int, max_bytes: Optional[int]) -> bytes:
+    """Reads an unbuffered file to its end, at most max_bytes + 1 bytes.
+
+    The first read asks for the stat-ed size plus one byte, not for the limit: a read of n bytes
+    allocates n bytes first, and allocating the 64 MB limit for every 90 KB image cost ~90 us per
+    image (three times the read itself). A file that grew since the stat is read on to its end or
+    to the limit.
+    """
+    cap = None if max_bytes is None else max_bytes + 1
+    parts: List[bytes] = []
+    total = 0
+    while cap is None or total < cap:
+        want = size + 1 if not parts else 1 << 20  # short reads are allowed: read on to EOF
+        chunk = f.read(want if cap is None else min(want, cap - total))
+        if not chunk:
+            break
+        parts.append(chunk)
+        total += len(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 def read_limited(uri: str, max_bytes: Optional[int] = None,
                  open_uri: Optional[Callable[[str], BinaryIO]] = None) -> bytes:
     """Reads a whole input file, refusing what must not or need not be read.
@@ -299,11 +320,11 @@ def read_limited(uri: str, max_bytes: Optional[int] = None,
     # O_NONBLOCK: if the path was swapped for a FIFO since the stat, open returns at once instead
     # of waiting for a writer; fstat below then refuses it. It does nothing to regular files.
     fd = os.open(uri, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as f:
+    with os.fdopen(fd, "rb", buffering=0) as f:
         st = os.fstat(f.fileno())
         if not stat_lib.S_ISREG(st.st_mode):
             raise Refused(_not_regular(_kind_name(st.st_mode)))
-        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+        data = _read_whole(f, st.st_size, max_bytes)
     if max_bytes is not None and len(data) > max_bytes:
         raise Refused(f"file too large: it grew over the limit of {max_bytes} bytes "
                       f"(max_file_mb={max_bytes / 1e6:g}) while read; reading stopped after {max_bytes + 1} bytes")

@@ -287,6 +287,28 @@ def test_read_path_refuses_oversize_files_without_reading_them_whole(tmp_path):
     assert sources.read_limited("gs://b/x", 1000, open_uri=lambda uri: io.BytesIO(b"abc")) == b"abc"
 
 
+class _Trickle(io.BytesIO):
+    """A file whose reads return at most 3 bytes (short reads, as a signal or a network mount gives)."""
+
+    def read(self, n=-1):
+        return super().read(3 if n < 0 else min(n, 3))
+
+
+def test_local_read_sizes_its_first_read_by_the_stat_and_keeps_every_byte(tmp_path):
+    # Short reads: read on to EOF.
+    assert sources._read_whole(_Trickle(b"0123456789"), 10, 1000) == b"0123456789"
+    # A file that grew after the stat: the new bytes are read too, up to the limit plus one.
+    assert sources._read_whole(io.BytesIO(b"x" * 5000), 100, None) == b"x" * 5000
+    assert sources._read_whole(io.BytesIO(b"x" * 5000), 100, 1000) == b"x" * 1001
+    assert sources._read_whole(_Trickle(b"x" * 50), 10, 20) == b"x" * 21
+    assert sources._read_whole(io.BytesIO(b""), 0, 1000) == b""
+    # End to end: a real file is read whole, and a file at the limit is accepted.
+    path = tmp_path / "a.jpg"
+    path.write_bytes(b"y" * 1000)
+    assert sources.read_limited(str(path), 1000) == b"y" * 1000
+    assert sources.read_limited(str(path), None) == b"y" * 1000
+
+
 def test_max_file_mb_is_validated():
     assert codec.ImageOptions().max_file_mb == 64.0 and codec.ImageOptions().max_file_bytes == 64_000_000
     for bad in (0, -1, float("nan"), float("inf")):
