@@ -8,7 +8,6 @@ import math
 import struct
 from typing import Optional, Tuple
 
-import numpy as np
 from PIL import Image
 
 from imagerecords.sources import stable_text
@@ -236,6 +235,8 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     mode = img.mode
     if mode == "RGB":
         return img
+    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        import numpy as np  # only these rare modes need it; most builds never import NumPy
     if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
         # 16-bit greyscale (PNG, TIFF): keep the top 8 bits. Pillow's own convert clips at 255.
         arr = np.asarray(img, dtype=np.uint32)

@@ -6,8 +6,6 @@ import dataclasses
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-import yaml
-
 from imagerecords import schema
 from imagerecords.codec import ImageOptions
 from imagerecords.refs import ManifestColumns
@@ -210,6 +208,8 @@ def load_preset(path: str) -> Tuple[Dict[str, Any], List[str]]:
     Raises:
       ValueError: naming the file and the unknown key.
     """
+    import yaml  # only for config files: a build without one never imports it
+
     with open(path, encoding="utf-8") as f:
         data = yaml.safe_load(f) or {}
     if not isinstance(data, Mapping):

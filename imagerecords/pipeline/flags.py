@@ -9,7 +9,6 @@ import difflib
 import typing
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import yaml
 
 from imagerecords import config as config_lib
 from imagerecords import schema
@@ -326,6 +325,8 @@ def _preset_value(path: str, flag: _FieldFlag, value: Any) -> Any:
 
 
 def _load_preset(path: str) -> Tuple[Dict[str, Any], List[str]]:
+    import yaml  # only with --config
+
     try:
         preset, beam_args = config_lib.load_preset(path)
     except FileNotFoundError:
