@@ -30,7 +30,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from imagerecords import metadata, storage
 from imagerecords.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
 from imagerecords.manifest import DUPLICATES, ERRORS, LOCK, MANIFEST, STAGING, Manifest, dumps
-from imagerecords.storage import exists, is_local, join, list_names, list_tree
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ COMMIT = "commit.json"
 
 
 def staging_dir(output: str) -> str:
-    return join(output, STAGING)
+    return storage.join(output, STAGING)
 
 
 def read_bytes(uri: str) -> bytes:
@@ -67,7 +66,7 @@ def write_bytes(uri: str, data: bytes) -> None:
 def _delete_quietly(paths: Sequence[str]) -> None:
     for path in paths:
         try:
-            if exists(path):
+            if storage.exists(path):
                 storage.delete(path)
         except OSError as e:
             log.warning("could not remove %s: %s", path, e)
@@ -76,12 +75,12 @@ def _delete_quietly(paths: Sequence[str]) -> None:
 def remove_staging(output: str) -> None:
     """Removes the staging area and everything in it (a killed build's or a committed one's)."""
     staging = staging_dir(output)
-    if is_local(output):
+    if storage.is_local(output):
         import shutil
 
         shutil.rmtree(staging, ignore_errors=True)
         return
-    storage.delete_all(list_tree(staging))
+    storage.delete_all(storage.list_tree(staging))
 
 
 # The build's results (written by the graph, read by the launcher or `finish`) --------------------
@@ -142,7 +141,7 @@ class BuildResults:
             raise BudgetExceeded(
                 f"{self.num_rejected} of {total} inputs rejected ({100 * self.num_rejected / total:.2f}%), over the "
                 f"budget of {100 * self.max_reject_fraction:g}% (--max_reject_fraction); reasons are in "
-                f"{join(staging_dir(output), ERRORS)}; the dataset was not published")
+                f"{storage.join(staging_dir(output), ERRORS)}; the dataset was not published")
 
     def manifest(self, created: Optional[str] = None) -> Manifest:
         return metadata.build_manifest(
@@ -153,8 +152,8 @@ class BuildResults:
 
 
 def read_results(output: str) -> Optional[BuildResults]:
-    path = join(staging_dir(output), RESULTS)
-    if not exists(path):
+    path = storage.join(staging_dir(output), RESULTS)
+    if not storage.exists(path):
         return None
     return BuildResults.from_json(json.loads(read_bytes(path)))
 
@@ -163,7 +162,7 @@ def discard_staged_shards(output: str, results: BuildResults) -> None:
     """Removes a failed build's staged shards and results; its errors.jsonl stays for the reasons."""
     staging = staging_dir(output)
     names = [n for r in results.shards for n in (r.filename, r.index_file) if n]
-    _delete_quietly([join(staging, n) for n in names + [RESULTS]])
+    _delete_quietly([storage.join(staging, n) for n in names + [RESULTS]])
 
 
 # The lock -------------------------------------------------------------------------------------
@@ -219,7 +218,7 @@ def new_build_id() -> str:
 
 
 def read_lock(output: str) -> Optional[LockInfo]:
-    path = join(output, LOCK)
+    path = storage.join(output, LOCK)
     try:
         data = json.loads(read_bytes(path))
         return LockInfo(**data)
@@ -231,7 +230,7 @@ def read_lock(output: str) -> Optional[LockInfo]:
 
 def _create_exclusive(path: str, data: bytes) -> bool:
     """Creates `path` holding `data` only if it does not exist; returns False when it did."""
-    if is_local(path):
+    if storage.is_local(path):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -251,7 +250,7 @@ def _create_exclusive(path: str, data: bytes) -> bool:
             return False
         return True
     # Other filesystems have no create-if-absent; check then create (a narrow race, documented).
-    if exists(path):
+    if storage.exists(path):
         return False
     with storage.create(path) as f:
         f.write(data)
@@ -273,7 +272,7 @@ class OutputLock:
 
     def __init__(self, output: str, build_id: str, command: str = "build", break_lock: bool = False):
         self._output = output
-        self._path = join(output, LOCK)
+        self._path = storage.join(output, LOCK)
         self.info = LockInfo(build_id, socket.gethostname(), os.getpid(),
                              datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), command)
         self._break = break_lock
@@ -305,7 +304,7 @@ class OutputLock:
     def _finishes_detached(self, holder: LockInfo) -> bool:
         """`finish` takes over a detached build's lock once its job has staged its results."""
         return (self.info.command == "finish" and holder.command == DETACHED
-                and exists(join(staging_dir(self._output), RESULTS)))
+                and storage.exists(storage.join(staging_dir(self._output), RESULTS)))
 
     def hand_over_to_detached_job(self) -> None:
         """Marks the lock as held by this build's detached job (command "detached") and lets go of
@@ -360,13 +359,13 @@ def _previous_files(output: str, name: str) -> List[str]:
     """Files of the dataset now published in `output` (from its manifest), and files named like this
     build's shards that a killed build of an older version may have left."""
     names = set()
-    manifest_path = join(output, MANIFEST)
-    if exists(manifest_path):
+    manifest_path = storage.join(output, MANIFEST)
+    if storage.exists(manifest_path):
         try:
             names.update(Manifest.loads(read_bytes(manifest_path), manifest_path).shard_files())
         except ValueError as e:
             log.warning("ignoring the unreadable previous manifest: %s", e)
-    for entry in list_names(output):
+    for entry in storage.list_names(output):
         if entry.startswith(f"{name}-") and ".tfrecord" in entry:
             names.add(entry)
         elif entry.startswith(f".{name}-") and entry.endswith(".tmp"):
@@ -380,13 +379,13 @@ def _previous_files(output: str, name: str) -> List[str]:
 def _make_parent(path: str) -> None:
     """Creates the local folder `path` goes in (index/ for index files): a local rename, unlike a
     create, does not make it; object stores have no folders to make."""
-    if is_local(path):
+    if storage.is_local(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
 
 
 def _remove_empty_folders(output: str, names: Sequence[str]) -> None:
     """Removes the local sub-folders of `names` (such as index/) that are now empty."""
-    if not is_local(output):
+    if not storage.is_local(output):
         return
     for folder in sorted({os.path.dirname(n) for n in names if os.path.dirname(n)}, reverse=True):
         try:
@@ -412,8 +411,8 @@ def commit(output: str, results: Optional[BuildResults] = None) -> Manifest:
       BudgetExceeded: when finishing a build whose results are over budget.
     """
     staging = staging_dir(output)
-    record_path = join(staging, COMMIT)
-    if exists(record_path):
+    record_path = storage.join(staging, COMMIT)
+    if storage.exists(record_path):
         record = json.loads(read_bytes(record_path))
         manifest = Manifest.from_json(record["manifest"], record_path)
         previous = record["previous"]
@@ -431,35 +430,35 @@ def commit(output: str, results: Optional[BuildResults] = None) -> Manifest:
         write_bytes(record_path, dumps({"manifest": manifest.to_json(), "previous": previous}))
     new_files = set(manifest.shard_files())
     # 1. Unpublish the previous dataset: no reader (ours or TFDS) takes the folder from here on.
-    _delete_quietly([join(output, n) for n in metadata.PUBLICATION_MARKS])
+    _delete_quietly([storage.join(output, n) for n in metadata.PUBLICATION_MARKS])
     # 2. Move the staged shards into place.
     # One listing of staging, not one existence request per shard (each is a round trip on gs://).
     prefix = staging.rstrip("/") + "/"
-    in_staging = {path[len(prefix):].replace(os.sep, "/") for path in list_tree(staging)}
+    in_staging = {path[len(prefix):].replace(os.sep, "/") for path in storage.list_tree(staging)}
     for i, filename in enumerate(sorted(new_files)):
-        staged, final = join(staging, filename), join(output, filename)
+        staged, final = storage.join(staging, filename), storage.join(output, filename)
         if filename in in_staging:
             _make_parent(final)
             storage.rename(staged, final)
-        elif not exists(final):
+        elif not storage.exists(final):
             raise UnfinishedBuild(f"cannot publish {output}: {filename} is neither staged nor in place; "
                                   "rerun `imagerecords build ... --overwrite`")
         if i == 0:
             test_pause("in_commit")
     # 3. The previous build's leftovers (and the index folder, when they emptied it).
-    _delete_quietly([join(output, n) for n in previous if n not in new_files])
+    _delete_quietly([storage.join(output, n) for n in previous if n not in new_files])
     _remove_empty_folders(output, previous)
     # 4. Metadata, then the manifest: the dataset is published.
     for report in (ERRORS, DUPLICATES):
-        staged_report, final_report = join(staging, report), join(output, report)
-        if exists(staged_report):
+        staged_report, final_report = storage.join(staging, report), storage.join(output, report)
+        if storage.exists(staged_report):
             storage.rename(staged_report, final_report)
-        elif report == ERRORS and not exists(final_report):
+        elif report == ERRORS and not storage.exists(final_report):
             write_bytes(final_report, b"")
         elif report == DUPLICATES and manifest.num_duplicate_groups < 0:
             _delete_quietly([final_report])  # this build did not look: an older report would mislead
     for filename, content in metadata.metadata_files(manifest):
-        write_bytes(join(output, filename), content)
-    write_bytes(join(output, MANIFEST), manifest.dumps())
+        write_bytes(storage.join(output, filename), content)
+    write_bytes(storage.join(output, MANIFEST), manifest.dumps())
     remove_staging(output)
     return manifest

@@ -42,14 +42,14 @@ def parse_example(data: bytes) -> Dict[str, List[Any]]:
     """
     # The wire-format walker lives in schema.py, next to the writer it mirrors.
     out: Dict[str, List[Any]] = {}
-    for number, _, features in schema._fields(data):
+    for number, _, features in schema.message_fields(data):
         if number != 1:  # Example.features
             continue
-        for entry_number, _, entry in schema._fields(features):
+        for entry_number, _, entry in schema.message_fields(features):
             if entry_number != 1:  # Features.feature map entry {key=1, value=2}
                 continue
             key, value = None, b""
-            for n, _, v in schema._fields(entry):
+            for n, _, v in schema.message_fields(entry):
                 if n == 1:
                     key = bytes(v).decode("utf-8", errors="replace")
                 elif n == 2:
@@ -60,14 +60,14 @@ def parse_example(data: bytes) -> Dict[str, List[Any]]:
 
 
 def _feature_values(feature: bytes) -> List[Any]:
-    for kind, _, values in schema._fields(feature):
+    for kind, _, values in schema.message_fields(feature):
         if kind == 1:  # bytes_list {value=1 repeated bytes}
-            return [bytes(v) for n, _, v in schema._fields(values) if n == 1]
+            return [bytes(v) for n, _, v in schema.message_fields(values) if n == 1]
         if kind == 3:  # int64_list {value=1 repeated int64, packed or not}
-            return [_int64(x) for n, wire, v in schema._fields(values) if n == 1 for x in _varints(v, wire)]
+            return [_int64(x) for n, wire, v in schema.message_fields(values) if n == 1 for x in _varints(v, wire)]
         if kind == 2:  # float_list {value=1 repeated float, packed or not}
             out: List[Any] = []
-            for n, wire, v in schema._fields(values):
+            for n, wire, v in schema.message_fields(values):
                 if n == 1:
                     out.extend(struct.unpack(f"<{len(v) // 4}f", v))
             return out

@@ -186,7 +186,7 @@ def _read_varint(buf: bytes, pos: int):
         shift += 7
 
 
-def _fields(buf: bytes):
+def message_fields(buf: bytes):
     """Yields (field number, wire type, value) of a serialized message (varint and
     length-delimited fields only, which is all tf.train.Example uses besides floats)."""
     pos = 0
@@ -213,16 +213,16 @@ def read_int64(example: bytes, key: str) -> int:
     Raises:
       KeyError: if the Example has no int64 feature `key`.
     """
-    for number, _, features in _fields(example):
+    for number, _, features in message_fields(example):
         if number != 1:
             continue
-        for entry_number, _, entry in _fields(features):
-            fields = {n: v for n, _, v in _fields(entry)} if entry_number == 1 else {}
+        for entry_number, _, entry in message_fields(features):
+            fields = {n: v for n, _, v in message_fields(entry)} if entry_number == 1 else {}
             if fields.get(1) != key.encode("utf-8") or 2 not in fields:
                 continue
-            for kind, _, values in _fields(fields[2]):
+            for kind, _, values in message_fields(fields[2]):
                 if kind == 3:  # int64_list
-                    for n, wire, v in _fields(values):
+                    for n, wire, v in message_fields(values):
                         if n == 1:
                             return _read_varint(v, 0)[0] if wire == 2 else v
     raise KeyError(f"the Example has no int64 feature {key!r}")

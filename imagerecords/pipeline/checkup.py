@@ -6,7 +6,7 @@ import hashlib
 import os
 from typing import List, Optional, Tuple
 
-from imagerecords import errors, metadata
+from imagerecords import errors, metadata, storage
 from imagerecords.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, no_manifest_hint, unfinished_hint
 from imagerecords.refs import has_scheme
 from imagerecords.storage import join, open_read
@@ -25,8 +25,8 @@ def _names(folder: str) -> List[str]:
             return []
     from imagerecords import publish
 
-    names = set(publish.list_names(folder))
-    if publish.list_tree(publish.staging_dir(folder)):
+    names = set(storage.list_names(folder))
+    if storage.list_tree(publish.staging_dir(folder)):
         names.add(STAGING)
     return sorted(names)
 

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Dict, Iterator, Optional, Sequence, TextIO
 
-from imagerecords import __version__, errors, publish
+from imagerecords import __version__, errors, publish, storage
 from imagerecords import refs as refs_lib
 from imagerecords.config import BuildConfig
 from imagerecords.manifest import DUPLICATES, ERRORS, LOCK, STAGING, Manifest
@@ -64,14 +64,14 @@ def uses_local_engine(config: BuildConfig, beam_args: Sequence[str], detached: b
     the default shard writer (`--writer beam` is Beam's own sink). Both engines write the same bytes.
     """
     return (not beam_args and not detached and config.writer == "shards"
-            and publish.is_local(config.input) and publish.is_local(config.output))
+            and storage.is_local(config.input) and storage.is_local(config.output))
 
 
 def _claim_output(config: BuildConfig) -> None:
     """Refuses an output folder that holds files unless --overwrite; with it, clears a killed
     build's staging area (the lock is ours, so no live build owns it)."""
-    names = [n for n in publish.list_names(config.output) if n != LOCK]
-    staged = bool(publish.list_tree(publish.staging_dir(config.output)))
+    names = [n for n in storage.list_names(config.output) if n != LOCK]
+    staged = bool(storage.list_tree(publish.staging_dir(config.output)))
     if config.overwrite:
         if staged:
             publish.remove_staging(config.output)
@@ -406,7 +406,7 @@ def finish(output: str, break_lock: bool = False) -> Manifest:
     Raises:
       errors.BuildError: nothing to finish, over budget, or the lock is held.
     """
-    if publish.exists(publish.join(output, "manifest.json")) and not publish.list_tree(publish.staging_dir(output)):
+    if storage.exists(storage.join(output, "manifest.json")) and not storage.list_tree(publish.staging_dir(output)):
         raise errors.UnfinishedBuild(f"nothing to finish: {output} is published and has no staging area")
     with publish.OutputLock(output, publish.new_build_id(), command="finish", break_lock=break_lock):
         return publish.commit(output)
