@@ -31,7 +31,8 @@ Groups (printed as one table each):
            between the two sizes. Modes: default (the local engine) and DirectRunner's modes.
   reader   make_dataset train (random-resized crop) and eval (center crop), 224 px, batch 128,
            against plain tf.data (interleave, shuffle, parse, decode_jpeg, resize, batch) and
-           the decode limit (tf.io.decode_jpeg alone on all cores); time to first batch.
+           the decode limit (tf.io.decode_jpeg alone on all cores) and the crop-resize limit (the
+           training crop's decode, resize and rounding alone on all cores); time to first batch.
 """
 
 from __future__ import annotations
@@ -350,6 +351,11 @@ def bench_reader(res: Results, data: str, work: str, batches: int, repeats: int)
         for v in rd[f"{name}_img_s_runs"]:
             base = None if name == "decode_limit" else "reader/decode_limit_img_s"
             res.add("reader", f"{name}_img_s", v, "img/s", baseline=base)
+    for v in rd["crop_resize_limit_img_s_runs"]:
+        res.add("reader", "crop_resize_limit_img_s", v, "img/s", baseline="reader/decode_limit_img_s")
+    for v in rd["reader_train_uint8_img_s_runs"]:
+        res.add("reader", "reader_train_uint8_vs_crop_resize_limit", v, "img/s",
+                baseline="reader/crop_resize_limit_img_s")
     for v in rd["reader_train_img_s_runs"]:
         res.add("reader", "reader_train_vs_plain", v, "img/s", baseline="reader/plain_train_img_s")
     res.add("reader", "ttfb_train", rd["ttfb_train_s"], "s", higher_is_better=False)
