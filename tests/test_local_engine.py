@@ -174,3 +174,24 @@ def test_ctrl_c_stops_the_build_at_once_and_publishes_nothing(noise_tree, tmp_pa
     assert err.count("\n") == 1 and "interrupted" in err and "Traceback" not in err, err
     assert not shard_files(out) and not (out / MANIFEST).exists() and not (out / LOCK).exists()
     assert not [n for n in os.listdir(staging) if n.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("csv", [True, False])
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b""])
+def test_manifest_parts_hold_every_line_once_in_order(tmp_path, csv, ending):
+    """Worker processes list a manifest in byte ranges; together the ranges give exactly the lines
+    of one serial read, whatever the cut points hit (line ends, CRLF, blank lines, no final newline)."""
+    from imagerecords.pipeline import local
+
+    lines = [f"row{i},{'x' * (i % 7)}".encode() for i in range(40)]
+    lines[5] = lines[17] = b""  # blank lines
+    body = (b"path,label\n" if csv else b"") + b"\n".join(line + (b"\r" if ending == b"\r\n" else b"")
+                                                       for line in lines) + ending
+    path = tmp_path / ("m.csv" if csv else "m.jsonl")
+    path.write_bytes(body)
+    serial = list(local._manifest_lines(str(path), csv))
+    assert len(serial) == 40 and serial[0] == "row0,"
+    for parts in (1, 2, 3, 7, 40, 500):
+        ranges = local._line_ranges(str(path), csv, parts)
+        assert 1 <= len(ranges) <= parts
+        assert [line for r in ranges for line in local._manifest_lines(str(path), csv, *r)] == serial, parts

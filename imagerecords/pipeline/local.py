@@ -37,36 +37,94 @@ from imagerecords.refs import ImageRef, LabelMap, Rejected
 ShardKey = Tuple[str, int, int]
 
 
-def _manifest_lines(path: str, csv: bool) -> Iterator[str]:
+def _manifest_lines(path: str, csv: bool, start: int = 0, end: Optional[int] = None) -> Iterator[str]:
     """The manifest's lines as Beam's ReadFromText gives them: split at '\\n', one trailing '\\r'
-    dropped, UTF-8, a CSV's header line skipped."""
+    dropped, UTF-8, a CSV's header line skipped. With `start`/`end` (byte offsets at line starts,
+    from _line_ranges), only the lines that start in [start, end)."""
     with open(path, "rb") as f:
-        if csv:
-            next(f, None)
+        if start:
+            f.seek(start)
+        elif csv:
+            f.readline()
+        position = f.tell()
         for raw in f:
+            if end is not None and position >= end:
+                return
+            position += len(raw)
             line = raw[:-1] if raw.endswith(b"\n") else raw
             if line.endswith(b"\r"):
                 line = line[:-1]
             yield line.decode("utf-8")
 
 
-def list_inputs(config: BuildConfig, csv_header: Optional[str]) -> Iterator[Union[ImageRef, Rejected]]:
-    """Every listed input as a ref, or as a row saying why it cannot be one (ListImages, ReadManifest)."""
+# A manifest is listed in parts of about this many bytes (some 15,000 rows), one per task.
+MANIFEST_PART_BYTES = 1 << 20
+
+
+def _line_ranges(path: str, csv: bool, parts: int) -> List[Tuple[int, Optional[int]]]:
+    """Cuts the manifest into at most `parts` byte ranges that begin at line starts (after a CSV's
+    header): together they hold every line once, in order."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        first = len(f.readline()) if csv else 0
+        starts = [first]
+        for i in range(1, parts):
+            target = first + (size - first) * i // parts
+            if target <= starts[-1]:
+                continue
+            f.seek(target - 1)
+            f.readline()  # on to the start of the next line (target - 1: a line starting at target stays)
+            if f.tell() >= size:
+                break
+            if f.tell() > starts[-1]:
+                starts.append(f.tell())
+    return [(a, b) for a, b in zip(starts, starts[1:] + [None])]
+
+
+def _list_part(config: BuildConfig, csv_header: Optional[str], part: Union[str, Tuple[int, Optional[int]]]
+               ) -> List[Union[ImageRef, Rejected]]:
+    """One listing task: a class folder's walk, or one byte range of the manifest."""
     max_bytes = config.image.max_file_bytes
+    if isinstance(part, str):
+        return list(sources.walk_class_folder(config.input.rstrip("/") or "/", part, max_bytes))
+    columns = config.manifest_columns()
+    parse = refs_lib.csv_row_parser(csv_header) if csv_header is not None else refs_lib.parse_jsonl_line
+    out = []
+    for line in _manifest_lines(config.input, csv_header is not None, *part):
+        row = stages.manifest_row(line, parse, config.input, columns, max_bytes, stat=not config.skip_stat)
+        if row is not None:
+            out.append(row)
+    return out
+
+
+def list_inputs(config: BuildConfig, csv_header: Optional[str], pool=None, workers: int = 0
+                ) -> Iterator[Union[ImageRef, Rejected]]:
+    """Every listed input as a ref, or as a row saying why it cannot be one (ListImages, ReadManifest).
+
+    With a process pool the work is shared by its workers: class folders are walked one per task,
+    a manifest is parsed (and its files stat-ed) in byte ranges. Results come back in the serial
+    order, so both ways list the same rows in the same order.
+    """
     if refs_lib.is_manifest(config.input):
-        columns = config.manifest_columns()
-        parse = refs_lib.csv_row_parser(csv_header) if csv_header is not None else refs_lib.parse_jsonl_line
-        for line in _manifest_lines(config.input, csv_header is not None):
-            out = stages.manifest_row(line, parse, config.input, columns, max_bytes, stat=not config.skip_stat)
-            if out is not None:
-                yield out
+        csv = csv_header is not None
+        if pool is None:
+            yield from _list_part(config, csv_header, (0, None))
+            return
+        parts = max(4 * workers, os.path.getsize(config.input) // MANIFEST_PART_BYTES)
+        tasks = [pool.submit(_list_part, config, csv_header, r) for r in _line_ranges(config.input, csv, parts)]
+        for task in tasks:
+            yield from task.result()
         return
     root = config.input.rstrip("/") or "/"
-    for item in sources.list_root(root):
+    items = list(sources.list_root(root))
+    tasks = {name: pool.submit(_list_part, config, None, name) for name in items if isinstance(name, str)} if pool else {}
+    for item in items:
         if isinstance(item, Rejected):
             yield item
+        elif pool is None:
+            yield from _list_part(config, None, item)
         else:
-            yield from sources.walk_class_folder(root, item, max_bytes)
+            yield from tasks.pop(item).result()
 
 
 class _Shards:
@@ -212,7 +270,7 @@ def _build(config: BuildConfig, process_pool, process_cancel, forked: int, *, bu
            progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
     rejected: List[Rejected] = []
     listed: List[ImageRef] = []
-    for item in list_inputs(config, csv_header):
+    for item in list_inputs(config, csv_header, process_pool, forked):
         (rejected if isinstance(item, Rejected) else listed).append(item)
     if label_map is None:
         label_map = refs_lib.vocabulary(sorted({r.label for r in listed}), config.label_type, config.label_offset)
