@@ -29,6 +29,9 @@ Groups (printed as one table each):
   memory   manifest builds of many rows pointing at 64 tiny JPEGs under distinct keys:
            (peak memory - base) / rows, base being a 16-row manifest build's peak; and the slope
            between the two sizes. Modes: default (the local engine) and DirectRunner's modes.
+  train    (with --train_model) one SGD step of ResNet-50 (mixed bfloat16 on a GPU) fed by the
+           reader's uint8 batches, normalised in the step, and by plain tf.data: images/s and the
+           share of the time spent waiting for input (the accelerator's idle share).
   reader   make_dataset train (random-resized crop) and eval (center crop), 224 px, batch 128,
            against plain tf.data (interleave, shuffle, parse, decode_jpeg, resize, batch) and
            the decode limit (tf.io.decode_jpeg alone on all cores) and the crop-resize limit (the
@@ -363,6 +366,24 @@ def bench_reader(res: Results, data: str, work: str, batches: int, repeats: int)
     res.add("reader", "ttfb_eval", rd["ttfb_eval_s"], "s", higher_is_better=False)
 
 
+def bench_train(res: Results, data: str, work: str, model: str, quick: bool, repeats: int):
+    js = os.path.join(work, "train.json")
+    size = ["--steps", "2", "--batch_size", "8", "--image_size", "64"] if quick else []
+    run_watched([sys.executable, "-m", "benchmarks.workloads", "train", "--data", data, "--json", js,
+                 "--model", model, "--repeats", str(repeats), *size])
+    with open(js) as f:
+        tr = json.load(f)
+    res.notes.append(f"training step: {model}, batch {tr['batch_size']}, {tr['image_size']} px, {tr['steps']} steps, "
+                     f"{tr['gpus']} GPU(s), {'mixed bfloat16' if tr['mixed_bfloat16'] else 'float32'}")
+    for v in tr["plain_img_s_runs"]:
+        res.add("train", "plain_img_s", v, "img/s")
+    for v in tr["reader_img_s_runs"]:
+        res.add("train", "reader_img_s", v, "img/s", baseline="train/plain_img_s")
+    for name in ("reader", "plain"):
+        for v in tr[f"{name}_input_wait_share_runs"]:
+            res.add("train", f"{name}_input_wait_share", v, "share", higher_is_better=False)
+
+
 def tfds_usable() -> Optional[str]:
     """None when TFDS's Beam path can run here, else the reason it is skipped."""
     try:
@@ -385,6 +406,9 @@ def main(argv=None) -> int:
     p.add_argument("--memory_modes", default="default,multi_processing",
                    help="engines of the memory builds: default (local engine) and DirectRunner modes")
     p.add_argument("--reader_batches", type=int, help="batches per reader measurement (default 16; --quick: 1)")
+    p.add_argument("--train_model", choices=("resnet50", "tiny"),
+                   help="also time a training step of this model fed by the reader and by plain tf.data "
+                        "(the train group; meant for a machine with an accelerator)")
     p.add_argument("--skip", default="", help="comma-separated groups to skip: codec,peers,tfds,build,startup,memory,reader")
     p.add_argument("--cache", default=corpus_lib.CACHE, help="where corpora are kept")
     p.add_argument("--json", help="write every figure here")
@@ -436,6 +460,10 @@ def main(argv=None) -> int:
             if not os.path.exists(data):
                 run_watched(build_cmd(corpus.root, data))
             bench_reader(res, data, work, a.reader_batches, max(a.repeats, 3))
+        if a.train_model:
+            if not os.path.exists(data):
+                run_watched(build_cmd(corpus.root, data))
+            bench_train(res, data, work, a.train_model, a.quick, max(a.repeats, 2))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res.notes.append(f"benchmark wall time {time.perf_counter() - t0:.0f} s")

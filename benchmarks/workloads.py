@@ -3,6 +3,7 @@
     python -m benchmarks.workloads loop   --input ROOT --output DIR [--paths pass,reencode] --json PATH
     python -m benchmarks.workloads tfds   --input ROOT --output DIR [--paths pass,reencode] --json PATH [beam flags]
     python -m benchmarks.workloads reader --data DIR --json PATH [--batches N] [--repeats R]
+    python -m benchmarks.workloads train  --data DIR --json PATH [--model resnet50|tiny] [--steps N]
 
 Each writes a JSON object of its figures (seconds exclude the process's imports unless the name
 says "wall"). A separate process per workload keeps TensorFlow's thread pools and memory out of
@@ -249,15 +250,121 @@ def run_reader(data: str, batches: int, repeats: int, batch_size: int = 128, siz
     return out
 
 
+# --- a real training step fed by the reader and by plain tf.data
+
+
+def _model(name: str, size: int, classes: int):
+    import tensorflow as tf
+
+    if name == "resnet50":
+        return tf.keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=classes,
+                                              classifier_activation=None)
+    if name == "tiny":  # a smoke-test model: checks the workload runs, measures nothing useful
+        return tf.keras.Sequential([
+            tf.keras.Input((size, size, 3)),
+            tf.keras.layers.Conv2D(8, 3, strides=4, activation="relu"),
+            tf.keras.layers.GlobalAveragePooling2D(),
+            tf.keras.layers.Dense(classes),
+        ])
+    raise ValueError(f"unknown model {name!r}: resnet50 or tiny")
+
+
+def run_train(data: str, model_name: str, steps: int, repeats: int, batch_size: int, size: int,
+              precision: str) -> Dict[str, float]:
+    """One model's SGD step fed by the reader (uint8, normalised inside the step, on the device)
+    and by plain tf.data (interleave, shuffle, parse, full decode, resize; float32 0..255), in turns.
+
+    Every step waits for its loss, so a step's wall time is the time spent waiting for the input
+    batch plus the step itself; `input_wait_share` is the first over the total: the share of the
+    time the accelerator sat idle for want of data (0: the input keeps up). Throughput is images
+    per second of wall time over `steps` steps after 3 warm-up steps (the first traces and compiles).
+
+    Args:
+      precision: "mixed_bfloat16" (bfloat16 compute, float32 weights; no loss scaling needed),
+        "float32", or "auto": mixed_bfloat16 when a GPU is visible, else float32.
+    """
+    import tensorflow as tf
+
+    from imagerecords import reader
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if precision == "auto":
+        precision = "mixed_bfloat16" if gpus else "float32"
+    tf.keras.mixed_precision.set_global_policy(precision)
+    info = reader.load_info(data)
+    model = _model(model_name, size, info.num_classes)
+    optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+    mean, std = reader.normalization_constants("imagenet")
+    mean, std = tf.constant(mean, tf.float32), tf.constant(std, tf.float32)
+
+    @tf.function
+    def step(images, labels):
+        x = (tf.cast(images, tf.float32) - mean) / std  # on the device, as docs/reader.md shows
+        with tf.GradientTape() as tape:
+            logits = tf.cast(model(x, training=True), tf.float32)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    keys = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+    files = info.split("train").files
+    AUTO = tf.data.AUTOTUNE
+
+    def plain():
+        def fn(x):
+            ex = tf.io.parse_single_example(x, keys)
+            img = tf.image.resize(tf.io.decode_jpeg(ex["image"], channels=3), [size, size])
+            return img, tf.cast(ex["label"], tf.int32)
+
+        return (tf.data.Dataset.from_tensor_slices(files)
+                .interleave(tf.data.TFRecordDataset, cycle_length=min(16, len(files)), num_parallel_calls=AUTO)
+                .repeat().shuffle(10_000).map(fn, num_parallel_calls=AUTO)
+                .batch(batch_size, drop_remainder=True).prefetch(AUTO))
+
+    def ours():
+        return reader.make_dataset(data, "train", batch_size=batch_size, image_size=size, training=True, seed=0,
+                                   config=reader.ReadConfig(dtype="uint8"))
+
+    out: Dict[str, float] = {"steps": steps, "batch_size": batch_size, "image_size": size,
+                             "gpus": len(gpus), "mixed_bfloat16": precision == "mixed_bfloat16"}
+    for _ in range(repeats):
+        for name, make in (("reader", ours), ("plain", plain)):
+            it = iter(make())
+            for _ in range(3):
+                float(step(*next(it)))
+            waited = 0.0
+            start = time.perf_counter()
+            for _ in range(steps):
+                t = time.perf_counter()
+                images, labels = next(it)
+                waited += time.perf_counter() - t
+                float(step(images, labels))
+            total = time.perf_counter() - start
+            out.setdefault(f"{name}_img_s_runs", []).append(steps * batch_size / total)
+            out.setdefault(f"{name}_input_wait_share_runs", []).append(waited / total)
+            del it
+    for name in ("reader", "plain"):
+        for what in ("img_s", "input_wait_share"):
+            runs = out[f"{name}_{what}_runs"]
+            out[f"{name}_{what}"] = sorted(runs)[len(runs) // 2]
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("loop", "tfds", "reader"))
+    p.add_argument("what", choices=("loop", "tfds", "reader", "train"))
     p.add_argument("--input")
     p.add_argument("--output")
     p.add_argument("--data")
     p.add_argument("--paths", default="pass", help="pass, reencode or pass,reencode: one run each, in order")
     p.add_argument("--batches", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--model", default="resnet50", help="train: resnet50, or tiny for a smoke run")
+    p.add_argument("--steps", type=int, default=50, help="train: timed steps per measurement")
+    p.add_argument("--batch_size", type=int, default=128, help="train: images per step")
+    p.add_argument("--image_size", type=int, default=224, help="train: side of the square input")
+    p.add_argument("--precision", default="auto", choices=("auto", "mixed_bfloat16", "float32"))
     p.add_argument("--json", required=True)
     a, rest = p.parse_known_args(argv)
     result = {}
@@ -268,6 +375,8 @@ def main(argv=None):
             r = run_loop(a.input, out, recode, tag) if a.what == "loop" else run_tfds(a.input, out, recode, rest)
             result[f"{tag}_seconds"] = r["seconds"]
             result["images"] = r["images"]
+    elif a.what == "train":
+        result = run_train(a.data, a.model, a.steps, a.repeats, a.batch_size, a.image_size, a.precision)
     else:
         result = run_reader(a.data, a.batches, a.repeats)
     with open(a.json, "w") as f:

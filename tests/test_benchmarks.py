@@ -23,8 +23,10 @@ GROUPS = {
     "startup": ["build16_default", "build16_in_memory", "build16_multi_threading", "build16_multi_processing"],
     "memory": ["default_base_peak_rss", "default_rows20_kib_per_image", "default_rows60_kib_per_image",
                "default_slope_kib_per_image"],
-    "reader": ["decode_limit_img_s", "plain_train_img_s", "reader_train_img_s", "reader_train_uint8_img_s",
+    "reader": ["decode_limit_img_s", "crop_resize_limit_img_s", "reader_train_uint8_vs_crop_resize_limit",
+               "plain_train_img_s", "reader_train_img_s", "reader_train_uint8_img_s",
                "reader_eval_img_s", "ttfb_train", "ttfb_eval"],
+    "train": ["plain_img_s", "reader_img_s", "reader_input_wait_share", "plain_input_wait_share"],
 }
 
 
@@ -47,7 +49,7 @@ def test_corpus_is_seeded_varied_and_cached(tmp_path):
 # The CI smoke run measures the groups that need no extra build processes; the build, start-up,
 # memory and peer groups each start ~15 CLI builds (minutes on a loaded 2-core machine) and run in
 # the full benchmark. IMAGERECORDS_BENCH_ALL=1 smoke-tests every group.
-SMOKE_GROUPS = list(GROUPS) if os.environ.get("IMAGERECORDS_BENCH_ALL") == "1" else ["codec", "reader"]
+SMOKE_GROUPS = list(GROUPS) if os.environ.get("IMAGERECORDS_BENCH_ALL") == "1" else ["codec", "reader", "train"]
 
 
 def test_quick_benchmark_reports_every_figure(tmp_path):
@@ -56,6 +58,8 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
                     and not (g == "tfds" and "peers" in SMOKE_GROUPS))
     cmd = [sys.executable, "-m", "benchmarks.run", "--quick", "--images", "12", "--manifest_rows", "20,60",
            "--cache", str(tmp_path / "cache"), "--json", str(out)] + (["--skip", skip] if skip else [])
+    if "train" in SMOKE_GROUPS:
+        cmd += ["--train_model", "tiny"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -87,3 +91,11 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
         want = statistics.median(reader["runs"]) / statistics.median(base_runs)
     assert reader["ratio"] == pytest.approx(want, rel=1e-6)
     assert "ratio vs baseline" in proc.stdout
+    if "train" in SMOKE_GROUPS:
+        for name in ("reader_input_wait_share", "plain_input_wait_share"):
+            assert figures_in(data, "train", name)["max"] <= 1.0
+        assert any("training step: tiny" in note for note in data["notes"]), data["notes"]
+
+
+def figures_in(data, group, name):
+    return data["groups"][group][name]
