@@ -176,6 +176,37 @@ def test_ctrl_c_stops_the_build_at_once_and_publishes_nothing(noise_tree, tmp_pa
     assert not [n for n in os.listdir(staging) if n.endswith(".tmp")]
 
 
+def test_a_killed_worker_process_fails_the_build_in_one_line_and_a_rerun_publishes(noise_tree, tmp_path):
+    """A worker SIGKILLed mid-shard (what the kernel's out-of-memory killer does): the build ends
+    with one line saying so and exit 1, publishes nothing, releases the lock; a rerun builds."""
+    import psutil
+
+    out = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "imagerecords", "build", "--input", str(noise_tree), "--output", str(out),
+           "--reencode", "--num_shards", "2", "--no_progress", "--local_workers", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    staging = out / STAGING
+    deadline = time.monotonic() + 60
+    while not (staging.exists() and any(n.endswith(".tmp") for n in os.listdir(staging))):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the build never started writing a shard"
+        time.sleep(0.01)
+    workers = psutil.Process(proc.pid).children()
+    assert len(workers) == 2, workers
+    workers[0].kill()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "a worker process of the local engine ended abruptly" in err and "nothing was published" in err, err
+    assert not shard_files(out) and not (out / MANIFEST).exists() and not (out / LOCK).exists()
+    plain = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert plain.returncode != 0 and "failed or was stopped before its shards were all written" in plain.stderr
+    assert "--overwrite" in plain.stderr and "finish" not in plain.stderr, plain.stderr
+    again = subprocess.run(cmd + ["--overwrite"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert len(shard_files(out)) == 2 and (out / MANIFEST).exists()
+
+
 @pytest.mark.parametrize("csv", [True, False])
 @pytest.mark.parametrize("ending", [b"\n", b"\r\n", b""])
 def test_manifest_parts_hold_every_line_once_in_order(tmp_path, csv, ending):
