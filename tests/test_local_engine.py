@@ -92,12 +92,18 @@ def test_jsonl_manifest_with_a_label_map_and_skip_stat(image_tree, tmp_path):
             for rel in rels:
                 f.write(json.dumps({"path": str(root / cls / rel), "label": cls, "key": f"{cls}/{rel}"}) + "\n")
         f.write("{not json\n")
+    with open(man, "ab") as f:
+        f.write(b'{"path": "x.jpg", "label": "circle", "key": "caf\xe9"}\n')  # Latin-1, not UTF-8: a rejected row
+    with open(man, "a") as f:
         f.write(json.dumps({"path": str(tmp_path / "gone.jpg"), "label": "circle", "key": "gone"}))  # no final newline
     manifest = assert_engines_agree(man, tmp_path, "--num_shards", 2, "--label_map", labels, "--skip_stat",
                                     "--max_reject_fraction", 0.9)
     assert list(manifest.label_names) == ["square", "circle"]
-    # 10 squares + 10 circles; rejected: 20 stripes and triangles, the bad line and the missing file
-    assert manifest.num_examples == 20 and manifest.num_rejected == 22
+    # 10 squares + 10 circles; rejected: 20 stripes and triangles, the two bad lines and the missing file
+    assert manifest.num_examples == 20 and manifest.num_rejected == 23
+    errors = [json.loads(line) for line in (tmp_path / "local" / "errors.jsonl").read_text().splitlines()]
+    assert [e["reason"] for e in errors if e["error"] == "UnicodeDecodeError"] == [
+        f"{man}: bad manifest line: not UTF-8 (invalid continuation byte at byte 48)"]
 
 
 def test_the_engine_is_chosen_by_what_the_build_needs():
@@ -221,7 +227,7 @@ def test_manifest_parts_hold_every_line_once_in_order(tmp_path, csv, ending):
     path = tmp_path / ("m.csv" if csv else "m.jsonl")
     path.write_bytes(body)
     serial = list(local._manifest_lines(str(path), csv))
-    assert len(serial) == 40 and serial[0] == "row0,"
+    assert len(serial) == 40 and serial[0] == b"row0,"
     for parts in (1, 2, 3, 7, 40, 500):
         ranges = local._line_ranges(str(path), csv, parts)
         assert 1 <= len(ranges) <= parts

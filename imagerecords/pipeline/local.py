@@ -37,9 +37,9 @@ from imagerecords.refs import ImageRef, LabelMap, Rejected
 ShardKey = Tuple[str, int, int]
 
 
-def _manifest_lines(path: str, csv: bool, start: int = 0, end: Optional[int] = None) -> Iterator[str]:
-    """The manifest's lines as Beam's ReadFromText gives them: split at '\\n', one trailing '\\r'
-    dropped, UTF-8, a CSV's header line skipped. With `start`/`end` (byte offsets at line starts,
+def _manifest_lines(path: str, csv: bool, start: int = 0, end: Optional[int] = None) -> Iterator[bytes]:
+    """The manifest's lines as Beam's ReadFromText gives them with a bytes coder: split at '\\n',
+    one trailing '\\r' dropped, a CSV's header line skipped (stages.manifest_row decodes them). With `start`/`end` (byte offsets at line starts,
     from _line_ranges), only the lines that start in [start, end)."""
     with open(path, "rb") as f:
         if start:
@@ -54,7 +54,7 @@ def _manifest_lines(path: str, csv: bool, start: int = 0, end: Optional[int] = N
             line = raw[:-1] if raw.endswith(b"\n") else raw
             if line.endswith(b"\r"):
                 line = line[:-1]
-            yield line.decode("utf-8")
+            yield line
 
 
 # A manifest is listed in parts of about this many bytes (some 15,000 rows), one per task.

@@ -159,7 +159,7 @@ class _ManifestRowFn(beam.DoFn):
         self._parse = refs_lib.csv_row_parser(self._header) if self._header is not None else refs_lib.parse_jsonl_line
         self._listed = Metrics.counter(METRICS_NAMESPACE, "listed")
 
-    def process(self, line: str) -> Iterable[Union[ImageRef, beam.pvalue.TaggedOutput]]:
+    def process(self, line: bytes) -> Iterable[Union[ImageRef, beam.pvalue.TaggedOutput]]:
         out = stages.manifest_row(line, self._parse, self._manifest, self._columns, self._max_file_bytes, self._stat)
         if out is not None:
             self._listed.inc()
@@ -203,7 +203,10 @@ class ReadManifest(beam.PTransform):
         header = self._header
         return (
             pbegin
-            | "Lines" >> beam.io.ReadFromText(self._manifest, skip_header_lines=1 if is_csv else 0)
+            # Bytes: a line that is not UTF-8 becomes a rejected row in manifest_row (the default
+            # text coder would fail the whole pipeline on it).
+            | "Lines" >> beam.io.ReadFromText(self._manifest, skip_header_lines=1 if is_csv else 0,
+                                              coder=beam.coders.BytesCoder())
             | "ToRef" >> beam.ParDo(_ManifestRowFn(self._manifest, header, self._columns, self._max_file_bytes, self._stat))
             .with_output_types(ImageRef).with_outputs(REJECTED, main="refs")
         )
