@@ -157,6 +157,18 @@ def noise_tree(tmp_path_factory):
     return tree
 
 
+def _wait_for_a_shard_being_written(proc, out, timeout=60):
+    """Polls until the build `proc` has a shard's temporary file in its staging area; returns that
+    staging folder. Fails naming what never came."""
+    staging = out / STAGING
+    deadline = time.monotonic() + timeout
+    while not (staging.exists() and any(n.endswith(".tmp") for n in os.listdir(staging))):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the build never started writing a shard"
+        time.sleep(0.01)
+    return staging
+
+
 @pytest.mark.parametrize("workers", ["2", "0"])
 def test_ctrl_c_stops_the_build_at_once_and_publishes_nothing(noise_tree, tmp_path, workers):
     """SIGINT mid-shard (worker processes, or threads): exit 130 within seconds, one line, nothing
@@ -166,12 +178,7 @@ def test_ctrl_c_stops_the_build_at_once_and_publishes_nothing(noise_tree, tmp_pa
     proc = subprocess.Popen([sys.executable, "-m", "imagerecords", "build", "--input", str(noise_tree), "--output",
                              str(out), "--reencode", "--num_shards", "2", "--no_progress", "--local_workers", workers],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    staging = out / STAGING
-    deadline = time.monotonic() + 60
-    while not (staging.exists() and any(n.endswith(".tmp") for n in os.listdir(staging))):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the build never started writing a shard"
-        time.sleep(0.01)
+    staging = _wait_for_a_shard_being_written(proc, out)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -191,12 +198,7 @@ def test_a_killed_worker_process_fails_the_build_in_one_line_and_a_rerun_publish
     cmd = [sys.executable, "-m", "imagerecords", "build", "--input", str(noise_tree), "--output", str(out),
            "--reencode", "--num_shards", "2", "--no_progress", "--local_workers", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    staging = out / STAGING
-    deadline = time.monotonic() + 60
-    while not (staging.exists() and any(n.endswith(".tmp") for n in os.listdir(staging))):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the build never started writing a shard"
-        time.sleep(0.01)
+    _wait_for_a_shard_being_written(proc, out)
     workers = psutil.Process(proc.pid).children()
     assert len(workers) == 2, workers
     workers[0].kill()
