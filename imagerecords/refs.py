@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import hashlib
 import json
 import posixpath
@@ -122,7 +123,10 @@ def hash64(salt: str, key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8, person=_person(salt)).digest(), "big")
 
 
+@functools.lru_cache(maxsize=64)
 def _person(salt: str) -> bytes:
+    # Cached: a build uses two or three salts, and hashing the salt on every call was three
+    # quarters of hash64's cost (3.8 against 1.0 us per key).
     return hashlib.sha256(salt.encode("utf-8")).digest()[:16]
 
 

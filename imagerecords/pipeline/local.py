@@ -81,25 +81,30 @@ def _line_ranges(path: str, csv: bool, parts: int) -> List[Tuple[int, Optional[i
     return [(a, b) for a, b in zip(starts, starts[1:] + [None])]
 
 
+Listed = Tuple[Union[ImageRef, Rejected], int]
+
+
 def _list_part(config: BuildConfig, csv_header: Optional[str], part: Union[str, Tuple[int, Optional[int]]]
-               ) -> List[Union[ImageRef, Rejected]]:
-    """One listing task: a class folder's walk, or one byte range of the manifest."""
+               ) -> List[Listed]:
+    """One listing task: a class folder's walk, or one byte range of the manifest; each ref comes
+    with its shuffle hash (a function of the key alone), so the launcher does not compute them all."""
     max_bytes = config.image.max_file_bytes
     if isinstance(part, str):
-        return list(sources.walk_class_folder(config.input.rstrip("/") or "/", part, max_bytes))
-    columns = config.manifest_columns()
-    parse = refs_lib.csv_row_parser(csv_header) if csv_header is not None else refs_lib.parse_jsonl_line
-    out = []
-    for line in _manifest_lines(config.input, csv_header is not None, *part):
-        row = stages.manifest_row(line, parse, config.input, columns, max_bytes, stat=not config.skip_stat)
-        if row is not None:
-            out.append(row)
-    return out
+        items: Iterator[Union[ImageRef, Rejected]] = sources.walk_class_folder(config.input.rstrip("/") or "/",
+                                                                              part, max_bytes)
+    else:
+        columns = config.manifest_columns()
+        parse = refs_lib.csv_row_parser(csv_header) if csv_header is not None else refs_lib.parse_jsonl_line
+        rows = (stages.manifest_row(line, parse, config.input, columns, max_bytes, stat=not config.skip_stat)
+                for line in _manifest_lines(config.input, csv_header is not None, *part))
+        items = (row for row in rows if row is not None)
+    seed = config.seed
+    return [(item, 0 if isinstance(item, Rejected) else refs_lib.shuffle_hash(seed, item.key)) for item in items]
 
 
-def list_inputs(config: BuildConfig, csv_header: Optional[str], pool=None, workers: int = 0
-                ) -> Iterator[Union[ImageRef, Rejected]]:
-    """Every listed input as a ref, or as a row saying why it cannot be one (ListImages, ReadManifest).
+def list_inputs(config: BuildConfig, csv_header: Optional[str], pool=None, workers: int = 0) -> Iterator[Listed]:
+    """Every listed input as a ref, or as a row saying why it cannot be one (ListImages, ReadManifest),
+    each with the ref's shuffle hash (0 for a row).
 
     With a process pool the work is shared by its workers: class folders are walked one per task,
     a manifest is parsed (and its files stat-ed) in byte ranges. Results come back in the serial
@@ -120,7 +125,7 @@ def list_inputs(config: BuildConfig, csv_header: Optional[str], pool=None, worke
     tasks = {name: pool.submit(_list_part, config, None, name) for name in items if isinstance(name, str)} if pool else {}
     for item in items:
         if isinstance(item, Rejected):
-            yield item
+            yield item, 0
         elif pool is None:
             yield from _list_part(config, None, item)
         else:
@@ -145,17 +150,19 @@ class _Shards:
     def keys(self) -> List[ShardKey]:
         return sorted(self._members)
 
-    def take(self, key: ShardKey) -> List[ImageRef]:
-        return stages.shard_order(self._members.pop(key))
+    def take(self, key: ShardKey) -> List[Tuple[int, ImageRef]]:
+        """The shard's (shuffle hash, ref) pairs, unordered: its writer sorts them (stages.shard_order)."""
+        return self._members.pop(key)
 
 
-def plan(config: BuildConfig, refs: List[ImageRef]) -> _Shards:
-    """Cuts each split into shards exactly as GlobalShuffle does. Empties `refs` as it goes."""
+def plan(config: BuildConfig, refs: List[Tuple[int, ImageRef]]) -> _Shards:
+    """Cuts each split into shards exactly as GlobalShuffle does, from (shuffle hash, ref) pairs.
+    Empties `refs` as it goes."""
     by_split: Dict[str, List[Tuple[int, ImageRef]]] = collections.defaultdict(list)
     num_bytes: Dict[str, int] = collections.Counter()
     while refs:
-        ref = refs.pop()
-        by_split[ref.split].append((refs_lib.shuffle_hash(config.seed, ref.key), ref))
+        h, ref = refs.pop()
+        by_split[ref.split].append((h, ref))
         num_bytes[ref.split] += max(ref.size, 0)
     shards = _Shards()
     for split in sorted(by_split):
@@ -200,10 +207,10 @@ class _Writer:
         self._images = (concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="imagerecords-image")
                         if threads > 1 else None)
 
-    def __call__(self, key: ShardKey, refs: List[ImageRef], labels: LabelMap) -> stages.StagedShard:
+    def __call__(self, key: ShardKey, members: List[Tuple[int, ImageRef]], labels: LabelMap) -> stages.StagedShard:
         c = self._config
         return stages.stage_shard(
-            key, refs, output=c.output, name=c.name, preset=c.schema, labels=labels, options=c.image,
+            key, stages.shard_order(members), output=c.output, name=c.name, preset=c.schema, labels=labels, options=c.image,
             read_bytes=self._read, executor=self._images, window=2 * self._threads, write_index=c.write_index,
             progress_dir=self._progress_dir, contents=not c.skip_duplicate_check, cancelled=self._cancelled)
 
@@ -222,8 +229,8 @@ def _start_worker(config: BuildConfig, progress_dir: Optional[str], cancel) -> N
     _WORKER["writer"] = _Writer(config, THREADS_PER_PROCESS, progress_dir, cancel.is_set)
 
 
-def _write_in_worker(key: ShardKey, refs: List[ImageRef], labels: LabelMap) -> stages.StagedShard:
-    return _WORKER["writer"](key, refs, labels)
+def _write_in_worker(key: ShardKey, members: List[Tuple[int, ImageRef]], labels: LabelMap) -> stages.StagedShard:
+    return _WORKER["writer"](key, members, labels)
 
 
 def _fork_workers(workers: int, config: BuildConfig, progress_dir: Optional[str]):
@@ -269,16 +276,22 @@ def _build(config: BuildConfig, process_pool, process_cancel, forked: int, *, bu
            versions: Mapping[str, str], label_map: Optional[LabelMap], csv_header: Optional[str],
            progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
     rejected: List[Rejected] = []
-    listed: List[ImageRef] = []
-    for item in list_inputs(config, csv_header, process_pool, forked):
-        (rejected if isinstance(item, Rejected) else listed).append(item)
+    listed: List[Tuple[int, ImageRef]] = []
+    for item, h in list_inputs(config, csv_header, process_pool, forked):
+        if isinstance(item, Rejected):
+            rejected.append(item)
+        else:
+            listed.append((h, item))
     if label_map is None:
-        label_map = refs_lib.vocabulary(sorted({r.label for r in listed}), config.label_type, config.label_offset)
-    refs: List[ImageRef] = []
+        label_map = refs_lib.vocabulary(sorted({r.label for _, r in listed}), config.label_type, config.label_offset)
+    refs: List[Tuple[int, ImageRef]] = []
     splits = tuple(config.splits) if config.splits else None
-    for ref in listed:
+    for h, ref in listed:
         out = stages.assign(ref, label_map, splits, config.split_seed)
-        (rejected if isinstance(out, Rejected) else refs).append(out)
+        if isinstance(out, Rejected):
+            rejected.append(out)
+        else:
+            refs.append((h, out))
     del listed
     workers = forked if asked or len(refs) >= PROCESS_MIN_IMAGES else 0
     shards = plan(config, refs)
