@@ -12,10 +12,14 @@ Both engines call the same stage functions (imagerecords/stages.py) and the same
 so their shards, index files, errors.jsonl and duplicates.jsonl are byte-identical (tested); only
 the orchestration differs:
 
-    list (class folders or manifest lines) → vocabulary → assign split and label id
-    → per split: shuffle hashes → shard plan (planning.plan_shards) → refs grouped per shard
-    → shards written concurrently (worker processes, or threads here for small inputs),
-      images of a shard prepared on a small thread pool → results.json
+    list (class folders one per task, manifest byte ranges; each ref with its shuffle hash)
+    → vocabulary → assign split and label id
+    → per split: shard plan (planning.plan_shards) → (hash, ref) pairs grouped per shard
+    → shards sorted and written concurrently (worker processes, or threads here for small
+      inputs), images of a shard prepared on a small thread pool → results.json
+
+With worker processes the listing runs in them too; the launcher only gathers, assigns, plans
+and records.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ ShardKey = Tuple[str, int, int]
 
 def _manifest_lines(path: str, csv: bool, start: int = 0, end: Optional[int] = None) -> Iterator[bytes]:
     """The manifest's lines as Beam's ReadFromText gives them with a bytes coder: split at '\\n',
-    one trailing '\\r' dropped, a CSV's header line skipped (stages.manifest_row decodes them). With `start`/`end` (byte offsets at line starts,
-    from _line_ranges), only the lines that start in [start, end)."""
+    one trailing '\\r' dropped, a CSV's header line skipped (stages.manifest_row decodes them).
+    With `start`/`end` (byte offsets at line starts, from _line_ranges), only the lines that start
+    in [start, end)."""
     with open(path, "rb") as f:
         if start:
             f.seek(start)
@@ -122,7 +127,8 @@ def list_inputs(config: BuildConfig, csv_header: Optional[str], pool=None, worke
         return
     root = config.input.rstrip("/") or "/"
     items = list(sources.list_root(root))
-    tasks = {name: pool.submit(_list_part, config, None, name) for name in items if isinstance(name, str)} if pool else {}
+    tasks = ({name: pool.submit(_list_part, config, None, name) for name in items if isinstance(name, str)}
+             if pool else {})
     for item in items:
         if isinstance(item, Rejected):
             yield item, 0
@@ -210,7 +216,8 @@ class _Writer:
     def __call__(self, key: ShardKey, members: List[Tuple[int, ImageRef]], labels: LabelMap) -> stages.StagedShard:
         c = self._config
         return stages.stage_shard(
-            key, stages.shard_order(members), output=c.output, name=c.name, preset=c.schema, labels=labels, options=c.image,
+            key, stages.shard_order(members), output=c.output, name=c.name, preset=c.schema, labels=labels,
+            options=c.image,
             read_bytes=self._read, executor=self._images, window=2 * self._threads, write_index=c.write_index,
             progress_dir=self._progress_dir, contents=not c.skip_duplicate_check, cancelled=self._cancelled)
 
