@@ -132,6 +132,26 @@ def run_tfds(root: str, output: str, recode: bool, beam_args: List[str]) -> Dict
 # --- the reader against plain tf.data and the decode limit
 
 
+def plain_pipeline(files: List[str], batch_size: int, size: int, divide_by):
+    """The textbook tf.data pipeline the reader is measured against: interleave, shuffle, parse,
+    full decode, bilinear resize to size x size (float32), divided by `divide_by` unless None, batch,
+    prefetch."""
+    import tensorflow as tf
+
+    keys = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+    AUTO = tf.data.AUTOTUNE
+
+    def fn(x):
+        ex = tf.io.parse_single_example(x, keys)
+        img = tf.image.resize(tf.io.decode_jpeg(ex["image"], channels=3), [size, size])
+        return (img if divide_by is None else img / divide_by), tf.cast(ex["label"], tf.int32)
+
+    return (tf.data.Dataset.from_tensor_slices(files)
+            .interleave(tf.data.TFRecordDataset, cycle_length=min(16, len(files)), num_parallel_calls=AUTO)
+            .repeat().shuffle(10_000).map(fn, num_parallel_calls=AUTO)
+            .batch(batch_size, drop_remainder=True).prefetch(AUTO))
+
+
 def run_reader(data: str, batches: int, repeats: int, batch_size: int = 128, size: int = 224) -> Dict[str, float]:
     """The reader against plain tf.data and the decode limit, interleaved; plus time to first batch.
 
@@ -177,16 +197,7 @@ def run_reader(data: str, batches: int, repeats: int, batch_size: int = 128, siz
             tf.data.TFRecordDataset, cycle_length=min(16, len(files)), num_parallel_calls=AUTO)
 
     def plain_train():
-        # The textbook pipeline at the reader's output size and dtype: interleave, shuffle, parse,
-        # full decode, bilinear resize to size x size, scale to 0..1 (float32), batch, prefetch.
-        def fn(x):
-            ex = tf.io.parse_single_example(x, keys)
-            img = tf.io.decode_jpeg(ex["image"], channels=3)
-            img = tf.image.resize(img, [size, size]) / 255.0
-            return img, tf.cast(ex["label"], tf.int32)
-
-        return (records().repeat().shuffle(10_000).map(fn, num_parallel_calls=AUTO)
-                .batch(batch_size, drop_remainder=True).prefetch(AUTO))
+        return plain_pipeline(files, batch_size, size, divide_by=255.0)
 
     # Every image of the split, parsed into memory once: the decode limit reads no file.
     encoded = list(records().map(lambda x: tf.io.parse_single_example(x, keys)["image"]).as_numpy_iterator())
@@ -307,20 +318,10 @@ def run_train(data: str, model_name: str, steps: int, repeats: int, batch_size: 
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    keys = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
     files = info.split("train").files
-    AUTO = tf.data.AUTOTUNE
 
     def plain():
-        def fn(x):
-            ex = tf.io.parse_single_example(x, keys)
-            img = tf.image.resize(tf.io.decode_jpeg(ex["image"], channels=3), [size, size])
-            return img, tf.cast(ex["label"], tf.int32)
-
-        return (tf.data.Dataset.from_tensor_slices(files)
-                .interleave(tf.data.TFRecordDataset, cycle_length=min(16, len(files)), num_parallel_calls=AUTO)
-                .repeat().shuffle(10_000).map(fn, num_parallel_calls=AUTO)
-                .batch(batch_size, drop_remainder=True).prefetch(AUTO))
+        return plain_pipeline(files, batch_size, size, divide_by=None)  # 0..255, normalised in the step
 
     def ours():
         return reader.make_dataset(data, "train", batch_size=batch_size, image_size=size, training=True, seed=0,

@@ -151,11 +151,15 @@ class BuildResults:
             num_duplicate_groups=self.num_duplicate_groups, num_leaking_groups=self.num_leaking_groups)
 
 
+def results_staged(output: str) -> bool:
+    """Whether a build's pipeline finished into `output`'s staging area (its results.json is there)."""
+    return storage.exists(storage.join(staging_dir(output), RESULTS))
+
+
 def read_results(output: str) -> Optional[BuildResults]:
-    path = storage.join(staging_dir(output), RESULTS)
-    if not storage.exists(path):
+    if not results_staged(output):
         return None
-    return BuildResults.from_json(json.loads(read_bytes(path)))
+    return BuildResults.from_json(json.loads(read_bytes(storage.join(staging_dir(output), RESULTS))))
 
 
 def discard_staged_shards(output: str, results: BuildResults) -> None:
@@ -304,7 +308,7 @@ class OutputLock:
     def _finishes_detached(self, holder: LockInfo) -> bool:
         """`finish` takes over a detached build's lock once its job has staged its results."""
         return (self.info.command == "finish" and holder.command == DETACHED
-                and storage.exists(storage.join(staging_dir(self._output), RESULTS)))
+                and results_staged(self._output))
 
     def hand_over_to_detached_job(self) -> None:
         """Marks the lock as held by this build's detached job (command "detached") and lets go of

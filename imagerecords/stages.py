@@ -34,14 +34,14 @@ from imagerecords.refs import DuplicateGroup, ImageRef, LabelMap, ManifestColumn
 # Listing ------------------------------------------------------------------------------------------
 
 
-def manifest_row(line: Union[bytes, str], parse: Callable[[str], Mapping[str, Any]], manifest: str,
+def manifest_row(line: bytes, parse: Callable[[str], Mapping[str, Any]], manifest: str,
                  columns: ManifestColumns, max_file_bytes: Optional[int], stat: bool = True
                  ) -> Optional[Union[ImageRef, Rejected]]:
     """One manifest line as a ref, or the row saying why not; None for a blank line.
 
     Args:
-      line: the line without its line end, as bytes (a line that is not UTF-8 is a rejected row,
-        not the end of the build) or text.
+      line: the line without its line end, as bytes: a line that is not UTF-8 is a rejected row,
+        not the end of the build.
       parse: turns the line into a {column: value} row (refs.csv_row_parser(header) or
         refs.parse_jsonl_line); raises ValueError for a malformed line.
       manifest: the manifest's path (relative paths resolve against its folder).
@@ -50,17 +50,16 @@ def manifest_row(line: Union[bytes, str], parse: Callable[[str], Mapping[str, An
     """
     if not line.strip():
         return None
-    if isinstance(line, bytes):
-        try:
-            line = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return Rejected(line.decode("utf-8", "backslashreplace"),
-                            f"{manifest}: bad manifest line: not UTF-8 ({e.reason} at byte {e.start})", stage="list",
-                            error=type(e).__name__)
     try:
-        row = parse(line)
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return Rejected(line.decode("utf-8", "backslashreplace"),
+                        f"{manifest}: bad manifest line: not UTF-8 ({e.reason} at byte {e.start})", stage="list",
+                        error=type(e).__name__)
+    try:
+        row = parse(text)
     except ValueError as e:
-        return Rejected(line, f"{manifest}: bad manifest line: {sources.stable_text(str(e))}", stage="list",
+        return Rejected(text, f"{manifest}: bad manifest line: {sources.stable_text(str(e))}", stage="list",
                         error=type(e).__name__)
     ref, rejected = refs_lib.parse_manifest_row(row, _folder_of(manifest), columns)
     if rejected is not None:

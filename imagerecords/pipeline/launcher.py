@@ -77,7 +77,7 @@ def _claim_output(config: BuildConfig) -> None:
             publish.remove_staging(config.output)
         return
     if staged:
-        if not storage.exists(storage.join(publish.staging_dir(config.output), publish.RESULTS)):
+        if not publish.results_staged(config.output):
             raise errors.OutputError(f"{config.output} holds the staging area of a build that failed or was stopped "
                                      f"before its shards were all written ({STAGING}); rerun with --overwrite to "
                                      "replace it")
@@ -221,8 +221,10 @@ def _failure(e: BaseException, config: BuildConfig, log_path: Optional[str]) -> 
     if publish.is_no_space(e):
         return errors.OutputError(f"no space left on device while writing {config.output}; the published dataset "
                                   "(if any) is untouched; free space and rerun with --overwrite")
+    from concurrent.futures.process import BrokenProcessPool  # here: it imports multiprocessing
+
     where = f"; full log: {log_path}" if log_path else ""
-    if type(e).__name__ == "BrokenProcessPool":  # the local engine lost a worker (SIGKILL, OOM killer)
+    if isinstance(e, BrokenProcessPool):  # the local engine lost a worker (SIGKILL, OOM killer)
         return errors.PipelineFailed("a worker process of the local engine ended abruptly (killed by a signal, or "
                                      "by the system when memory ran out); nothing was published; rerun, or build "
                                      f"in this process with --local_workers 0{where}")
