@@ -106,6 +106,36 @@ def test_jsonl_manifest_with_a_label_map_and_skip_stat(image_tree, tmp_path):
         f"{man}: bad manifest line: not UTF-8 (invalid continuation byte at byte 48)"]
 
 
+def test_one_file_under_many_keys_is_one_duplicate_group_on_every_engine(image_tree, tmp_path):
+    root, files = image_tree
+    circle, square = root / "circle" / files["circle"][0], root / "square" / files["square"][0]
+    man = tmp_path / "list.csv"
+    rows = ["path,label,key"] + [f"{circle},circle,placeholder-{i}" for i in range(7)]
+    rows += [f"{square},square,sq-{i}" for i in range(3)]
+    rows += [f"{root / 'circle' / rel},circle,own-{rel}" for rel in files["circle"][1:]]  # no twin: no group
+    man.write_text("\n".join(rows) + "\n")
+    manifest = assert_engines_agree(man, tmp_path, "--num_shards", 3, "--splits", SPLITS)
+    groups = [json.loads(line) for line in open(tmp_path / "local" / "duplicates.jsonl")]
+    assert sorted([m["key"] for m in g["members"]] for g in groups) == [
+        [f"placeholder-{i}" for i in range(7)], [f"sq-{i}" for i in range(3)]]
+    assert manifest.num_duplicate_groups == 2 and manifest.num_examples == len(rows) - 1
+
+
+def test_the_content_index_groups_each_digest_once_whatever_the_order():
+    from imagerecords.pipeline.local import _Contents
+
+    index = _Contents()
+    members = [(b"a" * 16, ("a1", "train", "/a")), (b"b" * 16, ("b1", "train", "/b")),
+               (b"a" * 16, ("a2", "validation", "/a2")), (b"c" * 16, ("c1", "train", "/c")),
+               (b"a" * 16, ("a0", "train", "/a0")), (b"b" * 16, ("b1", "train", "/b"))]
+    for digest, member in members:
+        index.add(digest, member)
+    groups = index.groups()
+    # b's two entries are one key (a repeat, not a duplicate): no group; a's three keys are one.
+    assert [(g.content, [m[0] for m in g.members]) for g in groups] == [((b"a" * 16).hex(), ["a0", "a1", "a2"])]
+    assert groups[0].leaks
+
+
 def test_the_engine_is_chosen_by_what_the_build_needs():
     from imagerecords.config import make_config
 
