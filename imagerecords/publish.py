@@ -25,7 +25,7 @@ import signal
 import socket
 import time
 import uuid
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from imagerecords import metadata, storage
 from imagerecords.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
@@ -50,13 +50,18 @@ def read_bytes(uri: str) -> bytes:
         return f.read()
 
 
-def write_bytes(uri: str, data: bytes) -> None:
-    """Writes a small file through a temporary name and a rename, so readers never see half of it;
-    the temporary file does not outlive a failed write."""
+def write_bytes(uri: str, data: Union[bytes, Iterable[bytes]]) -> None:
+    """Writes a file through a temporary name and a rename, so readers never see half of it; the
+    temporary file does not outlive a failed write. `data` may be the bytes, or pieces of them
+    written one by one (errors.jsonl and duplicates.jsonl row by row: never a whole copy in memory)."""
     tmp = f"{uri}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         with storage.create(tmp) as f:
-            f.write(data)
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                f.write(data)
+            else:
+                for piece in data:
+                    f.write(piece)
         storage.rename(tmp, uri)
     except BaseException:
         _delete_quietly([tmp])

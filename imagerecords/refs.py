@@ -9,6 +9,7 @@ import hashlib
 import json
 import posixpath
 import re
+import sys
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 _SCHEME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
@@ -162,7 +163,7 @@ def ref_from_folder_path(root: str, path: str, size: int) -> Tuple[Optional[Imag
     parts = relative.split("/")
     if len(parts) < 2:
         return None, Rejected(path, ROOT_FILE_REASON, key=relative, stage="list", skipped=True)
-    return ImageRef(key=relative, uri=path, label=parts[0], split="", size=size), None
+    return ImageRef(key=relative, uri=path, label=sys.intern(parts[0]), split="", size=size), None
 
 
 def is_hidden(path: str, root: str) -> bool:
@@ -208,7 +209,10 @@ def parse_manifest_row(
         if size < 0:
             return None, Rejected(str(path), f"manifest row's {columns.size!r} is not a size in bytes: {row.get(columns.size)!r}",
                                   key, str(split or ""), stage="list", error="ValueError")
-    return ImageRef(key=key, uri=join(base, path), label=str(label), split=str(split or ""), size=size), None
+    # Labels and splits are few distinct strings: interned, every ref shares them (and pickle then
+    # sends each once per batch), 50 bytes less per ref held.
+    return (ImageRef(key=key, uri=join(base, path), label=sys.intern(str(label)), split=sys.intern(str(split or "")),
+                     size=size), None)
 
 
 def csv_row_parser(header_line: str):

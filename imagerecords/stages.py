@@ -23,7 +23,7 @@ import os
 import re
 import time
 import uuid
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from imagerecords import codec, metadata, planning, publish, records, shard_writer, sources, storage
 from imagerecords import refs as refs_lib
@@ -276,16 +276,17 @@ def duplicate_group(digest: bytes, members: Iterable[Tuple[str, str, str]]) -> O
     return DuplicateGroup(digest.hex(), unique) if len(unique) > 1 else None
 
 
-def errors_jsonl(rejected: Sequence[Rejected]) -> bytes:
-    """errors.jsonl: one row per rejected or skipped input, in a fixed order."""
-    rows = sorted(rejected, key=lambda r: (r.split, r.key, r.uri, r.stage, r.reason))
-    return "".join(r.to_json() + "\n" for r in rows).encode("utf-8")
+def errors_jsonl(rejected: Sequence[Rejected]) -> Iterator[bytes]:
+    """errors.jsonl, line by line: one row per rejected or skipped input, in a fixed order."""
+    for r in sorted(rejected, key=lambda r: (r.split, r.key, r.uri, r.stage, r.reason)):
+        yield (r.to_json() + "\n").encode("utf-8")
 
 
-def duplicates_jsonl(groups: Sequence[DuplicateGroup]) -> bytes:
-    """duplicates.jsonl: one row per group of identical files, groups that leak across splits first."""
-    rows = sorted(groups, key=lambda g: (not g.leaks, g.members))
-    return "".join(g.to_json() + "\n" for g in rows).encode("utf-8")
+def duplicates_jsonl(groups: Sequence[DuplicateGroup]) -> Iterator[bytes]:
+    """duplicates.jsonl, line by line: one row per group of identical files, groups that leak
+    across splits first."""
+    for g in sorted(groups, key=lambda g: (not g.leaks, g.members)):
+        yield (g.to_json() + "\n").encode("utf-8")
 
 
 def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected], labels: LabelMap,
