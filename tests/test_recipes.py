@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import build
+from conftest import build, skip_unless_ci
 from test_index import without_tensorflow
 
 RECIPES = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "recipes.md")
@@ -162,7 +162,7 @@ def test_pytorch_recipe_with_the_tfrecord_package(datasets, preset):
 @pytest.mark.parametrize("preset", ["tfds", "tf-models"])
 def test_pytorch_dataloader_recipe(datasets, preset):
     if importlib.util.find_spec("torch") is None:
-        pytest.skip("torch is not installed: the DataLoader block is not run (the loader it wraps is, above)")
+        skip_unless_ci("torch is not installed: the DataLoader block is not run (the loader it wraps is, above)")
     out, manifest = datasets[preset]
     code = recipes()
     want = sorted(label for s in manifest.split("train").shards for label, n in s.labels for _ in range(n))

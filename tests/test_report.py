@@ -20,7 +20,7 @@ from html.parser import HTMLParser
 import pytest
 from PIL import Image, ImageStat
 
-from conftest import build, shard_files
+from conftest import build, shard_files, skip_unless_ci
 from imagerecords import report, schema
 from imagerecords.manifest import Manifest
 from imagerecords.pipeline import cli
@@ -366,7 +366,7 @@ def test_parse_example_reads_what_the_builder_writes(preset):
 def test_renders_in_headless_chromium(page, run, tmp_path):
     browser = shutil.which("chromium")
     if browser is None:
-        pytest.skip("Debian's chromium is not installed; the page is checked by parsing it and decoding every image")
+        skip_unless_ci("Debian's chromium is not installed; the page is checked by parsing it and decoding every image")
     html_path = run[1] / "images-report.html"
     png = tmp_path / "page.png"
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
