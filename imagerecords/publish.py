@@ -156,15 +156,19 @@ class BuildResults:
             num_duplicate_groups=self.num_duplicate_groups, num_leaking_groups=self.num_leaking_groups)
 
 
+def _results_path(output: str) -> str:
+    return storage.join(staging_dir(output), RESULTS)
+
+
 def results_staged(output: str) -> bool:
     """Whether a build's pipeline finished into `output`'s staging area (its results.json is there)."""
-    return storage.exists(storage.join(staging_dir(output), RESULTS))
+    return storage.exists(_results_path(output))
 
 
 def read_results(output: str) -> Optional[BuildResults]:
     if not results_staged(output):
         return None
-    return BuildResults.from_json(json.loads(read_bytes(storage.join(staging_dir(output), RESULTS))))
+    return BuildResults.from_json(json.loads(read_bytes(_results_path(output))))
 
 
 def discard_staged_shards(output: str, results: BuildResults) -> None:
