@@ -83,6 +83,10 @@ class BuildConfig:
       overwrite: allow replacing a dataset this tool wrote earlier in `output`.
       write_index: also write `index/<shard>.idx` (tfrecord2idx: offset and frame length per
         record) for DALI and the PyTorch `tfrecord` package.
+      keep_versions: published versions kept in `output`, the new one included: a reader that
+        loaded an older manifest reads its files until they fall out of this count.
+      resume: reuse the complete shards a killed or failed build of the same inputs and settings
+        staged in `output` (each checked by its fingerprint) and write only the rest.
     """
 
     input: str
@@ -112,6 +116,8 @@ class BuildConfig:
     threads: int = 4
     overwrite: bool = False
     write_index: bool = False
+    keep_versions: int = 2
+    resume: bool = False
 
     def __post_init__(self):
         problems = []
@@ -140,6 +146,8 @@ class BuildConfig:
                             "use schema 'tf-models' for ImageNet-style offsets")
         if not 0 <= self.max_reject_fraction <= 1:
             problems.append(f"max_reject_fraction must be within 0..1, got {self.max_reject_fraction}")
+        if self.keep_versions < 1:
+            problems.append(f"keep_versions must be >= 1, got {self.keep_versions}")
         if self.threads < 1:
             problems.append(f"threads must be >= 1, got {self.threads}")
         if problems:
@@ -153,7 +161,7 @@ class BuildConfig:
     def to_json(self) -> Dict[str, Any]:
         """Returns the parameters recorded in manifest.json (paths excluded: they vary by machine)."""
         d = dataclasses.asdict(self)
-        for k in ("input", "output", "overwrite"):
+        for k in ("input", "output", "overwrite", "keep_versions", "resume"):
             d.pop(k)
         d["splits"] = dict(self.splits) if self.splits else None
         return d

@@ -53,3 +53,22 @@ class UnfinishedBuild(BuildError):
     """The output folder holds no published dataset, only an unfinished build's staging area."""
 
     exit_code = 7
+
+
+class Interrupted(BuildError):
+    """The build was stopped by a signal (SIGINT, SIGTERM, SIGHUP); the exit code is 128 + its number,
+    as a shell reports a process the signal ended."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+class Stopped(KeyboardInterrupt):
+    """Raised in the launcher's main thread by a SIGTERM or SIGHUP handler, so every cleanup that a
+    Ctrl-C runs (cancelling shard writers, ending worker processes, releasing the lock) runs for them."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

@@ -16,7 +16,10 @@ READABLE_VERSIONS = (1, 2)
 
 # Names inside an output folder that belong to the publish protocol (imagerecords.publish). They
 # live here, in a module without Beam or TensorFlow, so the reader can name them in its errors.
-STAGING = ".imagerecords-staging"
+STAGING = ".imagerecords-staging"  # one folder per build inside, named by its build id
+# Each published build's shards live in a folder of their own, `v-<build id>`: a rebuild never
+# writes over a file that a loaded manifest points at.
+VERSION_PREFIX = "v-"
 LOCK = ".imagerecords.lock"
 
 
@@ -115,6 +118,9 @@ class Manifest:
       num_duplicate_groups: groups of written images whose source files hold identical bytes
         (rows of duplicates.jsonl; -1 when the build did not look).
       num_leaking_groups: those of them that span more than one split.
+      version: the folder (relative to the dataset folder) holding this build's shards and index
+        files, named after its build id; None for datasets written before versions had folders
+        (their files lie directly in the dataset folder).
     """
 
     name: str
@@ -132,6 +138,7 @@ class Manifest:
     errors_file: str = ERRORS
     num_duplicate_groups: int = -1
     num_leaking_groups: int = 0
+    version: Optional[str] = None
 
     @property
     def num_examples(self) -> int:
@@ -175,6 +182,7 @@ class Manifest:
             "created": self.created,
             "num_duplicate_groups": self.num_duplicate_groups,
             "num_leaking_groups": self.num_leaking_groups,
+            **({"version": self.version} if self.version else {}),
         }
 
     def dumps(self) -> bytes:
@@ -205,7 +213,8 @@ class Manifest:
                        versions=dict(d.get("versions") or {}), created=d.get("created"),
                        errors_file=str(d.get("errors_file", ERRORS)),
                        num_duplicate_groups=int(d.get("num_duplicate_groups", -1)),
-                       num_leaking_groups=int(d.get("num_leaking_groups", 0)))
+                       num_leaking_groups=int(d.get("num_leaking_groups", 0)),
+                       version=d.get("version") or None)
         except KeyError as e:
             raise ManifestError(f"{source}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as e:

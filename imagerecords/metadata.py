@@ -98,7 +98,7 @@ def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:
     for split in manifest.splits:
         splits.append({
             "name": split.name,
-            "filepathTemplate": FILEPATH_TEMPLATE,
+            "filepathTemplate": f"{manifest.version}/{FILEPATH_TEMPLATE}" if manifest.version else FILEPATH_TEMPLATE,
             "numBytes": str(split.num_bytes),
             "shardLengths": [str(s.count) for s in split.shards],
         })

@@ -1,35 +1,40 @@
 """The publish protocol: staging, the output lock, the build's results, and the commit.
 
-    OUT/.imagerecords.lock              one build at a time (created only if absent)
-    OUT/.imagerecords-staging/          shards and results of the running build; no shard glob
-                                        (`OUT/*.tfrecord*`) reaches into it
-        <shard files>, errors.jsonl, results.json (the graph's last write), commit.json (the
-        commit under way)
+    OUT/.imagerecords.lock                  one build at a time (created only if absent)
+    OUT/.imagerecords-staging/<build id>/   each build's shards and results (a late writer of another
+                                            build can never reach them); no shard glob reaches in
+        <shard files>, index/, errors.jsonl, results.json (the engine's last write), commit.json
+        (the commit under way)
+    OUT/v-<build id>/                       a published build's shards and index files, never
+                                            rewritten; manifest.json names the current one
 
 Commit, once every shard is staged and the reject budget passed: record the commit in staging →
-remove manifest.json and TFDS's metadata (the previous dataset is unpublished, not yet touched) →
-move the staged shards to their final names → remove the previous build's leftovers → write the
-metadata and errors.jsonl → manifest.json last → remove staging. Each step can be redone, so a
-commit cut short is finished by `imagerecords finish OUT` (or replaced by a `--overwrite` rebuild).
+check every staged shard's size and sha256 against what its writer reported → move the shards into
+the build's own version folder (no file a published manifest points at is touched) → errors.jsonl,
+duplicates.jsonl, TFDS's metadata → manifest.json last (the switch) → remove the versions beyond
+the retention (`--keep_versions`) → remove staging. A reader that loaded the previous manifest
+keeps reading the previous version's files until a later build removes them, and then fails
+naming them; never a mix. Each step can be redone, so a commit cut short is finished by
+`imagerecords finish OUT` (or replaced by a `--overwrite` rebuild).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 import errno
+import hashlib
 import json
 import logging
 import os
-import signal
 import socket
-import time
 import uuid
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from imagerecords import metadata, storage
+from imagerecords import _hooks, metadata, storage
 from imagerecords.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
-from imagerecords.manifest import DUPLICATES, ERRORS, LOCK, MANIFEST, STAGING, Manifest, dumps
+from imagerecords.manifest import DUPLICATES, ERRORS, LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, dumps
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +46,29 @@ COMMIT = "commit.json"
 # Paths ----------------------------------------------------------------------------------------
 
 
-def staging_dir(output: str) -> str:
+def staging_root(output: str) -> str:
+    """The folder holding every build's staging area (at most one live build: the lock's holder)."""
     return storage.join(output, STAGING)
+
+
+def staging_dir(output: str, build_id: str) -> str:
+    """The staging area of one build: only that build's writers write into it."""
+    if not build_id or "/" in build_id or build_id.startswith("."):
+        raise ValueError(f"bad build id {build_id!r}")
+    return storage.join(output, STAGING, build_id)
+
+
+def version_folder(build_id: str) -> str:
+    """The folder (relative to the output) a published build's shards live in."""
+    return VERSION_PREFIX + build_id
+
+
+def staged_builds(output: str) -> List[str]:
+    """Build ids with a staging area in `output`, oldest first (build ids start with their UTC time)."""
+    root = staging_root(output)
+    prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
+    ids = {path[len(prefix):].replace(os.sep, "/").split("/", 1)[0] for path in storage.list_tree(root)}
+    return sorted(i for i in ids if i and not i.startswith("."))
 
 
 def read_bytes(uri: str) -> bytes:
@@ -77,9 +103,10 @@ def _delete_quietly(paths: Sequence[str]) -> None:
             log.warning("could not remove %s: %s", path, e)
 
 
-def remove_staging(output: str) -> None:
-    """Removes the staging area and everything in it (a killed build's or a committed one's)."""
-    staging = staging_dir(output)
+def remove_staging(output: str, build_id: Optional[str] = None) -> None:
+    """Removes one build's staging area, or (build_id None) every build's: a killed build's or a
+    committed one's."""
+    staging = staging_root(output) if build_id is None else staging_dir(output, build_id)
     if storage.is_local(output):
         import shutil
 
@@ -146,34 +173,52 @@ class BuildResults:
             raise BudgetExceeded(
                 f"{self.num_rejected} of {total} inputs rejected ({100 * self.num_rejected / total:.2f}%), over the "
                 f"budget of {100 * self.max_reject_fraction:g}% (--max_reject_fraction); reasons are in "
-                f"{storage.join(staging_dir(output), ERRORS)}; the dataset was not published")
+                f"{storage.join(staging_dir(output, self.build_id), ERRORS)}; the dataset was not published; "
+                f"rerun with --overwrite (and a higher --max_reject_fraction, or fixed inputs)")
 
     def manifest(self, created: Optional[str] = None) -> Manifest:
-        return metadata.build_manifest(
+        """The manifest that publishes this build: its shards named inside its version folder."""
+        folder = version_folder(self.build_id)
+        shards = [dataclasses.replace(r, shard=dataclasses.replace(
+            r.shard, filename=f"{folder}/{r.shard.filename}",
+            index_file=f"{folder}/{r.shard.index_file}" if r.shard.index_file else None)) for r in self.shards]
+        return dataclasses.replace(metadata.build_manifest(
             name=self.name, schema=self.schema, label_map=self.labels, seed=self.seed, parameters=self.parameters,
-            shards=self.shards, num_rejected=self.num_rejected, num_skipped=self.num_skipped, versions=self.versions,
+            shards=shards, num_rejected=self.num_rejected, num_skipped=self.num_skipped, versions=self.versions,
             created=created or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            num_duplicate_groups=self.num_duplicate_groups, num_leaking_groups=self.num_leaking_groups)
+            num_duplicate_groups=self.num_duplicate_groups, num_leaking_groups=self.num_leaking_groups),
+            version=folder)
 
 
-def _results_path(output: str) -> str:
-    return storage.join(staging_dir(output), RESULTS)
+def _results_path(output: str, build_id: str) -> str:
+    return storage.join(staging_dir(output, build_id), RESULTS)
 
 
-def results_staged(output: str) -> bool:
-    """Whether a build's pipeline finished into `output`'s staging area (its results.json is there)."""
-    return storage.exists(_results_path(output))
+def results_staged(output: str, build_id: Optional[str] = None) -> bool:
+    """Whether a build's engine finished into its staging area (its results.json is there); with
+    build_id None, whether any staged build did."""
+    ids = [build_id] if build_id else staged_builds(output)
+    return any(storage.exists(_results_path(output, i)) for i in ids)
 
 
-def read_results(output: str) -> Optional[BuildResults]:
-    if not results_staged(output):
-        return None
-    return BuildResults.from_json(json.loads(read_bytes(_results_path(output))))
+def read_results(output: str, build_id: Optional[str] = None) -> Optional[BuildResults]:
+    """The results of `build_id`, or (None) of the newest staged build that has them."""
+    for i in [build_id] if build_id else reversed(staged_builds(output)):
+        if storage.exists(_results_path(output, i)):
+            return BuildResults.from_json(json.loads(read_bytes(_results_path(output, i))))
+    return None
+
+
+def owns_output(output: str, build_id: str) -> bool:
+    """Whether `build_id` may still write into `output`: its lock names no other build. A writer
+    whose launcher died and whose lock another build took over must not touch anything."""
+    holder = read_lock(output)
+    return holder is None or holder.build_id == build_id
 
 
 def discard_staged_shards(output: str, results: BuildResults) -> None:
     """Removes a failed build's staged shards and results; its errors.jsonl stays for the reasons."""
-    staging = staging_dir(output)
+    staging = staging_dir(output, results.build_id)
     names = [n for r in results.shards for n in (r.filename, r.index_file) if n]
     _delete_quietly([storage.join(staging, n) for n in names + [RESULTS]])
 
@@ -356,26 +401,29 @@ def is_no_space(e: BaseException) -> bool:
 # The commit ------------------------------------------------------------------------------------
 
 
-def test_pause(phase: str) -> None:
-    """Test hook: with IMAGERECORDS_TEST_PAUSE=phase, marks the phase reached and waits to be killed,
-    so the kill tests can stop a build exactly there. Does nothing otherwise."""
-    if os.environ.get("IMAGERECORDS_TEST_PAUSE") != phase:
-        return
-    marker_dir = os.environ.get("IMAGERECORDS_TEST_PAUSE_DIR", ".")
-    with open(os.path.join(marker_dir, phase), "w") as f:
-        f.write(str(os.getpid()))
-    while True:
-        signal.pause() if hasattr(signal, "pause") else time.sleep(3600)
+def _versions_in(output: str) -> List[str]:
+    """The version folders in `output`, oldest first (their names start with the build's UTC time)."""
+    if storage.is_local(output):
+        try:
+            return sorted(e.name for e in os.scandir(output) if e.is_dir() and e.name.startswith(VERSION_PREFIX))
+        except FileNotFoundError:
+            return []
+    prefix = output.rstrip("/") + "/"
+    found = storage.list_tree(output)
+    return sorted({p[len(prefix):].split("/", 1)[0] for p in found
+                   if p[len(prefix):].startswith(VERSION_PREFIX) and "/" in p[len(prefix):]})
 
 
-def _previous_files(output: str, name: str) -> List[str]:
-    """Files of the dataset now published in `output` (from its manifest), and files named like this
-    build's shards that a killed build of an older version may have left."""
+def _flat_files(output: str, name: str) -> List[str]:
+    """Shard and index files lying directly in `output`: a dataset written before versions had
+    folders (or a killed build of that time)."""
     names = set()
     manifest_path = storage.join(output, MANIFEST)
     if storage.exists(manifest_path):
         try:
-            names.update(Manifest.loads(read_bytes(manifest_path), manifest_path).shard_files())
+            published = Manifest.loads(read_bytes(manifest_path), manifest_path)
+            if not published.version:
+                names.update(published.shard_files())
         except ValueError as e:
             log.warning("ignoring the unreadable previous manifest: %s", e)
     for entry in storage.list_names(output):
@@ -383,15 +431,12 @@ def _previous_files(output: str, name: str) -> List[str]:
             names.add(entry)
         elif entry.startswith(f".{name}-") and entry.endswith(".tmp"):
             names.add(entry)
-        elif entry.endswith(".tmp") and entry.split(".", 1)[0] + ".json" in (MANIFEST, metadata.DATASET_INFO,
-                                                                          metadata.FEATURES):
-            names.add(entry)
     return sorted(names)
 
 
 def _make_parent(path: str) -> None:
-    """Creates the local folder `path` goes in (index/ for index files): a local rename, unlike a
-    create, does not make it; object stores have no folders to make."""
+    """Creates the local folder `path` goes in: a local rename, unlike a create, does not make it;
+    object stores have no folders to make."""
     if storage.is_local(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
 
@@ -403,17 +448,65 @@ def _remove_empty_folders(output: str, names: Sequence[str]) -> None:
     for folder in sorted({os.path.dirname(n) for n in names if os.path.dirname(n)}, reverse=True):
         try:
             os.rmdir(os.path.join(output, folder))
-        except OSError:  # not empty (it holds the new build's files, or someone else's), or gone
+        except OSError:  # not empty, or gone
             pass
 
 
-def commit(output: str, results: Optional[BuildResults] = None) -> Manifest:
+def _sha256_and_size(path: str) -> Tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with storage.open_read(path) as f:
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                break
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
+
+
+def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str]) -> None:
+    """Checks every file the manifest lists (at its staged path, or in place when an earlier commit
+    attempt already moved it) against the size and sha256 its writer reported.
+
+    Raises:
+      OutputError: naming the first file that differs (another process wrote over it) or is missing.
+    """
+    expected = []
+    for split in manifest.splits:
+        for shard in split.shards:
+            expected.append((shard.filename, shard.num_bytes, shard.sha256))
+            if shard.index_file and shard.index_sha256:
+                expected.append((shard.index_file, -1, shard.index_sha256))
+
+    def one(item):
+        filename, num_bytes, sha256 = item
+        path = staged.get(filename) or storage.join(output, filename)
+        try:
+            got_sha, got_size = _sha256_and_size(path)
+        except OSError as e:
+            return f"{path} cannot be read ({os_reason(e)})"
+        if (num_bytes >= 0 and got_size != num_bytes) or got_sha != sha256:
+            return (f"{path} is {got_size} bytes with sha256 {got_sha[:12]}..., but its writer reported "
+                    f"{num_bytes if num_bytes >= 0 else '?'} bytes with sha256 {sha256[:12]}...")
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for problem in pool.map(one, expected):
+            if problem:
+                raise OutputError(f"refusing to publish {output}: {problem}; another process wrote into this "
+                                  f"build's files; nothing was published; rerun with --overwrite")
+
+
+def commit(output: str, results: Optional[BuildResults] = None, keep_versions: int = 2) -> Manifest:
     """Publishes the staged build in `output`; redoes a commit that was cut short.
 
     Args:
       output: the output folder (its lock must be held by the caller).
       results: the staged build's results, already past the budget verdict; None to finish the
-        commit recorded in staging (or, if none was recorded, to commit staging/results.json).
+        commit recorded in staging (or, if none was recorded, to commit the newest staged results).
+      keep_versions: published versions kept in `output`, this one included (at least 1): a reader
+        that loaded an older manifest can read its files until they fall out of this count.
 
     Returns:
       The published manifest.
@@ -421,47 +514,58 @@ def commit(output: str, results: Optional[BuildResults] = None) -> Manifest:
     Raises:
       UnfinishedBuild: when staging holds nothing to commit, or a listed shard is neither staged
         nor in place.
+      OutputError: when a staged file differs from what its writer reported.
       BudgetExceeded: when finishing a build whose results are over budget.
     """
-    staging = staging_dir(output)
-    record_path = storage.join(staging, COMMIT)
-    if storage.exists(record_path):
-        record = json.loads(read_bytes(record_path))
-        manifest = Manifest.from_json(record["manifest"], record_path)
-        previous = record["previous"]
-        log.info("finishing the commit recorded in %s", record_path)
-    else:
-        if results is None:
+    if keep_versions < 1:
+        raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
+    record = None
+    if results is None:
+        for build_id in reversed(staged_builds(output)):
+            path = storage.join(staging_dir(output, build_id), COMMIT)
+            if storage.exists(path):
+                record = json.loads(read_bytes(path))
+                log.info("finishing the commit recorded in %s", path)
+                break
+        if record is None:
             results = read_results(output)
             if results is None:
-                raise UnfinishedBuild(f"nothing to finish in {output}: no complete build is staged in {staging} "
-                                      "(its pipeline did not finish); rerun `imagerecords build ... --overwrite`")
+                raise UnfinishedBuild(f"nothing to finish in {output}: no complete build is staged in "
+                                      f"{staging_root(output)} (its pipeline did not finish); rerun "
+                                      "`imagerecords build ... --overwrite`")
             results.verdict(output)
+    if record is not None:
+        manifest = Manifest.from_json(record["manifest"], COMMIT)
+        build_id = record["build_id"]
+    else:
         manifest = results.manifest()
-        previous = _previous_files(output, manifest.name)
+        build_id = results.build_id
         # From here on the commit can be redone from this record.
-        write_bytes(record_path, dumps({"manifest": manifest.to_json(), "previous": previous}))
-    new_files = set(manifest.shard_files())
-    # 1. Unpublish the previous dataset: no reader (ours or TFDS) takes the folder from here on.
-    _delete_quietly([storage.join(output, n) for n in metadata.PUBLICATION_MARKS])
-    # 2. Move the staged shards into place.
+        write_bytes(storage.join(staging_dir(output, build_id), COMMIT),
+                    dumps({"manifest": manifest.to_json(), "build_id": build_id}))
+    staging = staging_dir(output, build_id)
+    folder = manifest.version
     # One listing of staging, not one existence request per shard (each is a round trip on gs://).
-    prefix = staging.rstrip("/") + "/"
+    prefix = staging.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(staging) else os.sep)
     in_staging = {path[len(prefix):].replace(os.sep, "/") for path in storage.list_tree(staging)}
-    for i, filename in enumerate(sorted(new_files)):
-        staged, final = storage.join(staging, filename), storage.join(output, filename)
-        if filename in in_staging:
-            _make_parent(final)
-            storage.rename(staged, final)
-        elif not storage.exists(final):
+    staged = {}
+    for filename in manifest.shard_files():
+        plain = filename[len(folder) + 1:]
+        if plain in in_staging:
+            staged[filename] = storage.join(staging, plain)
+        elif not storage.exists(storage.join(output, filename)):
             raise UnfinishedBuild(f"cannot publish {output}: {filename} is neither staged nor in place; "
                                   "rerun `imagerecords build ... --overwrite`")
+    # 1. Every file is what its writer wrote: a late writer of another build cannot slip one in.
+    check_staged(output, manifest, staged)
+    # 2. Into the version folder, which no published manifest names yet: readers see nothing change.
+    for i, (filename, path) in enumerate(sorted(staged.items())):
+        final = storage.join(output, filename)
+        _make_parent(final)
+        storage.rename(path, final)
         if i == 0:
-            test_pause("in_commit")
-    # 3. The previous build's leftovers (and the index folder, when they emptied it).
-    _delete_quietly([storage.join(output, n) for n in previous if n not in new_files])
-    _remove_empty_folders(output, previous)
-    # 4. Metadata, then the manifest: the dataset is published.
+            _hooks.pause("in_commit")
+    # 3. Reports and TFDS's metadata, then the manifest: the switch to the new version.
     for report in (ERRORS, DUPLICATES):
         staged_report, final_report = storage.join(staging, report), storage.join(output, report)
         if storage.exists(staged_report):
@@ -472,6 +576,30 @@ def commit(output: str, results: Optional[BuildResults] = None) -> Manifest:
             _delete_quietly([final_report])  # this build did not look: an older report would mislead
     for filename, content in metadata.metadata_files(manifest):
         write_bytes(storage.join(output, filename), content)
+    flat = _flat_files(output, manifest.name)
     write_bytes(storage.join(output, MANIFEST), manifest.dumps())
+    # 4. Retention: the newest versions stay (a flat, pre-version dataset counts as the oldest).
+    versions = [v for v in _versions_in(output) if v != folder]
+    keep = keep_versions - 1
+    kept = versions[len(versions) - keep:] if keep else []
+    for old in versions:
+        if old not in kept:
+            _delete_version(output, old)
+    if flat and len(kept) >= keep:
+        _delete_quietly([storage.join(output, n) for n in flat])
+        _remove_empty_folders(output, flat)
     remove_staging(output)
     return manifest
+
+
+def _delete_version(output: str, folder: str) -> None:
+    path = storage.join(output, folder)
+    try:
+        if storage.is_local(output):
+            import shutil
+
+            shutil.rmtree(path)
+        else:
+            storage.delete_all(storage.list_tree(path))
+    except OSError as e:
+        log.warning("could not remove the old version %s: %s", path, e)

@@ -25,7 +25,7 @@ import time
 import uuid
 from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from imagerecords import codec, metadata, planning, publish, records, shard_writer, sources, storage
+from imagerecords import _hooks, codec, metadata, planning, publish, records, shard_writer, sources, storage
 from imagerecords import refs as refs_lib
 from imagerecords.manifest import DUPLICATES, ERRORS, Shard
 from imagerecords.metadata import ShardResult
@@ -138,6 +138,11 @@ def shard_order(members: Iterable[Tuple[int, ImageRef]]) -> List[ImageRef]:
 # Writing a shard ----------------------------------------------------------------------------------
 
 
+class BuildAbandoned(RuntimeError):
+    """A shard writer's build lost the output's lock (its launcher died and another build took over)."""
+
+
+
 @dataclasses.dataclass
 class StagedShard:
     """What stage_shard wrote: the shard, the inputs it turned away, and (with contents) the
@@ -147,6 +152,15 @@ class StagedShard:
     rejected: List[Rejected]
     contents: List[Tuple[bytes, Tuple[str, str, str]]]
     passthrough: int
+
+    def to_json(self) -> dict:
+        return {"result": self.result.to_json(), "rejected": [dataclasses.asdict(r) for r in self.rejected],
+                "contents": [[d.hex(), list(m)] for d, m in self.contents], "passthrough": self.passthrough}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "StagedShard":
+        return cls(ShardResult.from_json(d["result"]), [Rejected(**r) for r in d["rejected"]],
+                   [(bytes.fromhex(h), tuple(m)) for h, m in d["contents"]], int(d["passthrough"]))
 
 
 class ShardProgress:
@@ -176,24 +190,36 @@ def report_plan(plan: planning.ShardPlan, progress_dir: str) -> None:
     os.replace(tmp, os.path.join(progress_dir, f"plan-{plan.split}.plan"))
 
 
-def stage_shard(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, output: str, name: str, preset: str,
+def stage_shard(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, output: str, build_id: str, name: str,
+                preset: str,
                 labels: LabelMap, options: codec.ImageOptions, read_bytes: Callable[[str], bytes],
                 executor: Optional[concurrent.futures.Executor], window: int, write_index: bool,
                 progress_dir: Optional[str], contents: bool,
-                cancelled: Optional[Callable[[], bool]] = None) -> StagedShard:
-    """Writes one shard (refs in hash order) to a temporary file in `output`'s staging area and
-    renames it to its shard name when complete; with write_index, its tfrecord2idx index too.
+                cancelled: Optional[Callable[[], bool]] = None, resume: bool = False) -> StagedShard:
+    """Writes one shard (refs in hash order) to a temporary file in the build's staging area and
+    renames it to its shard name when complete, if the build still holds `output`'s lock (a writer
+    that outlived its launcher must not touch what the next build stages); with write_index, its
+    tfrecord2idx index too.
 
     Args:
       shard: (split, shard index, number of shards of the split).
       executor, window: where images are read and prepared, and how many at once (bounded memory).
       contents: keep each written record's source digest (for FindDuplicates).
       cancelled: polled once per image; when it returns True the write stops (KeyboardInterrupt).
+      resume: take the shard from an earlier build's staging area when it staged one with the
+        same fingerprint (moved, not rewritten).
     """
     split, index, num_shards = shard
-    publish.test_pause("before_shards")
+    _hooks.pause("before_shards")
     filename = planning.shard_name(name, split, index, num_shards)
-    staging = publish.staging_dir(output)
+    staging = publish.staging_dir(output, build_id)
+    fingerprint = shard_fingerprint(shard, refs, name=name, preset=preset, labels=labels, options=options,
+                                    write_index=write_index, contents=contents)
+    if resume:
+        reused = _reuse_staged(output, build_id, filename, fingerprint)
+        if reused is not None:
+            ShardProgress(progress_dir, filename, len(refs))(len(refs), len(reused.rejected), force=True)
+            return reused
     staged = storage.join(staging, filename)
     # A unique temporary name per attempt: a retried or speculative bundle never writes into
     # another attempt's file, and the last rename wins with identical bytes.
@@ -213,6 +239,9 @@ def stage_shard(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, output
             stats, rejected = shard_writer.write_shard(
                 kept, stream, read_bytes=read_bytes, preset=preset, labels=labels, options=options,
                 executor=executor, window=window, on_progress=on_progress)
+        _hooks.pause("before_rename")
+        if not publish.owns_output(output, build_id):
+            raise BuildAbandoned(f"build {build_id} no longer holds the lock of {output}: {filename} was not staged")
         storage.rename(tmp, staged)
     except BaseException:
         if storage.exists(tmp):
@@ -227,11 +256,76 @@ def stage_shard(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, output
         index_data = records.format_index(records.index_entries(stats.offsets, stats.num_bytes))
         index_sha256 = hashlib.sha256(index_data).hexdigest()
         publish.write_bytes(storage.join(staging, index_file), index_data)
-    publish.test_pause("mid_shards")
+    _hooks.pause("mid_shards")
     result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
                                       stats.passthrough, index_file, index_sha256))
     written = [(digest, (r.key, r.split, r.uri)) for digest, r in stats.contents] if contents else []
-    return StagedShard(result, duplicates + rejected, written, stats.passthrough)
+    out = StagedShard(result, duplicates + rejected, written, stats.passthrough)
+    publish.write_bytes(storage.join(staging, filename + STAGED_SUFFIX), publish.dumps(
+        {"fingerprint": fingerprint, "staged": out.to_json()}))
+    return out
+
+
+# What a writer records beside each staged shard: its fingerprint and its StagedShard, so a resumed
+# build can take the shard over without reading it.
+STAGED_SUFFIX = ".staged.json"
+
+
+def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, name: str, preset: str,
+                      labels: LabelMap, options: codec.ImageOptions, write_index: bool, contents: bool) -> str:
+    """sha256 of everything a shard's bytes depend on: its place, its refs in order (key, path,
+    label, size), the label map, the encoding settings and the code version. A changed input file
+    changes its size only if its length changes; with --skip_stat sizes are not known (-1)."""
+    from imagerecords import __version__
+
+    h = hashlib.sha256()
+    h.update(json.dumps({"shard": list(shard), "name": name, "preset": preset, "labels": labels.to_json(),
+                         "options": dataclasses.asdict(options), "write_index": write_index, "contents": contents,
+                         "code": __version__, "pillow": _pillow_version()}, sort_keys=True, default=str).encode())
+    for r in refs:
+        h.update(json.dumps([r.key, r.uri, r.label, r.label_id, r.split, r.size]).encode() + b"\n")
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _pillow_version() -> str:
+    from importlib import metadata as importlib_metadata
+
+    try:
+        return importlib_metadata.version("pillow")
+    except importlib_metadata.PackageNotFoundError:
+        return ""
+
+
+def _reuse_staged(output: str, build_id: str, filename: str, fingerprint: str) -> Optional["StagedShard"]:
+    """Moves `filename` (and its index and record) from another build's staging area into this
+    build's when that build staged it with the same fingerprint; returns what it recorded."""
+    for other in reversed(publish.staged_builds(output)):
+        if other == build_id:
+            continue
+        source = publish.staging_dir(output, other)
+        record_path = storage.join(source, filename + STAGED_SUFFIX)
+        try:
+            record = json.loads(publish.read_bytes(record_path))
+        except (OSError, ValueError):
+            continue
+        if record.get("fingerprint") != fingerprint:
+            continue
+        staged = StagedShard.from_json(record["staged"])
+        moves = [staged.result.shard.filename] + ([staged.result.shard.index_file] if staged.result.shard.index_file
+                                                  else [])
+        if not all(storage.exists(storage.join(source, n)) for n in moves):
+            continue
+        target = publish.staging_dir(output, build_id)
+        for n in moves + [filename + STAGED_SUFFIX]:
+            destination = storage.join(target, n)
+            if storage.is_local(destination):
+                os.makedirs(os.path.dirname(destination), exist_ok=True)
+            storage.rename(storage.join(source, n), destination)
+        publish.write_bytes(storage.join(target, filename + STAGED_SUFFIX), publish.dumps(
+            {"fingerprint": fingerprint, "staged": record["staged"], "reused": True}))
+        return staged
+    return None
 
 
 def _fail_once_for_tests(filename: str) -> None:
@@ -294,7 +388,7 @@ def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected],
                    find_duplicates: bool) -> publish.BuildResults:
     """Writes errors.jsonl, duplicates.jsonl (when looked for) and, last, results.json into staging:
     the presence of results.json says every shard was written."""
-    staging = publish.staging_dir(output)
+    staging = publish.staging_dir(output, build["build_id"])
     publish.write_bytes(storage.join(staging, ERRORS), errors_jsonl(rejected))
     if find_duplicates:
         publish.write_bytes(storage.join(staging, DUPLICATES), duplicates_jsonl(duplicates))

@@ -30,8 +30,33 @@ def build(input_path, output, *extra, workers=None):
     return run(["--input", str(input_path), "--output", str(output), "--no_progress", *beam, *map(str, extra)])
 
 
+def published_version(output):
+    """The version folder manifest.json names ('' when there is no manifest or no version folder)."""
+    try:
+        with open(os.path.join(str(output), "manifest.json")) as f:
+            return json.load(f).get("version") or ""
+    except FileNotFoundError:
+        return ""
+
+
 def shard_files(output):
-    return sorted(glob.glob(os.path.join(str(output), "*.tfrecord-*")))
+    """The published dataset's shard files: the glob a user writes, inside the manifest's version folder."""
+    return sorted(glob.glob(os.path.join(str(output), published_version(output), "*.tfrecord-*")))
+
+
+def without_version(manifest):
+    """A parsed manifest.json without what differs between two builds of the same bytes: `created`,
+    and the version folder (the build id) in `version` and in every shard and index path."""
+    m = json.loads(json.dumps(manifest))
+    m.pop("created", None)
+    version = m.pop("version", None)
+    if version:
+        for split in m["splits"].values():
+            for shard in split["shards"]:
+                for key in ("filename", "index_file"):
+                    if shard.get(key, "").startswith(version + "/"):
+                        shard[key] = shard[key][len(version) + 1:]
+    return m
 
 
 def read_examples(output):
@@ -48,9 +73,7 @@ def read_examples(output):
 
 def manifest_without_time(output):
     with open(os.path.join(str(output), "manifest.json")) as f:
-        m = json.load(f)
-    m.pop("created")
-    return m
+        return without_version(json.load(f))
 
 
 @pytest.fixture(scope="session")

@@ -108,6 +108,8 @@ def digests(folder: str, workdir: str) -> dict:
     """{path relative to `folder`: sha256} of every file under it, hidden ones included, with the
     path of `workdir` (the run's temporary folder) replaced by "<workdir>" in each file's bytes."""
     places = sorted({os.path.realpath(workdir).encode(), os.path.abspath(workdir).encode()}, key=len, reverse=True)
+    # Each build publishes into a folder named after its build id: that one name is masked.
+    versions = [n for n in os.listdir(folder) if n.startswith("v-")] if os.path.isdir(folder) else []
     out = {}
     for dirpath, _, names in os.walk(folder):
         for name in names:
@@ -117,6 +119,9 @@ def digests(folder: str, workdir: str) -> dict:
                 data = f.read()
             for place in places:
                 data = data.replace(place, b"<workdir>")
+            for version in versions:
+                data = data.replace(version.encode(), b"v-<build>")
+                rel = rel.replace(version + "/", "v-<build>/")
             out[rel] = _manifest_digest(data) if rel == "manifest.json" else _sha256(data)
     return dict(sorted(out.items()))
 

@@ -13,19 +13,20 @@ from imagerecords.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestErr
 from imagerecords.metadata import ShardResult
 
 
-def _results(name="images", shards=(("train", 0, b"new0"), ("train", 1, b"new1")), rejected=0, budget=0.5):
+def _results(name="images", shards=(("train", 0, b"new0"), ("train", 1, b"new1")), rejected=0, budget=0.5,
+             build_id="20261201T000002Z-bbbbbb"):
     import hashlib
 
     results = [ShardResult(split, Shard(i, f"{name}-{split}.tfrecord-{i:05d}-of-{len(shards):05d}", 1, len(data),
                                         hashlib.sha256(data).hexdigest(), ((0, 1),))) for split, i, data in shards]
-    return publish.BuildResults(build_id="b1", name=name, schema="tfds", seed=0, parameters={"num_shards": 2},
+    return publish.BuildResults(build_id=build_id, name=name, schema="tfds", seed=0, parameters={"num_shards": 2},
                                 versions={"imagerecords": "x"}, max_reject_fraction=budget,
                                 labels={"names": ["a"], "offset": 0, "integer": False}, shards=tuple(results),
                                 num_rejected=rejected, num_skipped=0)
 
 
 def _stage(out, results, contents):
-    staging = out / STAGING
+    staging = out / STAGING / results.build_id
     staging.mkdir(parents=True, exist_ok=True)
     for r, data in zip(results.shards, contents):
         (staging / r.filename).write_bytes(data)
@@ -33,9 +34,9 @@ def _stage(out, results, contents):
     (staging / publish.RESULTS).write_bytes(publish.dumps(results.to_json()))
 
 
-def _publish_old(out):
+def _publish_old(out, build_id="20261201T000001Z-aaaaaa"):
     """A published dataset of 3 shards (an earlier build with more shards)."""
-    old = _results(shards=[("train", i, b"old%d" % i) for i in range(3)])
+    old = _results(shards=[("train", i, b"old%d" % i) for i in range(3)], build_id=build_id)
     _stage(out, old, [b"old0", b"old1", b"old2"])
     return publish.commit(str(out), old)
 
@@ -57,44 +58,90 @@ def test_manifest_round_trip_and_errors(tmp_path):
         Manifest.from_json(broken)
 
 
-def test_commit_over_a_published_dataset_replaces_it_whole(tmp_path):
+def test_a_commit_publishes_a_new_version_folder_and_keeps_the_previous_one(tmp_path):
     out = tmp_path / "out"
-    _publish_old(out)
+    old = _publish_old(out)
     (out / "notes.txt").write_text("not ours")
     new = _results()
     _stage(out, new, [b"new0", b"new1"])
     manifest = publish.commit(str(out), new)
+    assert manifest.version == "v-20261201T000002Z-bbbbbb" and old.version == "v-20261201T000001Z-aaaaaa"
     names = sorted(os.listdir(out))
-    assert names == ["dataset_info.json", "errors.jsonl", "features.json", "images-train.tfrecord-00000-of-00002",
-                     "images-train.tfrecord-00001-of-00002", "label.labels.txt", "manifest.json", "notes.txt"]
-    assert (out / "images-train.tfrecord-00001-of-00002").read_bytes() == b"new1"
+    assert names == ["dataset_info.json", "errors.jsonl", "features.json", "label.labels.txt", "manifest.json",
+                     "notes.txt", old.version, manifest.version]
+    # The previous version's files are untouched: a reader holding its manifest still reads them.
+    assert [(out / f).read_bytes() for f in old.shard_files()] == [b"old0", b"old1", b"old2"]
+    assert [(out / f).read_bytes() for f in manifest.shard_files()] == [b"new0", b"new1"]
+    assert manifest.shard_files()[1] == f"{manifest.version}/images-train.tfrecord-00001-of-00002"
     assert Manifest.loads((out / MANIFEST).read_bytes()) == manifest
-    assert manifest.split("train").num_examples == 2 and manifest.num_rejected == 0
+    info = json.loads((out / metadata.DATASET_INFO).read_text())
+    assert info["splits"][0]["filepathTemplate"] == f"{manifest.version}/{metadata.FILEPATH_TEMPLATE}"
+    # A third build removes the oldest version (keep_versions=2: this one and the one before).
+    third = _results(shards=[("train", 0, b"third")], build_id="20261201T000003Z-cccccc")
+    _stage(out, third, [b"third"])
+    publish.commit(str(out), third)
+    assert sorted(n for n in os.listdir(out) if n.startswith("v-")) == [manifest.version, "v-20261201T000003Z-cccccc"]
+    assert not (out / STAGING).exists()
+
+
+def test_keep_versions_one_removes_the_previous_version_and_a_flat_dataset(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    # A dataset written before versions had folders: shards directly in the folder.
+    (out / "images-train.tfrecord-00000-of-00001").write_bytes(b"flat")
+    flat = _results(shards=[("train", 0, b"flat")]).manifest(created="t")
+    flat = Manifest.from_json({k: v for k, v in Manifest.from_json(json.loads(publish.dumps(flat.to_json()))
+                                                                   ).to_json().items() if k != "version"})
+    flat_json = flat.to_json()
+    for shard in flat_json["splits"]["train"]["shards"]:
+        shard["filename"] = shard["filename"].split("/", 1)[1]
+    (out / MANIFEST).write_bytes(publish.dumps(flat_json))
+    new = _results()
+    _stage(out, new, [b"new0", b"new1"])
+    publish.commit(str(out), new, keep_versions=2)
+    assert (out / "images-train.tfrecord-00000-of-00001").exists()  # within the retention
+    newer = _results(build_id="20261201T000009Z-dddddd")
+    _stage(out, newer, [b"new0", b"new1"])
+    manifest = publish.commit(str(out), newer, keep_versions=1)
+    assert sorted(os.listdir(out)) == ["dataset_info.json", "errors.jsonl", "features.json", "label.labels.txt",
+                                       "manifest.json", manifest.version]
+
+
+def test_a_staged_shard_that_differs_from_its_writers_report_is_never_published(tmp_path):
+    out = tmp_path / "out"
+    old = _publish_old(out)
+    before = {n: (out / n).read_bytes() for n in (MANIFEST, *old.shard_files())}
+    new = _results()
+    _stage(out, new, [b"new0", b"LATE WRITER"])  # another process replaced shard 1 after its writer reported it
+    with pytest.raises(errors.OutputError, match=r"refusing to publish .*images-train.tfrecord-00001-of-00002 is "
+                                                 r"11 bytes with sha256 .*, but its writer reported 4 bytes"):
+        publish.commit(str(out), new)
+    assert {n: (out / n).read_bytes() for n in before} == before
+    assert not (out / new.manifest().version).exists()
 
 
 def test_a_commit_cut_short_is_finished_from_its_record(tmp_path):
     out = tmp_path / "out"
-    _publish_old(out)
+    old = _publish_old(out)
     new = _results()
     _stage(out, new, [b"new0", b"new1"])
-    staging = out / STAGING
-    # What a crash after the first rename leaves: the record, no manifest, one shard moved.
+    staging = out / STAGING / new.build_id
+    # What a crash after the first move leaves: the record, the old manifest, one shard moved.
     manifest = new.manifest(created="t")
-    previous = publish._previous_files(str(out), "images")
-    (staging / publish.COMMIT).write_bytes(publish.dumps({"manifest": manifest.to_json(), "previous": previous}))
-    for name in metadata.PUBLICATION_MARKS:
-        (out / name).unlink()
-    os.rename(staging / new.shards[0].filename, out / new.shards[0].filename)
+    (staging / publish.COMMIT).write_bytes(publish.dumps({"manifest": manifest.to_json(),
+                                                          "build_id": new.build_id}))
+    (out / manifest.version).mkdir()
+    os.rename(staging / new.shards[0].filename, out / manifest.shard_files()[0])
+    assert Manifest.loads((out / MANIFEST).read_bytes()) == old  # still the old dataset, whole
     finished = publish.commit(str(out))
     assert finished == manifest
-    assert not staging.exists()
-    assert sorted(p for p in os.listdir(out) if ".tfrecord" in p) == [s.filename for s in new.shards]
-    assert (out / "images-train.tfrecord-00000-of-00002").read_bytes() == b"new0"
+    assert not (out / STAGING).exists()
+    assert [(out / f).read_bytes() for f in finished.shard_files()] == [b"new0", b"new1"]
 
 
 def test_finish_refuses_an_incomplete_staging_area_and_enforces_the_budget(tmp_path):
     out = tmp_path / "out"
-    (out / STAGING).mkdir(parents=True)
+    (out / STAGING / "20261201T000002Z-bbbbbb").mkdir(parents=True)
     with pytest.raises(errors.UnfinishedBuild, match="pipeline did not finish"):
         publish.commit(str(out))
     over = _results(rejected=5, budget=0.1)

@@ -7,7 +7,7 @@ import os
 from typing import List, Optional, Tuple
 
 from imagerecords import errors, metadata, storage
-from imagerecords.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, no_manifest_hint, unfinished_hint
+from imagerecords.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError, no_manifest_hint, unfinished_hint
 from imagerecords.refs import has_scheme
 from imagerecords.storage import join, open_read
 
@@ -26,9 +26,20 @@ def _names(folder: str) -> List[str]:
     from imagerecords import publish
 
     names = set(storage.list_names(folder))
-    if storage.list_tree(publish.staging_dir(folder)):
+    if storage.list_tree(publish.staging_root(folder)):
         names.add(STAGING)
+    prefix = folder.rstrip("/") + "/"
+    names.update(p[len(prefix):].split("/", 1)[0] for p in storage.list_tree(folder)
+                 if p[len(prefix):].startswith(VERSION_PREFIX) and "/" in p[len(prefix):])
     return sorted(names)
+
+
+def _present(output: str, manifest: Manifest) -> set:
+    """Names (relative to `output`) of the files there and in the manifest's version folder."""
+    names = set(_names(output))
+    if manifest.version:
+        names.update(f"{manifest.version}/{n}" for n in _names(join(output, manifest.version)))
+    return names
 
 
 def load(output: str) -> Manifest:
@@ -68,13 +79,23 @@ def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[s
             holder = publish.read_lock(output)
             state = "stale lock of" if holder and holder.is_dead_here() else "lock held by"
             notes.append(f"{join(output, LOCK)}: {state} {holder.describe() if holder else 'an unknown build'}")
+        elif name.startswith(VERSION_PREFIX) and name != manifest.version:
+            notes.append(f"{join(output, name)}: an earlier version, kept for readers that loaded its manifest "
+                         "(--keep_versions)")
         elif ".tfrecord" in name or name.endswith((".index", ".tmp")):
             problems.append(f"{join(output, name)}: not listed in {MANIFEST} (not part of the published dataset)")
+    if manifest.version:
+        for name in _names(join(output, manifest.version)):
+            relative = f"{manifest.version}/{name}"
+            if relative not in listed and (".tfrecord" in name or name.endswith((".index", ".tmp"))):
+                problems.append(f"{join(output, relative)}: not listed in {MANIFEST} (not part of the published "
+                                "dataset)")
     # A stray index file reaches no shard glob, but a reader pairing sorted index and shard lists
     # (DALI's index_path) would read the wrong offsets with it.
-    index_dir = join(output, metadata.INDEX_DIR)
+    index_folder = f"{manifest.version}/{metadata.INDEX_DIR}" if manifest.version else metadata.INDEX_DIR
+    index_dir = join(output, index_folder)
     for name in _names(index_dir):
-        relative = f"{metadata.INDEX_DIR}/{name}"
+        relative = f"{index_folder}/{name}"
         if relative not in listed and not os.path.isdir(os.path.join(index_dir, name)):
             problems.append(f"{join(output, relative)}: not listed in {MANIFEST} (an index of no published shard)")
     return problems, notes
@@ -133,7 +154,7 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
 
     manifest = load(output)
     problems = []
-    names = set(_names(output))
+    names = _present(output, manifest)
     for split in manifest.splits:
         for shard in split.shards:
             path = join(output, shard.filename)
@@ -172,7 +193,7 @@ def inspect(output: str) -> Tuple[List[str], List[str]]:
       errors.BuildError: when there is no readable manifest.
     """
     manifest = load(output)
-    names = set(_names(output))
+    names = _present(output, manifest)
     lines = [f"{manifest.name}: schema {manifest.schema}, {len(manifest.label_names)} labels, offset "
              f"{manifest.label_offset}, seed {manifest.seed}, built {manifest.created}"]
     problems = []

@@ -154,9 +154,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     command, rest = argv[0], argv[1:]
     try:
         return _command(command, rest)
+    except errors.Interrupted as e:
+        print(f"imagerecords {command}: {e}", file=sys.stderr)
+        return e.exit_code
     except errors.BuildError as e:
         print(f"imagerecords {command}: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print(f"imagerecords {command}: interrupted; nothing was published (rerun with --overwrite)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", 2)
+        print(f"imagerecords {command}: interrupted", file=sys.stderr)
+        return 128 + signum

@@ -7,7 +7,7 @@ from typing import Mapping, Optional
 import apache_beam as beam
 
 from imagerecords import refs as refs_lib
-from imagerecords import stages
+from imagerecords import publish, stages
 from imagerecords.config import BuildConfig
 from imagerecords.transforms import (AssignLabels, FindDuplicates, GlobalShuffle, ListImages, ReadManifest,
                                      RecordResults, WriteShards, WriteWithBeamSink)
@@ -52,12 +52,12 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
         if progress_dir:
             shuffled["plans"] | "ReportPlan" >> beam.Map(_report_plan, progress_dir)
         written = shuffled["shards"] | "WriteShards" >> WriteShards(
-            config.output, config.name, labelled["labels"], config.schema, config.image, config.threads,
-            config.write_index, progress_dir, contents=not config.skip_duplicate_check)
+            config.output, build_id, config.name, labelled["labels"], config.schema, config.image, config.threads,
+            config.write_index, progress_dir, contents=not config.skip_duplicate_check, resume=config.resume)
     else:
         split_names = [n for n, _ in config.splits] if config.splits else list(config.split_names or ["train"])
         written = labelled["refs"] | "WriteWithBeamSink" >> WriteWithBeamSink(
-            config.output, config.name, labelled["labels"], split_names, config.num_shards or config.min_shards,
+            publish.staging_dir(config.output, build_id), config.name, labelled["labels"], split_names, config.num_shards or config.min_shards,
             config.schema, config.image)
     rejected = (listed[REJECTED], labelled[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten()
     outcome = {"results": written["results"], "rejected": rejected, "labels": labelled["labels"]}

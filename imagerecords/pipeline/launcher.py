@@ -12,10 +12,10 @@ import threading
 import time
 from typing import Dict, Iterator, Optional, Sequence, TextIO
 
-from imagerecords import __version__, errors, publish, storage
+from imagerecords import __version__, _hooks, errors, publish, storage
 from imagerecords import refs as refs_lib
 from imagerecords.config import BuildConfig
-from imagerecords.manifest import DUPLICATES, ERRORS, LOCK, STAGING, Manifest
+from imagerecords.manifest import DUPLICATES, ERRORS, LOCK, MANIFEST, STAGING, Manifest
 
 LOG_DIR = os.path.join(tempfile.gettempdir(), "imagerecords-logs")
 
@@ -67,26 +67,35 @@ def uses_local_engine(config: BuildConfig, beam_args: Sequence[str], detached: b
             and storage.is_local(config.input) and storage.is_local(config.output))
 
 
-def _claim_output(config: BuildConfig) -> None:
-    """Refuses an output folder that holds files unless --overwrite; with it, clears a killed
-    build's staging area (the lock is ours, so no live build owns it)."""
+def _claim_output(config: BuildConfig) -> int:
+    """Refuses an output folder that holds files unless --overwrite; with it, clears the staging
+    areas of killed builds (the lock is ours, so no live build owns them), except that --resume
+    keeps them to take their complete shards from. Returns the staged shards a resume can reuse."""
     names = [n for n in storage.list_names(config.output) if n != LOCK]
-    staged = bool(storage.list_tree(publish.staging_dir(config.output)))
+    staged = publish.staged_builds(config.output)
+    published = storage.exists(storage.join(config.output, MANIFEST))
+    if config.resume:
+        if published and not config.overwrite:
+            raise errors.OutputError(f"{config.output} holds a published dataset; pass --overwrite with --resume to "
+                                     "replace it")
+        return sum(1 for b in staged for p in storage.list_tree(publish.staging_dir(config.output, b))
+                   if p.endswith(".staged.json"))
     if config.overwrite:
         if staged:
             publish.remove_staging(config.output)
-        return
+        return 0
     if staged:
         if not publish.results_staged(config.output):
             raise errors.OutputError(f"{config.output} holds the staging area of a build that failed or was stopped "
-                                     f"before its shards were all written ({STAGING}); rerun with --overwrite to "
-                                     "replace it")
+                                     f"before its shards were all written ({STAGING}); rerun with --resume to reuse "
+                                     "its complete shards, or --overwrite to start over")
         raise errors.OutputError(f"{config.output} holds an unfinished build in {STAGING}; rerun with --overwrite "
                                  f"to replace it, or `imagerecords finish {config.output}` to publish it")
-    if names:
+    if names or published:
         shown = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
         raise errors.OutputError(f"output folder {config.output} is not empty ({len(names)} files: {shown}); pass "
                                  "--overwrite to replace a dataset this tool wrote there (other files are left alone)")
+    return 0
 
 
 def _read_label_map(config: BuildConfig) -> Optional[refs_lib.LabelMap]:
@@ -302,7 +311,8 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
       The published manifest, or None when --template_location only staged a Dataflow template.
 
     Raises:
-      errors.BuildError: an expected failure, one line (see README, "When things go wrong").
+      errors.BuildError: an expected failure, one line (see README, "When things go wrong");
+        errors.Interrupted for SIGINT, SIGTERM and SIGHUP.
     """
     from imagerecords.pipeline import checks, flags
 
@@ -310,103 +320,276 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
     config = parsed.config
     if config.writer == "beam" and config.write_index:
         raise errors.UsageError("--write_index needs --writer shards (the Beam sink reports no record offsets)")
+    if config.writer == "beam" and config.resume:
+        raise errors.UsageError("--resume needs --writer shards (the Beam sink's shards have no fingerprints)")
     input_info = checks.check_input(config, ignore_split_column=parsed.launcher.ignore_split_column)
     checks.check_output(config)
     label_map = _read_label_map(config)
-
-    local_engine = uses_local_engine(config, parsed.beam_args, parsed.launcher.detached)
-    if parsed.launcher.local_workers is not None and not local_engine:
-        raise errors.UsageError("--local_workers is for the local engine (local paths, no Beam options); on Beam "
-                                "use the runner's options (--direct_num_workers, ...)")
-    options = template = flink_job = None
-    engine = ""
-    if local_engine:
-        local = True
-    else:
-        from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
-
-        options = PipelineOptions(parsed.beam_args)
-        local = _local_options(options, parsed.beam_args)
-        if parsed.launcher.detached:
-            _check_detached(options)
-        template = options.view_as(GoogleCloudOptions).template_location
+    engine = _Engine(config, parsed)
     build_id = publish.new_build_id()
-    if parsed.launcher.detached and not options.view_as(GoogleCloudOptions).job_name:
-        options.view_as(GoogleCloudOptions).job_name = f"imagerecords-{build_id.lower()}"
+    engine.name_job(build_id)
     log_path = None if parsed.launcher.verbose else os.path.join(LOG_DIR, f"{build_id}.log")
     start = time.monotonic()
-    with publish.OutputLock(config.output, build_id, break_lock=parsed.launcher.break_lock) as lock:
-        if lock.took_over:
-            print(f"imagerecords build: note: took over the lock of {lock.took_over.describe()}, which is no longer "
-                  "running", file=sys.stderr)
-        _claim_output(config)
+    stage = _Stage()
+    with _signals_as_interrupts(), publish.OutputLock(config.output, build_id,
+                                                      break_lock=parsed.launcher.break_lock) as lock:
+        try:
+            if lock.took_over:
+                print(f"imagerecords build: note: took over the lock of {lock.took_over.describe()}, which is no "
+                      "longer running", file=sys.stderr)
+            reusable = _claim_output(config)
+            if config.resume:
+                print(f"imagerecords build: resuming: {reusable} staged shards of earlier builds can be reused if "
+                      "their fingerprints match", file=sys.stderr)
+            stage.now = "engine"
+            engine.run(build_id=build_id, label_map=label_map, csv_header=input_info.header, log_path=log_path)
+            if engine.handed_off(lock, build_id):
+                return None
+            stage.now = "verdict"
+            results = _verdict(config, build_id)
+            if config.resume:
+                print(f"imagerecords build: resumed: {_reused_count(config.output, build_id, results)} of "
+                      f"{len(results.shards)} shards reused", file=sys.stderr)
+            _hooks.pause("before_commit")
+            stage.now = "commit"
+            manifest = _commit(config, results)
+            stage.now = "done"
+        except KeyboardInterrupt as e:
+            raise _interrupted(e, stage.now, config, build_id) from None
+    if log_path and os.path.exists(log_path):
+        os.remove(log_path)
+    print_summary(manifest, config.output, time.monotonic() - start, engine=engine.description)
+    return manifest
+
+
+class _Stage:
+    """Where the build is, for the message a signal gets: engine, verdict, commit or done."""
+
+    now = "lock"
+
+
+def _verdict(config: BuildConfig, build_id: str) -> publish.BuildResults:
+    results = publish.read_results(config.output, build_id)
+    if results is None:
+        raise errors.PipelineFailed(f"the pipeline ended without writing its results to {STAGING}; nothing was "
+                                    "published")
+    try:
+        results.verdict(config.output)
+    except errors.BudgetExceeded:
+        publish.discard_staged_shards(config.output, results)  # errors.jsonl stays, for the reasons
+        raise
+    return results
+
+
+def _commit(config: BuildConfig, results: publish.BuildResults) -> Manifest:
+    try:
+        return publish.commit(config.output, results, keep_versions=config.keep_versions)
+    except OSError as e:
+        if publish.is_no_space(e):
+            raise _failure(e, config, None) from None
+        raise
+
+
+def _reused_count(output: str, build_id: str, results: publish.BuildResults) -> int:
+    """Shards of this build that an earlier build wrote (their StagedShard record says which build)."""
+    from imagerecords import stages
+
+    staging = publish.staging_dir(output, build_id)
+    count = 0
+    for r in results.shards:
+        try:
+            record = json.loads(publish.read_bytes(storage.join(staging, r.filename + stages.STAGED_SUFFIX)))
+        except (OSError, ValueError):
+            continue
+        count += record.get("reused", False)
+    return count
+
+
+def _interrupted(e: KeyboardInterrupt, stage: str, config: BuildConfig, build_id: str) -> errors.Interrupted:
+    """The one line for a build stopped by a signal, saying what is left and the command that mends it."""
+    import signal
+
+    signum = getattr(e, "signum", signal.SIGINT)
+    what = f"stopped by {signal.Signals(signum).name}"
+    out = config.output
+    if stage == "commit":
+        return errors.Interrupted(f"{what} during the commit: {out} still publishes its previous dataset (if any) "
+                                  f"unchanged; run `imagerecords finish {out}` to publish this build", signum)
+    if stage == "done":
+        return errors.Interrupted(f"{what} after the commit: {out} is published", signum)
+    staged = 0
+    if publish.staged_builds(out):
+        staged = sum(1 for p in storage.list_tree(publish.staging_dir(out, build_id)) if p.endswith(".staged.json"))
+    resume = (f"; {staged} complete shards are staged: rerun the same command with --resume to reuse them"
+              if staged else "; rerun the same command")
+    return errors.Interrupted(f"{what}; nothing was published and {out} is as it was{resume}", signum)
+
+
+@contextlib.contextmanager
+def _signals_as_interrupts() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a scheduler, `timeout`, a closed terminal) stop the build as Ctrl-C does:
+    shard writers are cancelled, worker processes ended, the lock released. The first one raises
+    errors.Stopped; later ones are ignored, so the cleanup it starts runs to the end."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = []
+
+    def stop(signum, _frame):
+        if fired:
+            return
+        fired.append(signum)
+        raise errors.Stopped(signum)
+
+    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def _end_child_processes() -> None:
+    """Ends every process this one started, and theirs (Beam's SDK workers and job servers): SIGTERM,
+    then SIGKILL for those still alive after a few seconds. Linux only (it reads /proc)."""
+    import signal
+
+    children = _descendants(os.getpid())
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and any(_alive(p) for p in children):
+        time.sleep(0.05)
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _descendants(root: int) -> list:
+    parents = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat") as f:
+                        parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                found.append(pid)
+                frontier.append(pid)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    from imagerecords.publish import _is_zombie
+
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return not _is_zombie(pid)
+
+
+class _Engine:
+    """Runs the build's stages: on the local engine (no Beam) or as a Beam pipeline, with the runner
+    specifics (DirectRunner modes, Flink detached submits, Dataflow templates) kept here."""
+
+    def __init__(self, config: BuildConfig, parsed):
+        self.config = config
+        self.parsed = parsed
+        self.local_engine = uses_local_engine(config, parsed.beam_args, parsed.launcher.detached)
+        if parsed.launcher.local_workers is not None and not self.local_engine:
+            raise errors.UsageError("--local_workers is for the local engine (local paths, no Beam options); on Beam "
+                                    "use the runner's options (--direct_num_workers, ...)")
+        self.options = self.template = self.flink_job = None
+        self.description = ""
+        self.local = True
+        if not self.local_engine:
+            from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+            self.options = PipelineOptions(parsed.beam_args)
+            self.local = _local_options(self.options, parsed.beam_args)
+            if parsed.launcher.detached:
+                _check_detached(self.options)
+            self.template = self.options.view_as(GoogleCloudOptions).template_location
+
+    def name_job(self, build_id: str) -> None:
+        if self.parsed.launcher.detached:
+            from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+            cloud = self.options.view_as(GoogleCloudOptions)
+            if not cloud.job_name:
+                cloud.job_name = f"imagerecords-{build_id.lower()}"
+
+    def run(self, *, build_id: str, label_map, csv_header, log_path: Optional[str]) -> None:
+        config, launcher = self.config, self.parsed.launcher
         # Progress is for people: shown when stderr is a terminal, in logs and pipes only if asked.
         on_terminal = sys.stderr.isatty()
-        show_progress = local and not parsed.launcher.no_progress and (on_terminal or parsed.launcher.progress)
+        show_progress = self.local and not launcher.no_progress and (on_terminal or launcher.progress)
         progress_dir = tempfile.mkdtemp(prefix="imagerecords-progress-") if show_progress else None
-        graph_args = dict(build_id=build_id, versions=versions(), label_map=label_map, csv_header=input_info.header,
+        graph_args = dict(build_id=build_id, versions=versions(), label_map=label_map, csv_header=csv_header,
                           progress_dir=progress_dir)
         try:
             with _quiet_stderr(log_path) as terminal:
                 progress = _Progress(progress_dir, terminal, on_terminal) if progress_dir else contextlib.nullcontext()
                 try:
                     with progress:
-                        if local_engine:
-                            from imagerecords.pipeline import local as local_lib
-
-                            _, workers = local_lib.build(config, workers=parsed.launcher.local_workers,
-                                                         **graph_args)
-                            engine = (f"local engine, {workers} worker processes" if workers else
-                                      "local engine, in-process")
-                        else:
-                            import apache_beam as beam
-
-                            from imagerecords.pipeline.graph import build_pipeline
-
-                            p = beam.Pipeline(options=options)
-                            build_pipeline(p, config, **graph_args)
-                            result = p.run()
-                            if parsed.launcher.detached:
-                                flink_job = _wait_until_on_flink(options, result)
-                            else:
-                                result.wait_until_finish()
+                        self._run_stages(graph_args)
                 except KeyboardInterrupt:
+                    if not self.local_engine:
+                        _end_child_processes()
                     raise
                 except Exception as e:  # the runner's wrapper of a worker error: reported in one line
                     raise _failure(e, config, log_path) from None
         finally:
             if progress_dir:
                 shutil.rmtree(progress_dir, ignore_errors=True)
-        if parsed.launcher.detached:
+
+    def _run_stages(self, graph_args) -> None:
+        if self.local_engine:
+            from imagerecords.pipeline import local as local_lib
+
+            _, workers = local_lib.build(self.config, workers=self.parsed.launcher.local_workers, **graph_args)
+            self.description = f"local engine, {workers} worker processes" if workers else "local engine, in-process"
+            return
+        import apache_beam as beam
+
+        from imagerecords.pipeline.graph import build_pipeline
+
+        p = beam.Pipeline(options=self.options)
+        build_pipeline(p, self.config, **graph_args)
+        result = p.run()
+        if self.parsed.launcher.detached:
+            self.flink_job = _wait_until_on_flink(self.options, result)
+        else:
+            result.wait_until_finish()
+        self.description = _runner(self.options)
+
+    def handed_off(self, lock: publish.OutputLock, build_id: str) -> bool:
+        """A detached Flink job or a Dataflow template publishes later, through `finish`."""
+        output = self.config.output
+        if self.parsed.launcher.detached:
             lock.hand_over_to_detached_job()
-            print(f"imagerecords: submitted build {build_id} as Flink job {flink_job}; follow it in the Flink UI or "
-                  f"REST API ({_flink_rest(options)}/jobs/{flink_job}); when it is FINISHED, publish the dataset with "
-                  f"`imagerecords finish {config.output}`")
-            return None
-        if template:
-            print(f"imagerecords: wrote the Dataflow template {template}; nothing was built yet. When its job has "
-                  f"run, publish the dataset with `imagerecords finish {config.output}`")
-            return None
-        results = publish.read_results(config.output)
-        if results is None:
-            raise errors.PipelineFailed(f"the pipeline ended without writing its results to {STAGING}; nothing was "
-                                        "published")
-        try:
-            results.verdict(config.output)
-        except errors.BudgetExceeded:
-            publish.discard_staged_shards(config.output, results)  # errors.jsonl stays, for the reasons
-            raise
-        publish.test_pause("before_commit")
-        try:
-            manifest = publish.commit(config.output, results)
-        except OSError as e:
-            if publish.is_no_space(e):
-                raise _failure(e, config, None) from None
-            raise
-    if log_path and os.path.exists(log_path):
-        os.remove(log_path)
-    print_summary(manifest, config.output, time.monotonic() - start, engine=engine or _runner(options))
-    return manifest
+            print(f"imagerecords: submitted build {build_id} as Flink job {self.flink_job}; follow it in the Flink UI "
+                  f"or REST API ({_flink_rest(self.options)}/jobs/{self.flink_job}); when it is FINISHED, publish "
+                  f"the dataset with `imagerecords finish {output}`")
+            return True
+        if self.template:
+            print(f"imagerecords: wrote the Dataflow template {self.template}; nothing was built yet. When its job "
+                  f"has run, publish the dataset with `imagerecords finish {output}`")
+            return True
+        return False
 
 
 def finish(output: str, break_lock: bool = False) -> Manifest:
@@ -416,7 +599,7 @@ def finish(output: str, break_lock: bool = False) -> Manifest:
     Raises:
       errors.BuildError: nothing to finish, over budget, or the lock is held.
     """
-    if storage.exists(storage.join(output, "manifest.json")) and not storage.list_tree(publish.staging_dir(output)):
+    if storage.exists(storage.join(output, MANIFEST)) and not publish.staged_builds(output):
         raise errors.UnfinishedBuild(f"nothing to finish: {output} is published and has no staging area")
     with publish.OutputLock(output, publish.new_build_id(), command="finish", break_lock=break_lock):
         return publish.commit(output)

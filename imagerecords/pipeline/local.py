@@ -240,8 +240,9 @@ class _Writer:
     """Writes shards with everything but the shard's refs and labels fixed; one per process, or
     one shared by this process's shard threads."""
 
-    def __init__(self, config: BuildConfig, threads: int, progress_dir: Optional[str], cancelled):
+    def __init__(self, config: BuildConfig, build_id: str, threads: int, progress_dir: Optional[str], cancelled):
         self._config = config
+        self._build_id = build_id
         self._threads = threads
         self._progress_dir = progress_dir
         self._cancelled = cancelled
@@ -252,10 +253,11 @@ class _Writer:
     def __call__(self, key: ShardKey, members: List[Tuple[int, ImageRef]], labels: LabelMap) -> stages.StagedShard:
         c = self._config
         return stages.stage_shard(
-            key, stages.shard_order(members), output=c.output, name=c.name, preset=c.schema, labels=labels,
+            key, stages.shard_order(members), output=c.output, build_id=self._build_id, name=c.name, preset=c.schema, labels=labels,
             options=c.image,
             read_bytes=self._read, executor=self._images, window=2 * self._threads, write_index=c.write_index,
-            progress_dir=self._progress_dir, contents=not c.skip_duplicate_check, cancelled=self._cancelled)
+            progress_dir=self._progress_dir, contents=not c.skip_duplicate_check, cancelled=self._cancelled,
+            resume=c.resume)
 
     def close(self) -> None:
         if self._images is not None:
@@ -265,18 +267,54 @@ class _Writer:
 _WORKER: Dict[str, _Writer] = {}
 
 
-def _start_worker(config: BuildConfig, progress_dir: Optional[str], cancel) -> None:
-    # Ctrl-C reaches the whole process group; the launcher answers it by setting `cancel`, which
-    # stops each shard at its next image and cleans its temporary file.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER["writer"] = _Writer(config, THREADS_PER_PROCESS, progress_dir, cancel.is_set)
+def _start_worker(config: BuildConfig, build_id: str, progress_dir: Optional[str], cancel, launcher: int) -> None:
+    # Ctrl-C (or a SIGTERM/SIGHUP to the group) reaches every process; the launcher answers it by
+    # setting `cancel`, which stops each shard at its next image and cleans its temporary file.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    _die_with_launcher(launcher)
+    _WORKER["writer"] = _Writer(config, build_id, THREADS_PER_PROCESS, progress_dir, cancel.is_set)
+
+
+def _die_with_launcher(launcher: int) -> None:
+    """Linux: the kernel kills this worker when its launcher dies without cleaning up (SIGKILL, the
+    OOM killer), so no orphan keeps writing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher:  # it died before the line above took effect
+        os._exit(1)
+
+
+# After a cancel, how long shard writers get to stop at their next image before they are killed.
+STOP_GRACE_S = 3.0
+
+
+def end_workers(pool) -> None:
+    """Stops a process pool now: queued shards never start, running ones get STOP_GRACE_S to stop
+    at their next image (the cancel event is set), then every worker left is killed."""
+    import time
+
+    pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for child in multiprocessing.active_children():
+        child.join(max(0.0, deadline - time.monotonic()))
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(5)
 
 
 def _write_in_worker(key: ShardKey, members: List[Tuple[int, ImageRef]], labels: LabelMap) -> stages.StagedShard:
     return _WORKER["writer"](key, members, labels)
 
 
-def _fork_workers(workers: int, config: BuildConfig, progress_dir: Optional[str]):
+def _fork_workers(workers: int, config: BuildConfig, build_id: str, progress_dir: Optional[str]):
     """Starts `workers` forked worker processes now, before the build lists anything: a worker
     forked later would share the launcher's pages holding every ref, and each page the launcher
     then touches (a refcount, while pickling a shard's refs) would be copied, once per worker;
@@ -287,7 +325,7 @@ def _fork_workers(workers: int, config: BuildConfig, progress_dir: Optional[str]
     ctx = multiprocessing.get_context("fork" if _fork_available() else "spawn")
     cancel = ctx.Event()
     pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
-                                                  initargs=(config, progress_dir, cancel))
+                                                  initargs=(config, build_id, progress_dir, cancel, os.getpid()))
     pool.submit(os.getpid).result()  # a fork context starts every worker at the first submit
     return pool, cancel
 
@@ -306,10 +344,15 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
       The results written, and the worker processes used.
     """
     forked = workers if workers is not None else _auto_workers()
-    pool, cancel = _fork_workers(forked, config, progress_dir) if forked else (None, None)
+    pool, cancel = _fork_workers(forked, config, build_id, progress_dir) if forked else (None, None)
     try:
         return _build(config, pool, cancel, forked, build_id=build_id, versions=versions, label_map=label_map,
                       csv_header=csv_header, progress_dir=progress_dir, asked=workers is not None)
+    except BaseException:
+        if pool is not None:
+            cancel.set()
+            end_workers(pool)
+        raise
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -352,7 +395,7 @@ def _build(config: BuildConfig, process_pool, process_cancel, forked: int, *, bu
         cancel = threading.Event()
         cores = os.cpu_count() or 1
         # Threads: one shard writer per core, sharing one pool of image threads.
-        local_writer = _Writer(config, max(cores, config.threads), progress_dir, cancel.is_set)
+        local_writer = _Writer(config, build_id, max(cores, config.threads), progress_dir, cancel.is_set)
         pool = concurrent.futures.ThreadPoolExecutor(cores, thread_name_prefix="imagerecords-shard")
         write = local_writer
     contents = _Contents()
@@ -367,7 +410,10 @@ def _build(config: BuildConfig, process_pool, process_cancel, forked: int, *, bu
                 contents.add(digest, member)
     except BaseException:
         cancel.set()  # running shards stop at their next image; queued ones never start
-        pool.shutdown(wait=True, cancel_futures=True)
+        if workers:
+            end_workers(pool)
+        else:
+            pool.shutdown(wait=True, cancel_futures=True)
         raise
     finally:
         if local_writer is not None:

@@ -57,17 +57,18 @@ def _summarize(path: str, split: str, preset: str) -> ShardResult:
 class WriteWithBeamSink(beam.PTransform):
     """Writes refs with beam.io.WriteToTFRecord, one write per split in `split_names`.
 
-    Outputs: main (ShardResult, read back from the files) and REJECTED.
+    Outputs: main (ShardResult, read back from the files) and REJECTED. `staging` is the build's
+    staging folder (publish.staging_dir).
     """
 
-    def __init__(self, output: str, name: str, labels, split_names: Sequence[str], num_shards: int,
+    def __init__(self, staging: str, name: str, labels, split_names: Sequence[str], num_shards: int,
                  preset: str = "tfds", options: codec.ImageOptions = codec.ImageOptions()):
         super().__init__()
         if not split_names:
             raise ValueError("WriteWithBeamSink needs the split names before the pipeline runs")
         if num_shards < 1:
             raise ValueError(f"WriteWithBeamSink: num_shards must be >= 1, got {num_shards}")
-        self._output = output
+        self._output = staging
         self._name = name
         self._labels = labels
         self._splits = list(split_names)
@@ -94,7 +95,7 @@ class WriteWithBeamSink(beam.PTransform):
         )
         results = []
         for split in self._splits:
-            prefix = FileSystems.join(publish.staging_dir(self._output), f"{self._name}-{split}.tfrecord")
+            prefix = FileSystems.join(self._output, f"{self._name}-{split}.tfrecord")
             files = (
                 encoded.records
                 | f"Only[{split}]" >> beam.Filter(lambda kv, s=split: kv[0] == s)

@@ -17,9 +17,11 @@ __all__ = ["WriteShards"]
 
 
 class _WriteShardFn(beam.DoFn):
-    def __init__(self, output: str, name: str, preset: str, options: codec.ImageOptions, threads: int,
-                 write_index: bool, progress_dir: Optional[str], contents: bool):
+    def __init__(self, output: str, build_id: str, name: str, preset: str, options: codec.ImageOptions,
+                 threads: int, write_index: bool, progress_dir: Optional[str], contents: bool, resume: bool):
         self._output = output
+        self._build_id = build_id
+        self._resume = resume
         self._contents = contents
         self._name = name
         self._preset = preset
@@ -44,9 +46,10 @@ class _WriteShardFn(beam.DoFn):
                 ) -> Iterable[Union[ShardResult, beam.pvalue.TaggedOutput]]:
         shard, refs = element
         staged = stages.stage_shard(
-            shard, refs, output=self._output, name=self._name, preset=self._preset, labels=labels,
+            shard, refs, output=self._output, build_id=self._build_id, name=self._name, preset=self._preset, labels=labels,
             options=self._options, read_bytes=self._read, executor=self._executor, window=2 * self._threads,
-            write_index=self._write_index, progress_dir=self._progress_dir, contents=self._contents)
+            write_index=self._write_index, progress_dir=self._progress_dir, contents=self._contents,
+            resume=self._resume)
         self._written.inc(staged.result.shard.count)
         self._passthrough.inc(staged.passthrough)
         self._bytes.inc(staged.result.shard.num_bytes)
@@ -66,15 +69,17 @@ class WriteShards(beam.PTransform):
     with contents=False, when no duplicate check consumes it).
     """
 
-    def __init__(self, output: str, name: str, labels, preset: str = "tfds",
+    def __init__(self, output: str, build_id: str, name: str, labels, preset: str = "tfds",
                  options: codec.ImageOptions = codec.ImageOptions(), threads: int = 4,
-                 write_index: bool = False, progress_dir: Optional[str] = None, contents: bool = True):
+                 write_index: bool = False, progress_dir: Optional[str] = None, contents: bool = True,
+                 resume: bool = False):
         super().__init__()
         if not output:
             raise ValueError("WriteShards: output folder is empty")
         if threads < 1:
             raise ValueError(f"WriteShards: threads must be >= 1, got {threads}")
-        self._fn = _WriteShardFn(output, name, preset, options, threads, write_index, progress_dir, contents)
+        self._fn = _WriteShardFn(output, build_id, name, preset, options, threads, write_index, progress_dir, contents,
+                                 resume)
         self._labels = labels
 
     def expand(self, shards):
