@@ -1,7 +1,9 @@
 """The local engine (the local default) against Beam's DirectRunner: the same bytes, without Beam."""
 
 import json
+import glob
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -10,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import build, manifest_without_time, shard_files
+from conftest import published_version, build, manifest_without_time, shard_files
 from imagerecords.manifest import LOCK, MANIFEST, STAGING
 from imagerecords.pipeline import cli
 from imagerecords.pipeline.launcher import uses_local_engine
@@ -21,11 +23,14 @@ SPLITS = "train=0.7,validation=0.3"
 def files_of(out):
     """{relative path: bytes} of everything in a dataset folder but manifest.json (it holds the time)."""
     found = {}
+    version = published_version(out)
     for dirpath, _, names in os.walk(out):
         for name in names:
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, out)
-            if rel != MANIFEST:
+            if version and rel.startswith(version + os.sep):
+                rel = "v-<build>" + rel[len(version):]
+            if rel not in (MANIFEST, "dataset_info.json"):  # both name the version folder
                 found[rel] = open(path, "rb").read()
     return found
 
@@ -57,7 +62,7 @@ def test_folder_build_with_splits_index_reencode_and_duplicates(image_tree, tmp_
                                     "--reencode", "--max_side", 32, "--max_reject_fraction", 0.05)
     assert manifest.num_examples == 41 and manifest.num_rejected == 1 and manifest.num_skipped == 1
     assert manifest.num_duplicate_groups == 1
-    assert len(os.listdir(tmp_path / "local" / "index")) == 6
+    assert len(os.listdir(tmp_path / "local" / published_version(tmp_path / "local") / "index")) == 6
     assert cli.verify(str(tmp_path / "local"), records=True) == []
 
 
@@ -189,34 +194,63 @@ def noise_tree(tmp_path_factory):
 
 def _wait_for_a_shard_being_written(proc, out, timeout=60):
     """Polls until the build `proc` has a shard's temporary file in its staging area; returns that
-    staging folder. Fails naming what never came."""
-    staging = out / STAGING
+    staging folder (the build's own, inside OUT/.imagerecords-staging). Fails naming what never came."""
     deadline = time.monotonic() + timeout
-    while not (staging.exists() and any(n.endswith(".tmp") for n in os.listdir(staging))):
+    while True:
+        found = glob.glob(str(out / STAGING / "*" / ".*.tmp"))
+        if found:
+            return pathlib.Path(found[0]).parent
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the build never started writing a shard"
         time.sleep(0.01)
-    return staging
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 @pytest.mark.parametrize("workers", ["2", "0"])
-def test_ctrl_c_stops_the_build_at_once_and_publishes_nothing(noise_tree, tmp_path, workers):
-    """SIGINT mid-shard (worker processes, or threads): exit 130 within seconds, one line, nothing
+def test_a_signal_to_the_launcher_stops_the_build_and_leaves_no_process(noise_tree, tmp_path, workers, signum):
+    """SIGINT, SIGTERM or SIGHUP to the launcher alone, mid-shard (worker processes, or threads):
+    within 5 s no process of the build is alive; exit 128 + the signal's number, one line, nothing
     published, the lock released; running shard writers stop at their next image and remove their
     temporary files."""
+    import psutil
+
     out = tmp_path / "ds"
     proc = subprocess.Popen([sys.executable, "-m", "imagerecords", "build", "--input", str(noise_tree), "--output",
                              str(out), "--reencode", "--num_shards", "2", "--no_progress", "--local_workers", workers],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     staging = _wait_for_a_shard_being_written(proc, out)
+    family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    assert len(family) == (3 if workers == "2" else 1), family
     sent = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert time.monotonic() - sent < 10
-    assert err.count("\n") == 1 and "interrupted" in err and "Traceback" not in err, err
+    assert proc.returncode == 128 + signum, err
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in family):
+        assert time.monotonic() - sent < 5, f"processes of the build still alive 5 s after {signum!r}"
+        time.sleep(0.05)
+    name = signal.Signals(signum).name
+    assert err.count("\n") == 1 and f"stopped by {name}; nothing was published" in err, err
+    assert "Traceback" not in err, err
     assert not shard_files(out) and not (out / MANIFEST).exists() and not (out / LOCK).exists()
     assert not [n for n in os.listdir(staging) if n.endswith(".tmp")]
+
+
+def test_workers_die_with_a_launcher_killed_without_a_handler(noise_tree, tmp_path):
+    """SIGKILL to the launcher alone (no handler runs): its worker processes end too (the kernel's
+    parent-death signal), so none goes on writing into the output."""
+    import psutil
+
+    out = tmp_path / "ds"
+    proc = subprocess.Popen([sys.executable, "-m", "imagerecords", "build", "--input", str(noise_tree), "--output",
+                             str(out), "--reencode", "--num_shards", "2", "--no_progress", "--local_workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_a_shard_being_written(proc, out)
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    assert len(workers) == 2, workers
+    proc.kill()
+    proc.communicate(timeout=60)
+    gone, alive = psutil.wait_procs(workers, timeout=5)
+    assert not alive, f"worker processes alive 5 s after their launcher was killed: {alive}"
 
 
 def test_a_killed_worker_process_fails_the_build_in_one_line_and_a_rerun_publishes(noise_tree, tmp_path):
@@ -239,7 +273,8 @@ def test_a_killed_worker_process_fails_the_build_in_one_line_and_a_rerun_publish
     assert not shard_files(out) and not (out / MANIFEST).exists() and not (out / LOCK).exists()
     plain = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert plain.returncode != 0 and "failed or was stopped before its shards were all written" in plain.stderr
-    assert "--overwrite" in plain.stderr and "finish" not in plain.stderr, plain.stderr
+    assert "--resume" in plain.stderr and "--overwrite" in plain.stderr, plain.stderr
+    assert "finish" not in plain.stderr, plain.stderr
     again = subprocess.run(cmd + ["--overwrite"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert len(shard_files(out)) == 2 and (out / MANIFEST).exists()
