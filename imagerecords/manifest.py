@@ -115,6 +115,8 @@ class Manifest:
       num_duplicate_groups: groups of written images whose source files hold identical bytes
         (rows of duplicates.jsonl; -1 when the build did not look).
       num_leaking_groups: those of them that span more than one split.
+      num_label_conflicts: those of them whose members carry different labels (the same image
+        under two classes; 0 in manifests written before it was counted).
     """
 
     name: str
@@ -132,6 +134,7 @@ class Manifest:
     errors_file: str = ERRORS
     num_duplicate_groups: int = -1
     num_leaking_groups: int = 0
+    num_label_conflicts: int = 0
 
     @property
     def num_examples(self) -> int:
@@ -175,6 +178,7 @@ class Manifest:
             "created": self.created,
             "num_duplicate_groups": self.num_duplicate_groups,
             "num_leaking_groups": self.num_leaking_groups,
+            "num_label_conflicts": self.num_label_conflicts,
         }
 
     def dumps(self) -> bytes:
@@ -205,7 +209,8 @@ class Manifest:
                        versions=dict(d.get("versions") or {}), created=d.get("created"),
                        errors_file=str(d.get("errors_file", ERRORS)),
                        num_duplicate_groups=int(d.get("num_duplicate_groups", -1)),
-                       num_leaking_groups=int(d.get("num_leaking_groups", 0)))
+                       num_leaking_groups=int(d.get("num_leaking_groups", 0)),
+                       num_label_conflicts=int(d.get("num_label_conflicts", 0)))
         except KeyError as e:
             raise ManifestError(f"{source}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as e:
