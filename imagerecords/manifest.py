@@ -118,6 +118,8 @@ class Manifest:
       num_duplicate_groups: groups of written images whose source files hold identical bytes
         (rows of duplicates.jsonl; -1 when the build did not look).
       num_leaking_groups: those of them that span more than one split.
+      num_label_conflicts: those of them whose members carry different labels (the same image
+        under two classes; 0 in manifests written before it was counted).
       version: the folder (relative to the dataset folder) holding this build's shards and index
         files, named after its build id; None for datasets written before versions had folders
         (their files lie directly in the dataset folder).
@@ -138,6 +140,7 @@ class Manifest:
     errors_file: str = ERRORS
     num_duplicate_groups: int = -1
     num_leaking_groups: int = 0
+    num_label_conflicts: int = 0
     version: Optional[str] = None
 
     @property
@@ -182,6 +185,7 @@ class Manifest:
             "created": self.created,
             "num_duplicate_groups": self.num_duplicate_groups,
             "num_leaking_groups": self.num_leaking_groups,
+            "num_label_conflicts": self.num_label_conflicts,
             **({"version": self.version} if self.version else {}),
         }
 
@@ -214,6 +218,7 @@ class Manifest:
                        errors_file=str(d.get("errors_file", ERRORS)),
                        num_duplicate_groups=int(d.get("num_duplicate_groups", -1)),
                        num_leaking_groups=int(d.get("num_leaking_groups", 0)),
+                       num_label_conflicts=int(d.get("num_label_conflicts", 0)),
                        version=d.get("version") or None)
         except KeyError as e:
             raise ManifestError(f"{source}: missing field {e.args[0]!r}") from None

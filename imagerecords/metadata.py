@@ -77,6 +77,7 @@ def build_manifest(
     created: Optional[str] = None,
     num_duplicate_groups: int = -1,
     num_leaking_groups: int = 0,
+    num_label_conflicts: int = 0,
 ) -> Manifest:
     """Returns the manifest of a build from its shard results; splits and shards are sorted, so the
     same build always serializes to the same bytes (`created` aside)."""
@@ -88,7 +89,8 @@ def build_manifest(
                     label_offset=int(label_map["offset"]), integer_labels=bool(label_map["integer"]), seed=seed,
                     parameters=params, splits=tuple(Split(k, tuple(v)) for k, v in sorted(by_split.items())),
                     num_rejected=num_rejected, num_skipped=num_skipped, versions=dict(versions), created=created,
-                    num_duplicate_groups=num_duplicate_groups, num_leaking_groups=num_leaking_groups)
+                    num_duplicate_groups=num_duplicate_groups, num_leaking_groups=num_leaking_groups,
+                    num_label_conflicts=num_label_conflicts)
 
 
 def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:

@@ -132,6 +132,7 @@ class BuildResults:
       num_skipped: errors.jsonl rows marked skipped (not images of a class).
       num_duplicate_groups: rows of duplicates.jsonl (-1: not looked for).
       num_leaking_groups: those spanning more than one split.
+      num_label_conflicts: those whose members carry different labels.
     """
 
     build_id: str
@@ -147,6 +148,7 @@ class BuildResults:
     num_skipped: int
     num_duplicate_groups: int = -1
     num_leaking_groups: int = 0
+    num_label_conflicts: int = 0
 
     def to_json(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -186,7 +188,8 @@ class BuildResults:
             name=self.name, schema=self.schema, label_map=self.labels, seed=self.seed, parameters=self.parameters,
             shards=shards, num_rejected=self.num_rejected, num_skipped=self.num_skipped, versions=self.versions,
             created=created or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            num_duplicate_groups=self.num_duplicate_groups, num_leaking_groups=self.num_leaking_groups),
+            num_duplicate_groups=self.num_duplicate_groups, num_leaking_groups=self.num_leaking_groups,
+            num_label_conflicts=self.num_label_conflicts),
             version=folder)
 
 

@@ -74,24 +74,35 @@ class DuplicateGroup:
 
     Attributes:
       content: hex digest of the shared bytes (the first 16 bytes of SHA-256).
-      members: ((key, split, uri), ...) sorted.
+      members: ((key, split, uri, label name), ...) sorted.
     """
 
     content: str
-    members: Tuple[Tuple[str, str, str], ...]
+    members: Tuple[Tuple[str, str, str, str], ...]
 
     @property
     def splits(self) -> Tuple[str, ...]:
-        return tuple(sorted({split for _, split, _ in self.members}))
+        return tuple(sorted({member[1] for member in self.members}))
+
+    @property
+    def labels(self) -> Tuple[str, ...]:
+        return tuple(sorted({member[3] for member in self.members}))
 
     @property
     def leaks(self) -> bool:
         """True when the same image is in more than one split (train/validation leakage)."""
         return len(self.splits) > 1
 
+    @property
+    def conflicts(self) -> bool:
+        """True when the same image carries more than one label (a label conflict)."""
+        return len(self.labels) > 1
+
     def to_json(self) -> str:
         return json.dumps({"content": self.content, "splits": list(self.splits), "leak": self.leaks,
-                           "members": [{"key": k, "split": s, "uri": u} for k, s, u in self.members]},
+                           "labels": list(self.labels), "conflict": self.conflicts,
+                           "members": [{"key": k, "split": s, "uri": u, "label": label}
+                                       for k, s, u, label in self.members]},
                           sort_keys=True, ensure_ascii=False)
 
 

@@ -294,7 +294,8 @@ def read_errors(stream: BinaryIO) -> Tuple[List[ReasonGroup], List[ReasonGroup],
 
 def read_duplicates(stream: BinaryIO) -> Tuple[List[dict], int]:
     """Returns (rows of duplicates.jsonl, lines that were not such rows); each row is
-    {content, members: [{key, split, uri}]}."""
+    {content, members: [{key, split, uri, label}], ...} (no member label before label conflicts
+    were counted)."""
     rows, bad = [], 0
     for row in _json_objects(stream):
         if row is None or not isinstance(row.get("members"), list):
@@ -433,7 +434,8 @@ def render(output: str, manifest: Manifest, sample: Optional[Sample], classes: S
     s.append('<p>Contents: <a href="#splits">splits</a> · <a href="#sheet">contact sheet</a> · '
              '<a href="#labels">labels per split</a> · <a href="#sizes">image sizes</a> · '
              '<a href="#shards">shard sizes</a> · <a href="#rejected">rejected</a> · '
-             '<a href="#duplicates">duplicates</a> · <a href="#build">build</a></p>')
+             '<a href="#duplicates">duplicates</a> · <a href="#conflicts">label conflicts</a> · '
+             '<a href="#build">build</a></p>')
 
     # Splits --------------------------------------------------------------------------------------
     s.append('<h2 id="splits">Splits</h2><p class=src>From manifest.json.</p>')
@@ -553,32 +555,9 @@ def render(output: str, manifest: Manifest, sample: Optional[Sample], classes: S
         if extras.bad_error_lines:
             s.append(f"<p class=warn>{extras.bad_error_lines} lines of {_e(m.errors_file)} are not JSON rows.</p>")
 
-    # Duplicates ------------------------------------------------------------------------------------
-    s.append(f'<h2 id="duplicates">Duplicate content</h2><p class=src>From {DUPLICATES}.</p>')
-    if extras.duplicates is None:
-        s.append(f"<p data-duplicates=absent>No {DUPLICATES} in the dataset folder: this build reported no "
-                 "duplicate content (or did not check for it).</p>")
-    else:
-        dups = extras.duplicates
-        cross = [row for row in dups
-                 if len({str(mb.get("split", "")) for mb in row["members"] if isinstance(mb, Mapping)}) > 1]
-        s.append(f'<p data-duplicates="{len(dups)}" data-leaks="{len(cross)}">{len(dups)} groups of identical '
-                 f'content, {sum(len(r["members"]) for r in dups)} inputs; <b>{len(cross)} groups span splits</b> '
-                 '(the same image in two splits: leakage), highlighted.</p>')
-        leaking = {id(row) for row in cross}
-        s.append('<table class=dups><tr><th>content</th><th class=n>inputs</th><th>members (key · split)</th></tr>')
-        shown = sorted(dups, key=lambda r: (id(r) not in leaking, str(r.get("content", ""))))
-        for row in shown[:_DUPLICATE_GROUPS_SHOWN]:
-            members = "<br>".join(f"<code>{_e(mb.get('key', ''))}</code> · {_e(mb.get('split', ''))}"
-                                  for mb in row["members"] if isinstance(mb, Mapping))
-            s.append(f'<tr{" class=leak data-leak=1" if id(row) in leaking else ""}>'
-                     f'<td><code>{_e(str(row.get("content", ""))[:16])}</code></td>'
-                     f'<td class=n>{len(row["members"])}</td><td>{members}</td></tr>')
-        s.append("</table>")
-        if len(dups) > _DUPLICATE_GROUPS_SHOWN:
-            s.append(f"<p>First {_DUPLICATE_GROUPS_SHOWN} groups shown (cross-split ones first).</p>")
-        if extras.bad_duplicate_lines:
-            s.append(f"<p class=warn>{extras.bad_duplicate_lines} lines of {DUPLICATES} are not rows.</p>")
+    # Duplicates and label conflicts ----------------------------------------------------------------
+    s.extend(_duplicates_section(extras))
+    s.extend(_conflicts_section(m, extras))
 
     # Build -----------------------------------------------------------------------------------------
     s.append('<h2 id="build">Build</h2><p class=src>From manifest.json.</p>')
@@ -591,6 +570,74 @@ def render(output: str, manifest: Manifest, sample: Optional[Sample], classes: S
                     attrs=" id=versions"))
     s.append("</body></html>\n")
     return "".join(s)
+
+
+def _members(row: Mapping[str, Any]) -> List[Mapping[str, Any]]:
+    return [mb for mb in row["members"] if isinstance(mb, Mapping)]
+
+
+def _duplicates_section(extras: Extras) -> List[str]:
+    s = [f'<h2 id="duplicates">Duplicate content</h2><p class=src>From {DUPLICATES}.</p>']
+    if extras.duplicates is None:
+        s.append(f"<p data-duplicates=absent>No {DUPLICATES} in the dataset folder: this build reported no "
+                 "duplicate content (or did not check for it).</p>")
+        return s
+    dups = extras.duplicates
+    cross = [row for row in dups if len({str(mb.get("split", "")) for mb in _members(row)}) > 1]
+    s.append(f'<p data-duplicates="{len(dups)}" data-leaks="{len(cross)}">{len(dups)} groups of identical '
+             f'content, {sum(len(r["members"]) for r in dups)} inputs; <b>{len(cross)} groups span splits</b> '
+             '(the same image in two splits: leakage), highlighted.</p>')
+    leaking = {id(row) for row in cross}
+    s.append('<table class=dups><tr><th>content</th><th class=n>inputs</th><th>members (key · split)</th></tr>')
+    shown = sorted(dups, key=lambda r: (id(r) not in leaking, str(r.get("content", ""))))
+    for row in shown[:_DUPLICATE_GROUPS_SHOWN]:
+        members = "<br>".join(f"<code>{_e(mb.get('key', ''))}</code> · {_e(mb.get('split', ''))}"
+                              for mb in _members(row))
+        s.append(f'<tr{" class=leak data-leak=1" if id(row) in leaking else ""}>'
+                 f'<td><code>{_e(str(row.get("content", ""))[:16])}</code></td>'
+                 f'<td class=n>{len(row["members"])}</td><td>{members}</td></tr>')
+    s.append("</table>")
+    if len(dups) > _DUPLICATE_GROUPS_SHOWN:
+        s.append(f"<p>First {_DUPLICATE_GROUPS_SHOWN} groups shown (cross-split ones first).</p>")
+    if extras.bad_duplicate_lines:
+        s.append(f"<p class=warn>{extras.bad_duplicate_lines} lines of {DUPLICATES} are not rows.</p>")
+    return s
+
+
+def _conflicts_section(m: Manifest, extras: Extras) -> List[str]:
+    """The duplicate groups whose members carry different labels: one image, two classes."""
+    s = [f'<h2 id="conflicts">Label conflicts</h2><p class=src>From {DUPLICATES}: groups of identical '
+         'content whose members have different labels.</p>']
+    if extras.duplicates is None:
+        s.append(f"<p data-conflicts=absent>No {DUPLICATES} in the dataset folder: label conflicts were not "
+                 "looked for.</p>")
+        return s
+    if extras.duplicates and not any("label" in mb for row in extras.duplicates for mb in _members(row)):
+        s.append(f"<p data-conflicts=unknown>This {DUPLICATES} records no labels (written before label "
+                 "conflicts were counted); rebuild to see them.</p>")
+        return s
+    conflicts = [row for row in extras.duplicates if len({str(mb.get("label", "")) for mb in _members(row)}) > 1]
+    s.append(f'<p data-conflicts="{len(conflicts)}"><b>{len(conflicts)} groups</b> of identical content carry '
+             f'more than one label, {sum(len(r["members"]) for r in conflicts)} inputs: the same image is '
+             'taught as two classes.</p>')
+    if m.num_duplicate_groups >= 0 and m.num_label_conflicts != len(conflicts):
+        s.append(f"<p class=warn>manifest.json counts {m.num_label_conflicts} label conflicts; {DUPLICATES} "
+                 f"has {len(conflicts)}.</p>")
+    if not conflicts:
+        return s
+    s.append('<table class=conflicts><tr><th>content</th><th>labels</th><th class=n>inputs</th>'
+             '<th>members (key · label · split)</th></tr>')
+    for row in sorted(conflicts, key=lambda r: str(r.get("content", "")))[:_DUPLICATE_GROUPS_SHOWN]:
+        labels = sorted({str(mb.get("label", "")) for mb in _members(row)})
+        members = "<br>".join(f"<code>{_e(mb.get('key', ''))}</code> · {_e(mb.get('label', ''))} · "
+                              f"{_e(mb.get('split', ''))}" for mb in _members(row))
+        s.append(f'<tr data-conflict="{_e(str(row.get("content", "")))}">'
+                 f'<td><code>{_e(str(row.get("content", ""))[:16])}</code></td>'
+                 f'<td>{_e(", ".join(labels))}</td><td class=n>{len(row["members"])}</td><td>{members}</td></tr>')
+    s.append("</table>")
+    if len(conflicts) > _DUPLICATE_GROUPS_SHOWN:
+        s.append(f"<p>First {_DUPLICATE_GROUPS_SHOWN} of {len(conflicts)} groups shown.</p>")
+    return s
 
 
 # The command --------------------------------------------------------------------------------------

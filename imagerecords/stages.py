@@ -146,11 +146,12 @@ class BuildAbandoned(RuntimeError):
 @dataclasses.dataclass
 class StagedShard:
     """What stage_shard wrote: the shard, the inputs it turned away, and (with contents) the
-    (16-byte source digest, (key, split, uri)) of every record written, for the duplicate check."""
+    (16-byte source digest, (key, split, uri, label name)) of every record written, for the
+    duplicate check."""
 
     result: ShardResult
     rejected: List[Rejected]
-    contents: List[Tuple[bytes, Tuple[str, str, str]]]
+    contents: List[Tuple[bytes, Tuple[str, str, str, str]]]
     passthrough: int
 
     def to_json(self) -> dict:
@@ -259,7 +260,10 @@ def stage_shard(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, output
     _hooks.pause("mid_shards")
     result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
                                       stats.passthrough, index_file, index_sha256))
-    written = [(digest, (r.key, r.split, r.uri)) for digest, r in stats.contents] if contents else []
+    # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
+    names, offset = labels.names, labels.offset
+    written = ([(digest, (r.key, r.split, r.uri, names[r.label_id - offset])) for digest, r in stats.contents]
+               if contents else [])
     out = StagedShard(result, duplicates + rejected, written, stats.passthrough)
     publish.write_bytes(storage.join(staging, filename + STAGED_SUFFIX), publish.dumps(
         {"fingerprint": fingerprint, "staged": out.to_json()}))
@@ -364,8 +368,9 @@ def _log_writer(filename: str, count: int) -> None:
 # Duplicates and results ---------------------------------------------------------------------------
 
 
-def duplicate_group(digest: bytes, members: Iterable[Tuple[str, str, str]]) -> Optional[DuplicateGroup]:
-    """The group of (key, split, uri) sharing one content digest, or None when only one key has it."""
+def duplicate_group(digest: bytes, members: Iterable[Tuple[str, str, str, str]]) -> Optional[DuplicateGroup]:
+    """The group of (key, split, uri, label name) sharing one content digest, or None when only one
+    key has it."""
     unique = tuple(sorted(set(members)))
     return DuplicateGroup(digest.hex(), unique) if len(unique) > 1 else None
 
@@ -378,8 +383,8 @@ def errors_jsonl(rejected: Sequence[Rejected]) -> Iterator[bytes]:
 
 def duplicates_jsonl(groups: Sequence[DuplicateGroup]) -> Iterator[bytes]:
     """duplicates.jsonl, line by line: one row per group of identical files, groups that leak
-    across splits first."""
-    for g in sorted(groups, key=lambda g: (not g.leaks, g.members)):
+    across splits first, then label conflicts."""
+    for g in sorted(groups, key=lambda g: (not g.leaks, not g.conflicts, g.members)):
         yield (g.to_json() + "\n").encode("utf-8")
 
 
@@ -396,6 +401,7 @@ def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected],
     out = publish.BuildResults(labels=labels.to_json(), shards=tuple(sorted(results, key=lambda r: (r.split, r.index))),
                                num_rejected=len(rejected) - skipped, num_skipped=skipped,
                                num_duplicate_groups=len(duplicates) if find_duplicates else -1,
-                               num_leaking_groups=sum(1 for g in duplicates if g.leaks), **build)
+                               num_leaking_groups=sum(1 for g in duplicates if g.leaks),
+                               num_label_conflicts=sum(1 for g in duplicates if g.conflicts), **build)
     publish.write_bytes(storage.join(staging, publish.RESULTS), publish.dumps(out.to_json()))
     return out

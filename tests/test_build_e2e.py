@@ -223,9 +223,11 @@ def test_identical_files_under_two_keys_are_reported_and_leaks_flagged(image_tre
     splits = sorted(m["split"] for m in rows[0]["members"])
     assert rows[0]["leak"] == (len(set(splits)) > 1) and rows[0]["splits"] == sorted(set(splits))
     assert manifest.num_duplicate_groups == 1 and manifest.num_leaking_groups == int(rows[0]["leak"])
+    assert rows[0]["conflict"] and rows[0]["labels"] == ["circle", "square"] and manifest.num_label_conflicts == 1
     unchecked = tmp_path / "unchecked"
     manifest = build(tree, unchecked, "--num_shards", 2, "--max_reject_fraction", 0.05, "--skip_duplicate_check")
     assert manifest.num_duplicate_groups == -1 and not (unchecked / "duplicates.jsonl").exists()
+    assert manifest.num_label_conflicts == 0
 
 
 @pytest.mark.slow

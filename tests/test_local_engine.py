@@ -52,16 +52,29 @@ def assert_engines_agree(inp, tmp_path, *args):
     return ours
 
 
-def test_folder_build_with_splits_index_reencode_and_duplicates(image_tree, tmp_path):
+def test_folder_build_with_splits_index_reencode_and_duplicates(image_tree, tmp_path, capsys):
     root, files = image_tree
     tree = tmp_path / "tree"
     shutil.copytree(root, tree)
-    shutil.copy(tree / "circle" / files["circle"][0], tree / "square" / "copy_of_a_circle.jpg")
+    circle = files["circle"][0]
+    shutil.copy(tree / "circle" / circle, tree / "square" / "copy_of_a_circle.jpg")  # one image, two classes
+    shutil.copy(tree / "square" / files["square"][1], tree / "square" / "again.jpg")  # a plain duplicate
     (tree / "README.txt").write_text("a root-level file: a skipped row")
     manifest = assert_engines_agree(tree, tmp_path, "--splits", SPLITS, "--num_shards", 3, "--write_index",
                                     "--reencode", "--max_side", 32, "--max_reject_fraction", 0.05)
-    assert manifest.num_examples == 41 and manifest.num_rejected == 1 and manifest.num_skipped == 1
-    assert manifest.num_duplicate_groups == 1
+    assert manifest.num_examples == 42 and manifest.num_rejected == 1 and manifest.num_skipped == 1
+    assert manifest.num_duplicate_groups == 2 and manifest.num_label_conflicts == 1
+    assert json.load(open(tmp_path / "direct" / MANIFEST))["num_label_conflicts"] == 1
+    rows = [json.loads(line) for line in open(tmp_path / "local" / "duplicates.jsonl")]
+    conflict = [r for r in rows if r["conflict"]]
+    assert [[(m["key"], m["label"]) for m in r["members"]] for r in conflict] == [
+        [(f"circle/{circle}", "circle"), ("square/copy_of_a_circle.jpg", "square")]]
+    assert conflict[0]["labels"] == ["circle", "square"]
+    plain = [r for r in rows if not r["conflict"]]
+    assert [r["labels"] for r in plain] == [["square"]] and len(plain[0]["members"]) == 2
+    summary = capsys.readouterr().out
+    line = "  label conflicts      1 groups of identical files with different labels (see duplicates.jsonl)"
+    assert summary.splitlines().count(line) == 3, summary  # one per build: threads, processes, DirectRunner
     assert len(os.listdir(tmp_path / "local" / published_version(tmp_path / "local") / "index")) == 6
     assert cli.verify(str(tmp_path / "local"), records=True) == []
 
@@ -126,19 +139,44 @@ def test_one_file_under_many_keys_is_one_duplicate_group_on_every_engine(image_t
     assert manifest.num_duplicate_groups == 2 and manifest.num_examples == len(rows) - 1
 
 
+def test_one_file_listed_under_two_labels_is_a_label_conflict_on_every_engine(image_tree, tmp_path, capsys):
+    root, files = image_tree
+    circle, square = root / "circle" / files["circle"][0], root / "square" / files["square"][0]
+    man = tmp_path / "list.jsonl"
+    rows = [{"path": str(root / cls / rel), "label": label, "key": f"{cls[0]}-{i}"}
+            for cls, label in (("circle", "0"), ("square", "1")) for i, rel in enumerate(files[cls])]
+    rows.append({"path": str(circle), "label": "1", "key": "circle-as-1"})  # the same file under the other label
+    rows.append({"path": str(square), "label": "01", "key": "square-as-01"})  # "01" is class 1: no conflict
+    man.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = assert_engines_agree(man, tmp_path, "--num_shards", 2, "--splits", SPLITS)
+    assert manifest.integer_labels and manifest.num_examples == len(rows)
+    assert (manifest.num_duplicate_groups, manifest.num_label_conflicts) == (2, 1)
+    with open(tmp_path / "direct" / "duplicates.jsonl") as f:
+        groups = {tuple(m["key"] for m in g["members"]): g for g in map(json.loads, f)}
+    assert sorted(groups) == [("c-0", "circle-as-1"), ("s-0", "square-as-01")]
+    conflict, plain = groups[("c-0", "circle-as-1")], groups[("s-0", "square-as-01")]
+    assert (conflict["conflict"], conflict["labels"]) == (True, ["0", "1"])
+    assert [m["label"] for m in conflict["members"]] == ["0", "1"]
+    assert (plain["conflict"], plain["labels"], [m["label"] for m in plain["members"]]) == (False, ["1"], ["1", "1"])
+    assert {m["uri"] for m in conflict["members"]} == {str(circle)}
+    summary = capsys.readouterr().out.splitlines()
+    assert summary.count("  label conflicts      1 groups of identical files with different labels "
+                         "(see duplicates.jsonl)") == 3
+
+
 def test_the_content_index_groups_each_digest_once_whatever_the_order():
     from imagerecords.pipeline.local import _Contents
 
     index = _Contents()
-    members = [(b"a" * 16, ("a1", "train", "/a")), (b"b" * 16, ("b1", "train", "/b")),
-               (b"a" * 16, ("a2", "validation", "/a2")), (b"c" * 16, ("c1", "train", "/c")),
-               (b"a" * 16, ("a0", "train", "/a0")), (b"b" * 16, ("b1", "train", "/b"))]
+    members = [(b"a" * 16, ("a1", "train", "/a", "cat")), (b"b" * 16, ("b1", "train", "/b", "cat")),
+               (b"a" * 16, ("a2", "validation", "/a2", "cat")), (b"c" * 16, ("c1", "train", "/c", "dog")),
+               (b"a" * 16, ("a0", "train", "/a0", "dog")), (b"b" * 16, ("b1", "train", "/b", "cat"))]
     for digest, member in members:
         index.add(digest, member)
     groups = index.groups()
     # b's two entries are one key (a repeat, not a duplicate): no group; a's three keys are one.
     assert [(g.content, [m[0] for m in g.members]) for g in groups] == [((b"a" * 16).hex(), ["a0", "a1", "a2"])]
-    assert groups[0].leaks
+    assert groups[0].leaks and groups[0].conflicts and groups[0].labels == ("cat", "dog")
 
 
 def test_the_engine_is_chosen_by_what_the_build_needs():
@@ -271,10 +309,15 @@ def test_a_killed_worker_process_fails_the_build_in_one_line_and_a_rerun_publish
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert "a worker process of the local engine ended abruptly" in err and "nothing was published" in err, err
     assert not shard_files(out) and not (out / MANIFEST).exists() and not (out / LOCK).exists()
+    left = [p for p in glob.glob(str(out / STAGING / "**"), recursive=True) if os.path.isfile(p)]
     plain = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert plain.returncode != 0 and "failed or was stopped before its shards were all written" in plain.stderr
-    assert "--resume" in plain.stderr and "--overwrite" in plain.stderr, plain.stderr
-    assert "finish" not in plain.stderr, plain.stderr
+    if left:  # the killed worker's temporary file, or a complete shard: not replaced without asking
+        assert plain.returncode != 0 and "failed or was stopped before its shards were all written" in plain.stderr
+        assert "--resume" in plain.stderr and "--overwrite" in plain.stderr, plain.stderr
+        assert "finish" not in plain.stderr, plain.stderr
+    else:  # every writer cleaned up after itself: nothing to lose, so the rerun just builds
+        assert plain.returncode == 0, plain.stderr
+        cmd = cmd[:-1] + [cmd[-1]]
     again = subprocess.run(cmd + ["--overwrite"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert len(shard_files(out)) == 2 and (out / MANIFEST).exists()

@@ -1,5 +1,6 @@
 """The manifest contract, the output lock and the commit, on real local folders (no pipeline)."""
 
+import dataclasses
 import json
 import os
 import socket
@@ -56,6 +57,20 @@ def test_manifest_round_trip_and_errors(tmp_path):
     del broken["label_names"]
     with pytest.raises(ManifestError, match="missing field 'label_names'"):
         Manifest.from_json(broken)
+
+
+def test_label_conflicts_are_recorded_and_older_files_without_them_load():
+    results = dataclasses.replace(_results(), num_duplicate_groups=3, num_leaking_groups=1, num_label_conflicts=2)
+    m = results.manifest(created="t")
+    assert m.num_label_conflicts == 2 and m.to_json()["num_label_conflicts"] == 2
+    assert Manifest.loads(m.dumps()) == m
+    older = m.to_json()
+    del older["num_label_conflicts"]
+    assert Manifest.from_json(older).num_label_conflicts == 0
+    record = results.to_json()
+    del record["num_label_conflicts"]  # a results.json staged before the count existed
+    assert publish.BuildResults.from_json(record).manifest(created="t").num_label_conflicts == 0
+
 
 
 def test_a_commit_publishes_a_new_version_folder_and_keeps_the_previous_one(tmp_path):

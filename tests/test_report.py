@@ -315,6 +315,42 @@ def test_duplicates_absent_then_shown(page, dataset, tmp_path):
     assert table[2][1:] == ["2", "square/x.jpg · train | square/y.jpg · train"]
 
 
+def test_label_conflicts_section_lists_the_same_image_under_two_classes(image_tree, page, tmp_path):
+    _, p = page
+    assert p.one("data-conflicts")["data-conflicts"] == "0" and not p.rows["conflicts"]
+    root, files = image_tree
+    tree = tmp_path / "tree"
+    shutil.copytree(root, tree)
+    circle = files["circle"][0]
+    shutil.copy(tree / "circle" / circle, tree / "square" / "twin.jpg")  # one image, two classes
+    shutil.copy(tree / "square" / files["square"][1], tree / "square" / "again.jpg")  # a plain duplicate
+    out = tmp_path / "out"
+    manifest = build(tree, out, "--max_reject_fraction", "0.1")
+    assert (manifest.num_duplicate_groups, manifest.num_label_conflicts) == (2, 1)
+    q = Page(open(report.write_report(str(out), str(tmp_path / "r.html"), per_class=1), encoding="utf-8").read())
+    assert q.one("data-conflicts") == {"data-conflicts": "1"}
+    assert q.one("data-duplicates")["data-duplicates"] == "2"
+    with open(out / report.DUPLICATES) as f:
+        content = [row for row in map(json.loads, f) if row["conflict"]][0]["content"]
+    assert q.one("data-conflict") == {"data-conflict": content}
+    assert q.rows["conflicts"][1:] == [
+        [content[:16], "circle, square", "2", f"circle/{circle} · circle · train | square/twin.jpg · square · train"]]
+    assert "#conflicts" in q.urls and "manifest.json counts" not in open(tmp_path / "r.html").read()
+
+
+def test_label_conflicts_of_an_older_duplicates_file_are_unknown_not_zero(dataset, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset[0], copy)
+    old = {"content": "a" * 32, "members": [{"key": "square/x.jpg", "split": "train", "uri": "/x"},
+                                            {"key": "circle/x.jpg", "split": "train", "uri": "/x"}]}
+    (copy / report.DUPLICATES).write_text(json.dumps(old) + "\n")
+    q = Page(open(report.write_report(str(copy), str(tmp_path / "r.html"), per_class=1), encoding="utf-8").read())
+    assert q.one("data-conflicts") == {"data-conflicts": "unknown"}
+    (copy / report.DUPLICATES).unlink()
+    q = Page(open(report.write_report(str(copy), str(tmp_path / "r.html"), per_class=1), encoding="utf-8").read())
+    assert q.one("data-conflicts") == {"data-conflicts": "absent"}
+
+
 def test_reads_only_the_shards_it_needs_and_is_deterministic(dataset, tmp_path):
     out, manifest = dataset
     a = report.write_report(str(out), str(tmp_path / "a.html"), per_class=1, sample=0)

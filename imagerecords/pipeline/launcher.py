@@ -612,7 +612,8 @@ def _runner(options) -> str:
     return runner if isinstance(runner, str) else type(runner).__name__
 
 
-def print_summary(manifest: Manifest, output: str, seconds: float, stream=sys.stdout, engine: str = "") -> None:
+def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, engine: str = "") -> None:
+    stream = stream or sys.stdout  # looked up per call: a caller's redirect_stdout applies
     stream.write(f"imagerecords: wrote {output}\n")
     for split in manifest.splits:
         stream.write(f"  {split.name:<12} {split.num_examples:>9} records  {len(split.shards):>5} shards  "
@@ -624,5 +625,8 @@ def print_summary(manifest: Manifest, output: str, seconds: float, stream=sys.st
         leaks = f", {manifest.num_leaking_groups} across splits" if manifest.num_leaking_groups else ""
         stream.write(f"  duplicates   {manifest.num_duplicate_groups:>9} groups of identical files{leaks} "
                      f"(see {DUPLICATES})\n")
+    if manifest.num_label_conflicts > 0:
+        stream.write(f"  label conflicts {manifest.num_label_conflicts:>6} groups of identical files with different "
+                     f"labels (see {DUPLICATES})\n")
     on = f" ({engine})" if engine else ""
     stream.write(f"  {seconds:.1f} s, {manifest.num_examples / max(seconds, 1e-9):.1f} images/s{on}\n")

@@ -181,11 +181,11 @@ def plan(config: BuildConfig, refs: List[Tuple[int, ImageRef]]) -> _Shards:
     return shards
 
 
-Member = Tuple[str, str, str]  # (key, split, uri) of a written image
+Member = Tuple[str, str, str, str]  # (key, split, uri, label name) of a written image
 
 
 class _Contents:
-    """Each written image's (key, split, uri) by its content digest, for the duplicate check.
+    """Each written image's (key, split, uri, label name) by its content digest, for the duplicate check.
 
     A digest seen once keeps its member bare; a digest seen again gets a list, appended to in
     place. (A new list per repeat made this quadratic: one file listed under 100,000 keys, as a

@@ -65,7 +65,7 @@ class WriteShards(beam.PTransform):
     """Writes each (shard key, [ImageRef]) group as one TFRecord shard in `output`'s staging area.
 
     Outputs: main (ShardResult), REJECTED (Rejected: unreadable, undecodable, duplicate key) and
-    CONTENTS ((16-byte digest of the source file, (key, split, uri)) per written image; empty
+    CONTENTS ((16-byte digest of the source file, (key, split, uri, label name)) per written image; empty
     with contents=False, when no duplicate check consumes it).
     """
 
