@@ -317,7 +317,6 @@ def test_a_killed_worker_process_fails_the_build_in_one_line_and_a_rerun_publish
         assert "finish" not in plain.stderr, plain.stderr
     else:  # every writer cleaned up after itself: nothing to lose, so the rerun just builds
         assert plain.returncode == 0, plain.stderr
-        cmd = cmd[:-1] + [cmd[-1]]
     again = subprocess.run(cmd + ["--overwrite"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert len(shard_files(out)) == 2 and (out / MANIFEST).exists()
