@@ -2,7 +2,8 @@
 # Install fake-gcs-server (a GCS JSON/XML API emulator written in Go) into the
 # imagerecords cache so that the `gcs`-marked tests can run.
 #
-# Idempotent: does nothing when the pinned version is already installed.
+# Idempotent: does nothing when the pinned version is already installed. The binary is built in a
+# staging folder and renamed into place, so a test run never starts a half-written one.
 # Needs the Go toolchain (v1.56.x declares go 1.26; an older go fetches a
 # newer toolchain itself when GOTOOLCHAIN allows it) and the Go module proxy.
 #
@@ -37,6 +38,9 @@ if [[ -x "$binary" && "$(installed_version)" == "$version" ]]; then
 fi
 
 mkdir -p "$bin_dir"
+staging="$(mktemp -d "$bin_dir/.install.XXXXXX")"
+trap 'rm -rf "$staging"' EXIT
 echo "installing fake-gcs-server $version into $bin_dir ..."
-GOBIN="$bin_dir" GOFLAGS="${GOFLAGS:-} -trimpath" go install "$module@$version"
+GOBIN="$staging" GOFLAGS="${GOFLAGS:-} -trimpath" go install "$module@$version"
+mv -f "$staging/fake-gcs-server" "$binary"
 echo "installed: $(installed_version) at $binary"

@@ -21,6 +21,18 @@ def skip_unless_ci(reason):
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="session")
+def fake_gcs_server():
+    """The fake-gcs-server executable for the gs:// tests, fetched into the per-user cache on first
+    use; the tests skip (fail in CI) only when it cannot be fetched here."""
+    from tests.support import gcs
+
+    try:
+        return gcs.ensure_emulator_binary()
+    except gcs.EmulatorUnavailable as error:
+        skip_unless_ci(str(error))
+
+
 def build(input_path, output, *extra, workers=None):
     """Runs a real build and returns the manifest it wrote: on the local engine (the default for
     local paths), or with `workers` on Beam's DirectRunner with that many workers."""

@@ -386,22 +386,14 @@ def test_full_output(tmp_path):
 # The same checks on gs:// against the GCS emulator ----------------------------------------------
 
 
-def _gcs_available():
-    from tests.support.gcs import emulator_available
-
-    return emulator_available()
-
-
 @pytest.fixture(scope="module")
-def gcs_bucket():
+def gcs_bucket(fake_gcs_server):
     """A bucket on the GCS emulator holding a class tree, a flat folder and manifests."""
     import uuid
 
-    from tests.support.gcs import SKIP_REASON, GcsEmulator
+    from tests.support.gcs import GcsEmulator
 
-    if not _gcs_available():
-        pytest.skip(SKIP_REASON)
-    with GcsEmulator() as emulator:
+    with GcsEmulator(binary=fake_gcs_server) as emulator:
         name = f"checks-{uuid.uuid4().hex[:12]}"
         emulator.create_bucket(name)
         for path, data in {

@@ -9,21 +9,21 @@ import uuid
 
 import pytest
 
-from tests.support.gcs import SKIP_REASON, GcsEmulator, emulator_available
+from tests.support.gcs import GcsEmulator
 
-pytestmark = [pytest.mark.gcs, pytest.mark.skipif(not emulator_available(), reason=SKIP_REASON)]
+pytestmark = pytest.mark.gcs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_dataflow_classic_template_stages_package_and_graph(image_tree):
+def test_dataflow_classic_template_stages_package_and_graph(image_tree, fake_gcs_server):
     from apache_beam.portability.api import beam_runner_api_pb2
 
     from imagerecords.pipeline import run
 
     root, _ = image_tree
     bucket = f"df-{uuid.uuid4().hex[:8]}"
-    with GcsEmulator() as emulator:
+    with GcsEmulator(binary=fake_gcs_server) as emulator:
         emulator.create_bucket(bucket)
         emulator.upload(str(root / "circle" / "circle_000.jpg"), f"gs://{bucket}/images/circle/circle_000.jpg")
         with emulator.activated():

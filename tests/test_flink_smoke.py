@@ -15,6 +15,9 @@ def cluster():
     """A fresh JobManager + TaskManager, stopped (and its temp dir removed) after the test."""
     if not flink.java_available():
         skip_unless_ci("no Java runtime: the Flink tests need Java 11+ on PATH or JAVA_HOME")
+    reason = flink.flink_unavailable_reason()
+    if reason:
+        skip_unless_ci(reason)
     with flink.FlinkCluster.start() as running:
         yield running
 

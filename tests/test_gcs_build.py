@@ -8,14 +8,14 @@ import uuid
 import pytest
 
 from conftest import build, manifest_without_time, shard_files
-from tests.support.gcs import SKIP_REASON, GcsEmulator, emulator_available
+from tests.support.gcs import GcsEmulator
 
-pytestmark = [pytest.mark.gcs, pytest.mark.skipif(not emulator_available(), reason=SKIP_REASON)]
+pytestmark = pytest.mark.gcs
 
 
 @pytest.fixture(scope="module")
-def emulator():
-    with GcsEmulator() as running:
+def emulator(fake_gcs_server):
+    with GcsEmulator(binary=fake_gcs_server) as running:
         yield running
 
 

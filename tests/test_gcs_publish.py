@@ -13,15 +13,15 @@ import pytest
 from conftest import build
 from imagerecords import errors, publish
 from imagerecords.manifest import LOCK, MANIFEST, STAGING
-from tests.support.gcs import SKIP_REASON, GcsEmulator, emulator_available
+from tests.support.gcs import GcsEmulator
 from test_failures import ARGS, kill_at, without_created  # ARGS[:-1]: without --no_progress, which build() adds
 
-pytestmark = [pytest.mark.gcs, pytest.mark.skipif(not emulator_available(), reason=SKIP_REASON)]
+pytestmark = pytest.mark.gcs
 
 
 @pytest.fixture(scope="module")
-def emulator():
-    with GcsEmulator() as running:
+def emulator(fake_gcs_server):
+    with GcsEmulator(binary=fake_gcs_server) as running:
         yield running
 
 

@@ -1,7 +1,8 @@
 """Smoke tests: Beam and TensorFlow against a real GCS emulator.
 
-They need fake-gcs-server (``.ci/get_gcs_emulator.sh``) and are skipped
-without it.  Select or deselect them with ``-m gcs`` / ``-m "not gcs"``.
+They need fake-gcs-server, which the ``fake_gcs_server`` fixture fetches on first
+use (``.ci/get_gcs_emulator.sh``); they skip only when it cannot be fetched.
+Select or deselect them with ``-m gcs`` / ``-m "not gcs"``.
 """
 
 from __future__ import annotations
@@ -12,18 +13,9 @@ import uuid
 
 import pytest
 
-from tests.support.gcs import (
-    SKIP_REASON,
-    GcsEmulator,
-    beam_pipeline_options,
-    emulator_available,
-    storage_client,
-)
+from tests.support.gcs import GcsEmulator, beam_pipeline_options, storage_client
 
-pytestmark = [
-    pytest.mark.gcs,
-    pytest.mark.skipif(not emulator_available(), reason=SKIP_REASON),
-]
+pytestmark = pytest.mark.gcs
 
 INPUTS = {
     "alpha.txt": b"first line\nsecond line\n",
@@ -33,8 +25,8 @@ INPUTS = {
 
 
 @pytest.fixture(scope="module")
-def emulator():
-    with GcsEmulator() as running:
+def emulator(fake_gcs_server):
+    with GcsEmulator(binary=fake_gcs_server) as running:
         yield running
 
 

@@ -14,8 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.gcs
-@pytest.mark.skipif(not gcs.emulator_available(), reason=gcs.SKIP_REASON)
-def test_reader_reads_gs_paths(tmp_path):
+def test_reader_reads_gs_paths(tmp_path, fake_gcs_server):
     from imagerecords import example_images
     from imagerecords.pipeline import run
 
@@ -23,7 +22,7 @@ def test_reader_reads_gs_paths(tmp_path):
     example_images.write_tree(str(images), per_class=3)
     manifest = run(["--input", str(images), "--output", str(local), "--splits", "train=0.5,validation=0.5",
                     "--num_shards", "2", "--direct_num_workers=1", "--no_progress"])
-    emulator = gcs.GcsEmulator().start()
+    emulator = gcs.GcsEmulator(binary=fake_gcs_server).start()
     try:
         emulator.create_bucket("readerbucket")
         for name in sorted(os.listdir(local)):

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set
 
-from tests.support.processes import free_port, terminate_group
+from tests.support.processes import cache_dir, exclusive_lock, free_port, terminate_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GET_FLINK_SCRIPT = REPO_ROOT / ".ci" / "get_flink.sh"
@@ -123,8 +123,10 @@ def get_artifacts(refresh: bool = False) -> FlinkArtifacts:
         return _artifacts_cache
     env = dict(os.environ)
     env.setdefault("PYTHON", sys.executable)
-    proc = subprocess.run(["bash", str(GET_FLINK_SCRIPT)], capture_output=True, text=True,
-                          timeout=1800, env=env)
+    # Two runs fetching at once would download into, and replace, the same cache folders.
+    with exclusive_lock(cache_dir() / "get_flink.lock", 1800, "fetching Flink"):
+        proc = subprocess.run(["bash", str(GET_FLINK_SCRIPT)], capture_output=True, text=True,
+                              timeout=1800, env=env, stdin=subprocess.DEVNULL)
     if proc.returncode not in (0, _EXIT_NO_JOB_SERVER_JAR):
         raise RuntimeError(f"{GET_FLINK_SCRIPT} failed with exit status {proc.returncode}:\n"
                            f"{proc.stderr[-4000:]}")
@@ -141,6 +143,18 @@ def get_artifacts(refresh: bool = False) -> FlinkArtifacts:
     return _artifacts_cache
 
 
+def flink_unavailable_reason() -> Optional[str]:
+    """Says in one line why the Flink distribution cannot be had here (None when it can), naming
+    the command that fetches it; fetches it into the cache on first use (about 230 MB)."""
+    try:
+        get_artifacts()
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        cause = " ".join((lines[-1] if lines else type(err).__name__).split())[:300]
+        return f"the Flink distribution could not be fetched ({cause}); run .ci/get_flink.sh"
+    return None
+
+
 def beam_on_flink_unavailable_reason() -> Optional[str]:
     """Says why Beam pipelines cannot run on a local Flink cluster here, for ``pytest.skip``.
 
@@ -150,10 +164,10 @@ def beam_on_flink_unavailable_reason() -> Optional[str]:
     """
     if not java_available():
         return "no Java runtime (set JAVA_HOME or put java on PATH)"
-    try:
-        artifacts = get_artifacts()
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
-        return f"Flink distribution unavailable: {err}"
+    reason = flink_unavailable_reason()
+    if reason:
+        return reason
+    artifacts = get_artifacts()
     if artifacts.job_server_jar is None:
         return (f"org.apache.beam:beam-runners-flink-{artifacts.flink_minor}:"
                 f"{artifacts.beam_version} (Beam's Flink job server) could not be resolved with "

@@ -3,7 +3,8 @@
 The storage server is `fake-gcs-server <https://github.com/fsouza/fake-gcs-server>`_,
 a Go program speaking the GCS JSON API (resumable uploads, copy/rewrite,
 compose, listing, ...).  ``.ci/get_gcs_emulator.sh`` installs it into
-``${IMAGERECORDS_CACHE:-~/.cache/imagerecords}/bin``.
+``${IMAGERECORDS_CACHE:-~/.cache/imagerecords}/bin``; :func:`ensure_emulator_binary`
+runs that script the first time a test needs the emulator.
 
 In front of it runs a small proxy (a child Python process, see
 :func:`_run_front_proxy`), because neither client works with the bare server:
@@ -56,7 +57,14 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple, Union
 
-from tests.support.processes import free_port, terminate_group
+from tests.support.processes import cache_dir, exclusive_lock, free_port, terminate_group
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GET_EMULATOR_SCRIPT = REPO_ROOT / ".ci" / "get_gcs_emulator.sh"
+"""Builds fake-gcs-server with the Go toolchain into the cache (see :func:`ensure_emulator_binary`)."""
+
+FETCH_TIMEOUT_S = 1200
+"""Seconds a fetch may take: downloading the Go modules and compiling them on a slow machine."""
 
 FAKE_GCS_SERVER_VERSION = "v1.56.1"
 """The version ``.ci/get_gcs_emulator.sh`` installs by default."""
@@ -78,14 +86,6 @@ _LOOPBACK = "127.0.0.1"
 # --------------------------------------------------------------------------
 
 
-def cache_dir() -> Path:
-    """The imagerecords tool cache (``$IMAGERECORDS_CACHE``)."""
-    configured = os.environ.get("IMAGERECORDS_CACHE")
-    if configured:
-        return Path(configured)
-    return Path.home() / ".cache" / "imagerecords"
-
-
 def find_emulator_binary() -> Optional[str]:
     """Path of the fake-gcs-server executable, or None when not installed.
 
@@ -103,15 +103,49 @@ def find_emulator_binary() -> Optional[str]:
     return None
 
 
-def emulator_available() -> bool:
-    """Whether the GCS emulator can be started on this machine."""
-    return find_emulator_binary() is not None
+class EmulatorUnavailable(RuntimeError):
+    """fake-gcs-server is not installed and could not be fetched; the message is one line."""
 
 
-SKIP_REASON = (
-    "fake-gcs-server not installed; run .ci/get_gcs_emulator.sh "
-    f"(or set {BINARY_ENV_VAR})"
-)
+def ensure_emulator_binary() -> str:
+    """Path of the fake-gcs-server executable, fetched into the cache on first use.
+
+    When :func:`find_emulator_binary` finds none, runs ``.ci/get_gcs_emulator.sh`` under a lock
+    file in the cache, so that of two pytest runs starting at once one fetches and the other
+    waits and then reuses the result.
+
+    Returns:
+        The executable's path.
+
+    Raises:
+        EmulatorUnavailable: The fetch failed (no Go toolchain, no network, ...); the one-line
+            message says why and names the command that fetches it.
+    """
+    found = find_emulator_binary()
+    if found:
+        return found
+    lock = cache_dir() / "get_gcs_emulator.lock"
+    try:
+        with exclusive_lock(lock, FETCH_TIMEOUT_S, "fetching fake-gcs-server"):
+            found = find_emulator_binary()  # the run that held the lock may have fetched it
+            if found:
+                return found
+            proc = subprocess.run(["bash", str(GET_EMULATOR_SCRIPT)], capture_output=True,
+                                  text=True, timeout=FETCH_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, TimeoutError, subprocess.TimeoutExpired) as error:
+        raise EmulatorUnavailable(_unavailable(str(error))) from error
+    found = find_emulator_binary()
+    if proc.returncode != 0 or not found:
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+        raise EmulatorUnavailable(_unavailable(
+            lines[-1] if lines else f"{GET_EMULATOR_SCRIPT.name} exited with {proc.returncode}"))
+    return found
+
+
+def _unavailable(cause: str) -> str:
+    cause = " ".join(cause.split())[:300]  # one line, however the fetch failed
+    return (f"fake-gcs-server is not installed and could not be fetched ({cause}); "
+            f"run .ci/get_gcs_emulator.sh or set {BINARY_ENV_VAR}")
 
 
 # --------------------------------------------------------------------------
@@ -242,7 +276,8 @@ class GcsEmulator:
             return self
         binary = self.binary or find_emulator_binary()
         if binary is None:
-            raise GcsEmulatorError(SKIP_REASON)
+            raise GcsEmulatorError("fake-gcs-server not installed; run .ci/get_gcs_emulator.sh "
+                                   f"(or set {BINARY_ENV_VAR})")
         self._workdir = Path(tempfile.mkdtemp(prefix="gcs-emulator-"))
         atexit.register(self.stop)
         self._write_fake_credentials()

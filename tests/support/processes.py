@@ -1,11 +1,17 @@
-"""Process helpers shared by the test servers: free ports and stopping a process group."""
+"""Process helpers shared by the test servers: free ports, stopping a process group, and a lock
+that lets one of several pytest runs fetch a tool into the shared cache while the others wait."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import socket
 import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -32,3 +38,39 @@ def terminate_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def cache_dir() -> Path:
+    """The per-user cache the tools the tests need are fetched into (``$IMAGERECORDS_CACHE``, the
+    same default as the .ci/get_*.sh scripts)."""
+    configured = os.environ.get("IMAGERECORDS_CACHE")
+    if configured:
+        return Path(configured)
+    return Path.home() / ".cache" / "imagerecords"
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, timeout: float, what: str) -> Iterator[None]:
+    """Holds an exclusive flock on `path` (created if missing), waiting at most `timeout` seconds.
+
+    The kernel drops the lock when its holder dies, so a killed run never leaves a stale one.
+
+    Raises:
+        TimeoutError: Another process held the lock for `timeout` seconds; the message names
+            `what` it was doing and the lock file.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another process held {path} for {timeout:.0f} s while {what}")
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
