@@ -5,6 +5,7 @@ the build mark the phase and wait there), over a fresh folder and over a publish
 checks what is left and that a rerun gives the bytes of a clean build.
 """
 
+import contextlib
 import glob
 import json
 import os
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import shard_files, skip_unless_ci
+from conftest import published_version, shard_files, skip_unless_ci
 from imagerecords.manifest import LOCK, MANIFEST, STAGING
 from imagerecords.pipeline import cli
 
@@ -66,9 +67,25 @@ def kill_at(phase, root, out, marker_dir, *extra, timeout=180):
     proc.wait()
 
 
-def snapshot(folder):
-    """{name: bytes} of every visible file (what a user or a glob sees)."""
-    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder)) if not n.startswith(".")}
+def snapshot(folder, masked=False):
+    """{relative path: bytes} of every visible file, version folders included (what a user or a glob
+    sees); staging and the lock are hidden. With `masked`, the published version folder's name
+    (a build id) reads v-<build> in paths and bytes, so two builds of the same input compare equal."""
+    version = published_version(folder).encode() if masked else b""
+    out = {}
+    for dirpath, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not (dirpath == str(folder) and d.startswith("."))]
+        for n in names:
+            if dirpath == str(folder) and n.startswith("."):
+                continue
+            path = os.path.join(dirpath, n)
+            rel = os.path.relpath(path, folder)
+            data = open(path, "rb").read()
+            if version:
+                rel = rel.replace(version.decode(), "v-<build>")
+                data = data.replace(version, b"v-<build>")
+            out[rel] = data
+    return out
 
 
 def without_created(manifest_bytes):
@@ -78,7 +95,10 @@ def without_created(manifest_bytes):
 
 
 def assert_same_dataset(got, want):
-    a, b = snapshot(got), snapshot(want)
+    """The dataset published in `got` is the one in `want` (old versions kept beside it aside)."""
+    a, b = snapshot(got, masked=True), snapshot(want, masked=True)
+    current = lambda snap: {k: v for k, v in snap.items() if not k.startswith("v-") or k.startswith("v-<build>")}
+    a, b = current(a), current(b)
     assert sorted(a) == sorted(b)
     for name in a:
         if name == MANIFEST:
@@ -111,19 +131,27 @@ def test_kill_matrix(clean, tmp_path, phase, engine, over):
     kill_at(phase, root, out, str(tmp_path), "--overwrite", *ENGINES[engine])
     assert (out / LOCK).exists()  # a killed build cannot clean up; its lock is stale (pid gone)
     if phase == "in_commit":
-        # Inside the commit: the old dataset is unpublished, the new one not yet; readers refuse.
-        assert not (out / MANIFEST).exists()
-        code, _, err = cli_run("inspect", out)
-        assert code == 7 and err.count("\n") == 1 and "imagerecords finish" in err, err
+        # Inside the commit, before manifest.json switches: the old dataset is still the published
+        # one, every file of it unchanged (the new version's folder is beside it); over a fresh
+        # folder, readers refuse and point at `finish`.
         from imagerecords import reader
 
-        with pytest.raises(FileNotFoundError, match="unfinished build"):
-            reader.load_info(str(out))
-        if over == "published":  # TFDS too: its dataset_info.json went with the manifest
+        if over == "published":
+            now = snapshot(out)
+            assert {k: now.get(k) for k in before} == before
+            assert reader.load_info(str(out)).split("train").shards[0].path.startswith(
+                str(out / json.loads(before[MANIFEST])["version"]))
+            assert cli.verify(str(out)) == []
             import tensorflow_datasets as tfds
 
-            with pytest.raises(Exception, match="dataset_info.json"):
-                tfds.builder_from_directory(str(out))
+            assert tfds.builder_from_directory(str(out)).info.splits["train"].num_examples == \
+                reader.load_info(str(out)).split("train").num_examples
+        else:
+            assert not (out / MANIFEST).exists()
+            code, _, err = cli_run("inspect", out)
+            assert code == 7 and err.count("\n") == 1 and "imagerecords finish" in err, err
+            with pytest.raises(FileNotFoundError, match="unfinished build"):
+                reader.load_info(str(out))
         # `finish` completes the commit from staging: the clean build's bytes.
         code, out_text, err = cli_run("finish", out)
         assert code == 0, err
@@ -143,6 +171,71 @@ def test_kill_matrix(clean, tmp_path, phase, engine, over):
     assert not (out / STAGING).exists() and not (out / LOCK).exists()
 
 
+# SIGTERM (and SIGHUP, SIGINT) to the launcher alone, as a scheduler or `timeout` sends it.
+SIGNALLED = [(signal.SIGTERM, phase, engine) for phase, engine in [
+    ("before_shards", "processes"), ("mid_shards", "processes"), ("mid_shards", "DirectRunner"),
+    ("before_commit", "local"), ("in_commit", "local")]] + [
+    (signum, phase, engine) for signum in (signal.SIGHUP, signal.SIGINT)
+    for phase, engine in [("mid_shards", "processes"), ("in_commit", "local")]]
+
+
+def _build_family(pid):
+    import psutil
+
+    return [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum,phase,engine", SIGNALLED)
+def test_a_signal_to_the_launcher_at_each_phase_leaves_no_process_and_the_old_dataset(clean, tmp_path, phase,
+                                                                                      engine, signum):
+    import psutil
+
+    root, clean_out, old = clean
+    out = tmp_path / "out"
+    shutil.copytree(old, out)
+    before = snapshot(out)
+    marker = tmp_path / phase
+    proc = subprocess.Popen([sys.executable, "-m", "imagerecords", "build", "--input", str(root), "--output", str(out),
+                             *ARGS, "--overwrite", *ENGINES[engine]],
+                            env=_env(IMAGERECORDS_TEST_PAUSE=phase, IMAGERECORDS_TEST_PAUSE_DIR=tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"the build never reached {phase}"
+            time.sleep(0.05)
+        family = _build_family(proc.pid)
+        sent = time.monotonic()
+        proc.send_signal(signum)  # the launcher alone, not its process group
+        _, err = proc.communicate(timeout=60)
+        _, alive = psutil.wait_procs(family, timeout=max(0.1, 5 - (time.monotonic() - sent)))
+        assert not alive, f"alive 5 s after {signal.Signals(signum).name}: {alive}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum, err
+    assert err.count("\n") == 1 and "Traceback" not in err and f"stopped by {name}" in err, err
+    assert not (out / LOCK).exists()
+    now = snapshot(out)
+    if phase == "in_commit":
+        # The old dataset is still the published one, byte for byte; `finish` publishes the new one.
+        assert "during the commit" in err and f"imagerecords finish {out}" in err, err
+        assert {k: now.get(k) for k in before} == before
+        code, _, ferr = cli_run("finish", out)
+        assert code == 0, ferr
+        assert_same_dataset(out, clean_out)
+        return
+    assert "nothing was published" in err, err
+    assert now == before and cli.verify(str(out)) == []
+    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--overwrite", *ENGINES[engine])
+    assert code == 0, err
+    assert cli.verify(str(out), records=True) == []
+    assert_same_dataset(out, clean_out)
+
+
 def test_failed_overwrite_over_budget_leaves_the_old_dataset_and_a_fresh_folder_globless(clean, tmp_path):
     root, _, old = clean
     out = tmp_path / "out"
@@ -157,7 +250,8 @@ def test_failed_overwrite_over_budget_leaves_the_old_dataset_and_a_fresh_folder_
     code, _, err = cli_run("build", "--input", root, "--output", fresh, *ARGS, "--max_reject_fraction", "0")
     assert code == 6, err
     assert not glob.glob(str(fresh / "*.tfrecord*")) and not (fresh / MANIFEST).exists()
-    rows = [json.loads(line) for line in open(fresh / STAGING / "errors.jsonl")]
+    [errors_file] = glob.glob(str(fresh / STAGING / "*" / "errors.jsonl"))  # in the build's own staging area
+    rows = [json.loads(line) for line in open(errors_file)]
     assert [r["key"] for r in rows] == ["circle/truncated.jpg"]
 
 

@@ -425,6 +425,11 @@ def _interrupted(e: KeyboardInterrupt, stage: str, config: BuildConfig, build_id
     return errors.Interrupted(f"{what}; nothing was published and {out} is as it was{resume}", signum)
 
 
+# The signal that stopped this build, if one did: a runner that ran the shard writer in this thread
+# (DirectRunner in memory) hands the Stopped it raised back wrapped in its own error.
+_SIGNALLED: list = []
+
+
 @contextlib.contextmanager
 def _signals_as_interrupts() -> Iterator[None]:
     """SIGTERM and SIGHUP (a scheduler, `timeout`, a closed terminal) stop the build as Ctrl-C does:
@@ -435,7 +440,8 @@ def _signals_as_interrupts() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    fired = []
+    fired = _SIGNALLED
+    fired.clear()
 
     def stop(signum, _frame):
         if fired:
@@ -551,6 +557,10 @@ class _Engine:
                         _end_child_processes()
                     raise
                 except Exception as e:  # the runner's wrapper of a worker error: reported in one line
+                    if _SIGNALLED:
+                        if not self.local_engine:
+                            _end_child_processes()
+                        raise errors.Stopped(_SIGNALLED[0]) from None
                     raise _failure(e, config, log_path) from None
         finally:
             if progress_dir:
