@@ -257,7 +257,6 @@ def stage_shard(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, output
         index_data = records.format_index(records.index_entries(stats.offsets, stats.num_bytes))
         index_sha256 = hashlib.sha256(index_data).hexdigest()
         publish.write_bytes(storage.join(staging, index_file), index_data)
-    _hooks.pause("mid_shards")
     result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
                                       stats.passthrough, index_file, index_sha256))
     # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
@@ -267,6 +266,7 @@ def stage_shard(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, output
     out = StagedShard(result, duplicates + rejected, written, stats.passthrough)
     publish.write_bytes(storage.join(staging, filename + STAGED_SUFFIX), publish.dumps(
         {"fingerprint": fingerprint, "staged": out.to_json()}))
+    _hooks.pause("mid_shards")
     return out
 
 
