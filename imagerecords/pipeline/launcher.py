@@ -77,6 +77,10 @@ def _claim_output(config: BuildConfig) -> None:
             publish.remove_staging(config.output)
         return
     if staged:
+        if publish.holds_only_reasons(config.output):
+            raise errors.OutputError(f"{config.output} holds only the reject reasons of a build that failed its "
+                                     f"budget ({STAGING}/{ERRORS}; nothing was published); rerun with --overwrite "
+                                     "to replace them")
         if not publish.results_staged(config.output):
             raise errors.OutputError(f"{config.output} holds the staging area of a build that failed or was stopped "
                                      f"before its shards were all written ({STAGING}); rerun with --overwrite to "
@@ -337,8 +341,7 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
     start = time.monotonic()
     with publish.OutputLock(config.output, build_id, break_lock=parsed.launcher.break_lock) as lock:
         if lock.took_over:
-            print(f"imagerecords build: note: took over the lock of {lock.took_over.describe()}, which is no longer "
-                  "running", file=sys.stderr)
+            print(f"imagerecords build: note: {lock.take_over_note()}", file=sys.stderr)
         _claim_output(config)
         # Progress is for people: shown when stderr is a terminal, in logs and pipes only if asked.
         on_terminal = sys.stderr.isatty()
@@ -418,7 +421,9 @@ def finish(output: str, break_lock: bool = False) -> Manifest:
     """
     if storage.exists(storage.join(output, "manifest.json")) and not storage.list_tree(publish.staging_dir(output)):
         raise errors.UnfinishedBuild(f"nothing to finish: {output} is published and has no staging area")
-    with publish.OutputLock(output, publish.new_build_id(), command="finish", break_lock=break_lock):
+    with publish.OutputLock(output, publish.new_build_id(), command="finish", break_lock=break_lock) as lock:
+        if lock.took_over:
+            print(f"imagerecords finish: note: {lock.take_over_note()}", file=sys.stderr)
         return publish.commit(output)
 
 
@@ -429,7 +434,9 @@ def _runner(options) -> str:
     return runner if isinstance(runner, str) else type(runner).__name__
 
 
-def print_summary(manifest: Manifest, output: str, seconds: float, stream=sys.stdout, engine: str = "") -> None:
+def print_summary(manifest: Manifest, output: str, seconds: float, stream=sys.stdout, engine: str = "",
+                  built: bool = True) -> None:
+    """Prints what was published; `built` False for `finish`, which only commits (no image rate)."""
     stream.write(f"imagerecords: wrote {output}\n")
     for split in manifest.splits:
         stream.write(f"  {split.name:<12} {split.num_examples:>9} records  {len(split.shards):>5} shards  "
@@ -441,5 +448,8 @@ def print_summary(manifest: Manifest, output: str, seconds: float, stream=sys.st
         leaks = f", {manifest.num_leaking_groups} across splits" if manifest.num_leaking_groups else ""
         stream.write(f"  duplicates   {manifest.num_duplicate_groups:>9} groups of identical files{leaks} "
                      f"(see {DUPLICATES})\n")
+    if not built:
+        stream.write(f"  {seconds:.1f} s to publish the staged build\n")
+        return
     on = f" ({engine})" if engine else ""
     stream.write(f"  {seconds:.1f} s, {manifest.num_examples / max(seconds, 1e-9):.1f} images/s{on}\n")
