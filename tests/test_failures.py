@@ -390,3 +390,38 @@ def test_a_budget_failure_says_how_to_retry_and_the_retry_names_what_is_left(cle
     code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--overwrite")
     assert code == 0, err
     assert_same_dataset(out, clean_out)
+
+
+def test_one_class_folder_as_the_input_is_refused_before_the_build(clean, tmp_path):
+    root, _, _ = clean
+    # A class folder of the example tree holds its images and one sub-folder, 'more'.
+    assert sorted(p.name for p in (root / "circle").iterdir() if p.is_dir()) == ["more"]
+    out = tmp_path / "out"
+    code, _, err = cli_run("build", "--input", root / "circle", "--output", out, *ARGS)
+    assert code == 3 and _one_line(err), err
+    assert "looks like one class's folder" in err and "beside one sub-folder, 'more'" in err
+    assert err.endswith(f"pass its parent {root} as --input\n")
+    assert not out.exists()
+
+
+def test_a_mistyped_runner_is_one_line_and_leaves_no_output_folder(clean, tmp_path):
+    root, _, _ = clean
+    out = tmp_path / "a" / "out"
+    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--runner", "DirectRuner")
+    assert code == 2 and _one_line(err), err
+    assert err.startswith("imagerecords build: error: --runner DirectRuner: no such Beam runner (did you mean "
+                          "DirectRunner?); known runners: DataflowRunner, ")
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_pre_flight_failure_after_the_output_check_leaves_no_output_folder(clean, tmp_path):
+    root, _, _ = clean
+    cases = [
+        (2, "--label_map", ["--label_map", tmp_path / "missing.txt"]),
+        (2, "--local_workers is for the local engine", ["--local_workers", "2", "--direct_num_workers", "1"]),
+        (2, "--detached needs", ["--detached", "--runner", "DirectRunner"]),
+    ]
+    for code, text, extra in cases:
+        got, _, err = cli_run("build", "--input", root, "--output", tmp_path / "a" / "out", *ARGS, *extra)
+        assert got == code and _one_line(err) and text in err, (extra, got, err)
+        assert sorted(os.listdir(tmp_path)) == [], (extra, os.listdir(tmp_path))

@@ -10,12 +10,16 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, Iterator, Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, Dict, Iterator, Optional, Sequence, TextIO
 
 from imagerecords import __version__, errors, publish, storage
 from imagerecords import refs as refs_lib
 from imagerecords.config import BuildConfig
 from imagerecords.manifest import DUPLICATES, ERRORS, LOCK, STAGING, Manifest
+
+if TYPE_CHECKING:
+    from imagerecords.pipeline.checks import InputInfo
+    from imagerecords.pipeline.flags import Parsed
 
 LOG_DIR = os.path.join(tempfile.gettempdir(), "imagerecords-logs")
 
@@ -315,7 +319,17 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
     if config.writer == "beam" and config.write_index:
         raise errors.UsageError("--write_index needs --writer shards (the Beam sink reports no record offsets)")
     input_info = checks.check_input(config, ignore_split_column=parsed.launcher.ignore_split_column)
-    checks.check_output(config)
+    created = checks.check_output(config)
+    try:
+        return _build(parsed, input_info)
+    except errors.BuildError:
+        checks.remove_created_output(created)  # only a folder that nothing was written into
+        raise
+
+
+def _build(parsed: "Parsed", input_info: "InputInfo") -> Optional[Manifest]:
+    """run() from a checked input and output on: engine, lock, graph, verdict, commit, summary."""
+    config = parsed.config
     label_map = _read_label_map(config)
 
     local_engine = uses_local_engine(config, parsed.beam_args, parsed.launcher.detached)
