@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import re
 import typing
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -181,7 +182,9 @@ def _field_flags() -> List[_FieldFlag]:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise TypeError(f"flags: BuildConfig and ImageOptions both have field(s) {', '.join(repeated)}")
-    return out
+    # The docstrings name other fields as `field`; on the command line they are --field.
+    field_ref = re.compile(r"`(" + "|".join(map(re.escape, names)) + r")`")
+    return [dataclasses.replace(f, doc=field_ref.sub(r"--\1", f.doc)) for f in out]
 
 
 def parser() -> argparse.ArgumentParser:
