@@ -51,26 +51,32 @@ class BuildConfig:
         or any Beam FileSystems URI (gs://, s3://).
       output: output folder (local or FileSystems URI).
       name: dataset name, the prefix of every shard file (lowercase, digits, underscores).
-      schema: example schema preset, one of schema.PRESETS.
+      schema: feature keys of each record: 'tfds' (the keys TFDS reads, with its dataset_info.json)
+        or 'tf-models' (the keys of Model Garden's ImageNet input pipeline).
       seed: salt of the shuffle hash; same seed and input give the same bytes.
-      splits: ((name, fraction), ...) assigned by a salted hash of the key, or None to take the
-        manifest's split column (or put everything in 'train').
+      splits: split names and the fraction of images each gets, assigned by a salted hash of each
+        key; when not set, the manifest's split column decides (or everything goes to 'train').
       split_seed: salt of the split hash, separate from `seed` so reshuffling keeps the splits.
-      split_names: split names known up front; only the 'beam' writer needs them (one write per
+      split_names: split names known up front; only `writer` 'beam' needs them (one write per
         split), and only when splits come from a manifest column.
-      num_shards: shards per split; None picks it from `target_shard_mb` and `min_shards`.
-      target_shard_mb: wanted shard size in MB (input bytes) when `num_shards` is None.
+      num_shards: shards per split; when not set, picked from `target_shard_mb` and `min_shards`.
+      target_shard_mb: wanted shard size in MB (input bytes) when `num_shards` is not set.
       min_shards: the fewest shards per split when automatic (capped at the split's image count),
         so small datasets still keep every worker and reader busy.
       image: how images are decoded, resized and encoded.
-      writer: 'shards' (reproducible per-shard streaming writer) or 'beam' (WriteToTFRecord).
+      writer: 'shards' (reproducible per-shard streaming writer) or 'beam' (Beam's own TFRecord sink).
       label_map: optional file fixing label ids: a .txt with one name per line (id = line number)
         or a .json object {name: id}.
       label_type: 'name' (sorted vocabulary), 'int' (labels are ids already) or 'auto' (int when
         every label is an integer, else name).
       label_offset: added to every label id (1 for ImageNet-style background at 0).
-      path_column, label_column, split_column, key_column: manifest column names; a missing path
-        column also tries 'uri'.
+      path_column: manifest column with each image's path (absolute, or relative to the manifest's
+        folder) or URI; with the default 'path', a row without one falls back to its 'uri' column.
+      label_column: manifest column with each image's label (a class name, or an id with
+        `label_type` int).
+      split_column: manifest column with each image's split name; rows without one go to 'train'.
+      key_column: manifest column with each image's unique id, which the shuffle and split hashes
+        use; rows without one are keyed by their path.
       size_column: manifest column with each file's size in bytes; rows that give it are not
         stat-ed (one request per image on gs://).
       skip_duplicate_check: do not look for written images whose files hold identical bytes
@@ -82,7 +88,7 @@ class BuildConfig:
       threads: decode threads inside each shard writer.
       overwrite: allow replacing a dataset this tool wrote earlier in `output`.
       write_index: also write `index/<shard>.idx` (tfrecord2idx: offset and frame length per
-        record) for DALI and the PyTorch `tfrecord` package.
+        record) for DALI and the PyTorch tfrecord package.
       keep_versions: published versions kept in `output`, the new one included: a reader that
         loaded an older manifest reads its files until they fall out of this count.
       resume: reuse the complete shards a killed or failed build of the same inputs and settings

@@ -25,20 +25,21 @@ class UsageError(BuildError):
 
 
 class InputError(BuildError):
-    """The input is missing, empty, or not shaped as a class-folder tree or manifest."""
+    """The input is missing, empty, or not shaped as a class-folder tree or manifest (one class's
+    folder given for the root, for one)."""
 
     exit_code = 3
 
 
 class OutputError(BuildError):
-    """The output cannot take the build: a file, inside the input, not writable, full, or holding
-    data without --overwrite."""
+    """The output cannot take the build: a file, inside the input, not writable, full, its lock path
+    a folder, or holding data without --overwrite."""
 
     exit_code = 4
 
 
 class LockHeld(BuildError):
-    """Another build holds the output folder's lock."""
+    """Another build holds the output folder's lock, or the lock file is unreadable."""
 
     exit_code = 5
 

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 RESULTS = "results.json"
 DETACHED = "detached"  # LockInfo.command of a build whose job runs on without its launcher
 COMMIT = "commit.json"
+STAGED_RECORD = ".staged.json"  # beside each staged shard: its fingerprint and its writer's report
 
 
 # Paths ----------------------------------------------------------------------------------------
@@ -170,13 +171,14 @@ class BuildResults:
         total = self.num_written + self.num_rejected
         if total == 0:
             raise BudgetExceeded(f"no image was found in the input ({self.num_skipped} entries skipped); "
-                                 f"nothing was published to {output}")
+                                 f"nothing was published to {output}; fix --input and rerun the build with "
+                                 "--overwrite")
         if self.num_rejected > self.max_reject_fraction * total:
             raise BudgetExceeded(
                 f"{self.num_rejected} of {total} inputs rejected ({100 * self.num_rejected / total:.2f}%), over the "
                 f"budget of {100 * self.max_reject_fraction:g}% (--max_reject_fraction); reasons are in "
-                f"{storage.join(staging_dir(output, self.build_id), ERRORS)}; the dataset was not published; "
-                f"rerun with --overwrite (and a higher --max_reject_fraction, or fixed inputs)")
+                f"{storage.join(staging_dir(output, self.build_id), ERRORS)}; the dataset was not published; fix or "
+                "remove those inputs (or raise --max_reject_fraction) and rerun the build with --overwrite")
 
     def manifest(self, created: Optional[str] = None) -> Manifest:
         """The manifest that publishes this build: its shards named inside its version folder."""
@@ -219,10 +221,19 @@ def owns_output(output: str, build_id: str) -> bool:
     return holder is None or holder.build_id == build_id
 
 
+def holds_only_reasons(output: str) -> bool:
+    """Whether `output`'s staging area holds nothing but what a build over its budget leaves there
+    (errors.jsonl, and duplicates.jsonl when it looked)."""
+    root = staging_root(output)
+    prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
+    left = {path[len(prefix):].replace(os.sep, "/").split("/", 1)[-1] for path in storage.list_tree(root)}
+    return ERRORS in left and left <= {ERRORS, DUPLICATES}
+
+
 def discard_staged_shards(output: str, results: BuildResults) -> None:
     """Removes a failed build's staged shards and results; its errors.jsonl stays for the reasons."""
     staging = staging_dir(output, results.build_id)
-    names = [n for r in results.shards for n in (r.filename, r.index_file) if n]
+    names = [n for r in results.shards for n in (r.filename, r.index_file, r.filename + STAGED_RECORD) if n]
     _delete_quietly([storage.join(staging, n) for n in names + [RESULTS]])
 
 
@@ -278,15 +289,50 @@ def new_build_id() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
 
 
+@dataclasses.dataclass(frozen=True)
+class UnreadableLock(LockInfo):
+    """A lock file that holds no LockInfo this tool wrote (not JSON, fields unknown or missing, a pid
+    that is not an integer).
+
+    Attributes:
+      reason: what is wrong with it, for the message.
+    """
+
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"unreadable lock file ({self.reason})"
+
+    def is_dead_here(self) -> bool:
+        return False  # nothing says whose it is: only --break_lock takes it
+
+
+def _unreadable(reason: str) -> UnreadableLock:
+    return UnreadableLock("unknown", "unknown", -1, "unknown", "unknown", reason)
+
+
 def read_lock(output: str) -> Optional[LockInfo]:
     path = storage.join(output, LOCK)
     try:
         data = json.loads(read_bytes(path))
-        return LockInfo(**data)
     except OSError:
         return None
-    except (ValueError, TypeError):
-        return LockInfo("unknown", "unknown", -1, "unknown", "unreadable lock file")
+    except ValueError:
+        return _unreadable("not JSON")
+    if not isinstance(data, dict):
+        return _unreadable("not a JSON object")
+    fields = {f.name: f for f in dataclasses.fields(LockInfo)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        return _unreadable(f"unknown field {unknown[0]!r}")
+    missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING]
+    if missing:
+        return _unreadable(f"it has no {missing[0]}")
+    pid = data["pid"]
+    if not isinstance(pid, int) or isinstance(pid, bool):  # a bool is an int to Python
+        shown = json.dumps(pid)
+        return _unreadable(f"its pid is {shown if len(shown) <= 40 else shown[:37] + '...'}, not an integer")
+    return LockInfo(**data)
 
 
 def _create_exclusive(path: str, data: bytes) -> bool:
@@ -339,6 +385,7 @@ class OutputLock:
         self._break = break_lock
         self._held = False
         self.took_over: Optional[LockInfo] = None
+        self._took_over_because = ""
 
     def acquire(self) -> "OutputLock":
         data = json.dumps(dataclasses.asdict(self.info), sort_keys=True).encode()
@@ -353,14 +400,33 @@ class OutputLock:
             holder = read_lock(self._output)
             if holder is None:
                 continue  # released between our create and our read: try again
-            if holder.is_dead_here() or self._break or self._finishes_detached(holder):
+            dead = holder.is_dead_here()
+            detached = not dead and self._finishes_detached(holder)
+            if dead or detached or self._break:
                 log.info("taking over the lock of %s", holder.describe())
                 self.took_over = holder
+                self._took_over_because = "gone" if dead else "detached" if detached else "broken"
                 _delete_quietly([self._path])
                 continue
+            if isinstance(holder, UnreadableLock):
+                raise LockHeld(f"the lock file {self._path} is unreadable ({holder.reason}); if no build is running "
+                               f"into {self._output}, rerun with --break_lock")
             raise LockHeld(f"{self._output} is locked by {holder.describe()}; wait for it to end, or, if no build "
                            f"is running there any more, rerun with --break_lock")
+        if storage.is_local(self._path) and os.path.isdir(self._path):
+            raise OutputError(f"{self._path} is a folder, not a lock file; remove it (rm -r {self._path}) and rerun")
         raise LockHeld(f"could not take the lock {self._path} after 3 tries (another build keeps taking it)")
+
+    def take_over_note(self) -> Optional[str]:
+        """What to tell the user about a lock this one replaced; None when there was none."""
+        if self.took_over is None:
+            return None
+        holder = self.took_over.describe()
+        if isinstance(self.took_over, UnreadableLock):
+            return f"broke the {holder} at your request (--break_lock)"
+        return {"gone": f"took over the lock of {holder}, whose process is no longer running",
+                "detached": f"took over the lock of {holder}, whose detached job has staged its results",
+                "broken": f"broke the lock of {holder} at your request (--break_lock)"}[self._took_over_because]
 
     def _finishes_detached(self, holder: LockInfo) -> bool:
         """`finish` takes over a detached build's lock once its job has staged its results."""

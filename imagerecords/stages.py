@@ -272,7 +272,7 @@ def stage_shard(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, output
 
 # What a writer records beside each staged shard: its fingerprint and its StagedShard, so a resumed
 # build can take the shard over without reading it.
-STAGED_SUFFIX = ".staged.json"
+STAGED_SUFFIX = publish.STAGED_RECORD
 
 
 def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, name: str, preset: str,

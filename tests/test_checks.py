@@ -1,6 +1,7 @@
 """Pre-flight checks (imagerecords.pipeline.checks) on real files in tmp_path.
 
-Fixtures are made by the tests: tiny files stand in for images (the checks never open them), CSV
+Fixtures are made by the tests: tiny files stand in for images (the checks read no more than the
+first bytes of files directly under a folder root, and those only to tell images apart), CSV
 and JSONL manifests are written as text, and the unwritable/full outputs are real tmpfs mounts
 (root only; skipped with the reason where mount is refused).
 """
@@ -97,6 +98,57 @@ def test_flat_folder_is_refused_with_a_manifest_hint(tmp_path):
     message = str(e.value)
     assert message.startswith(f"--input {tmp_path / 'in'}: has no class folders (expected INPUT/<label>/<image>)")
     assert "CSV/JSONL manifest with path,label columns" in message
+
+
+# An image's first bytes as the decoder sniffs them (codec.sniff_format); the rest is filler.
+_PNG_HEAD = b"\x89PNG\r\n\x1a\n" + b"\0" * 8
+
+
+def test_one_class_folder_given_as_the_root_is_refused_naming_its_parent(tmp_path):
+    # What a user gets by pointing --input at photos/cat: cat's images beside one sub-folder.
+    cat = tmp_path / "photos" / "cat"
+    for i in range(5):
+        _touch(cat / f"cat{i}.jpg")
+    _touch(cat / "more" / "cat9.jpg")
+    with pytest.raises(InputError) as e:
+        checks.check_input(_config(cat))
+    assert str(e.value) == (f"--input {cat}: looks like one class's folder, not a folder of class folders: it holds "
+                            "images (cat0.jpg, cat1.jpg, cat2.jpg, ...) beside one sub-folder, 'more', which would "
+                            f"be the only class and the images skipped; pass its parent {tmp_path / 'photos'} as "
+                            "--input")
+    assert e.value.exit_code == 3
+
+
+def test_root_images_are_told_by_their_first_bytes_when_their_name_says_nothing(tmp_path):
+    cat = tmp_path / "cat"
+    _touch(cat / "IMG_0001", _PNG_HEAD)
+    _touch(cat / "notes", b"plain text")
+    _touch(cat / "more" / "x.jpg")
+    with pytest.raises(InputError, match=r"it holds images \(IMG_0001\) beside one sub-folder, 'more'"):
+        checks.check_input(_config(cat))
+
+
+def test_a_flat_folder_of_images_suggests_its_parent_and_a_manifest(tmp_path):
+    flat = tmp_path / "cat"
+    _touch(flat / "a.png", _PNG_HEAD)
+    with pytest.raises(InputError) as e:
+        checks.check_input(_config(flat))
+    assert str(e.value) == (f"--input {flat}: has no class folders (expected INPUT/<label>/<image>), only images "
+                            f"(a.png); if it is one class's folder, pass its parent {tmp_path} as --input; otherwise "
+                            "list the images in a CSV/JSONL manifest with path,label columns")
+
+
+def test_one_class_folder_beside_files_that_are_not_images_is_a_root(tmp_path):
+    root = _tree(tmp_path / "in", classes=("cat",))
+    _touch(root / "README.md", b"about the cats")
+    _touch(root / "labels", b"cat\n")
+    assert checks.check_input(_config(root)).kind == "folder"
+
+
+def test_images_at_a_root_of_several_class_folders_are_left_to_the_listing(tmp_path):
+    root = _tree(tmp_path / "in")
+    _touch(root / "stray.jpg")
+    assert checks.check_input(_config(root)).kind == "folder"  # listed as a skipped row
 
 
 def test_class_folders_without_files(tmp_path):
@@ -275,6 +327,34 @@ def test_output_is_created_with_parents_and_left_clean(tmp_path):
     assert os.listdir(out) == []  # the probe file is gone
 
 
+def test_check_output_names_the_folder_it_created_and_remove_takes_only_empty_ones(tmp_path):
+    root = _tree(tmp_path / "in")
+    out = tmp_path / "a" / "b" / "ds"
+    created = checks.check_output(_config(root, out))
+    assert created == str(tmp_path / "a")
+    assert checks.check_output(_config(root, out)) is None  # it exists now
+    checks.remove_created_output(created)
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+    # A folder that something was written into stays, whole.
+    created = checks.check_output(_config(root, out))
+    _touch(out / ".imagerecords-staging" / "errors.jsonl", b"{}")
+    checks.remove_created_output(created)
+    assert (out / ".imagerecords-staging" / "errors.jsonl").read_bytes() == b"{}"
+
+
+def test_a_refused_output_leaves_no_folder_behind(tmp_path):
+    root = _tree(tmp_path / "in")
+    with _tmpfs(tmp_path / "ro", "ro,size=64k") as mount:
+        with pytest.raises(OutputError, match="Read-only file system"):
+            checks.check_output(_config(root, mount / "new" / "ds"))
+        assert os.listdir(mount) == []
+    with _tmpfs(tmp_path / "full", "size=4k") as mount:
+        _touch(mount / "filler", b"\0" * 4096)
+        with pytest.raises(OutputError, match="No space left on device"):
+            checks.check_output(_config(root, mount / "new"))
+        assert sorted(os.listdir(mount)) == ["filler"]
+
+
 def test_existing_output_keeps_its_files(tmp_path):
     out = tmp_path / "ds"
     _touch(out / "manifest.json", b"{}")
@@ -401,6 +481,8 @@ def gcs_bucket(fake_gcs_server):
             "tree/dog/d0.jpg": b"x",
             "flat/a.jpg": b"x",
             "flat/b.jpg": b"x",
+            "oneclass/a.jpg": b"x",
+            "oneclass/more/b.jpg": b"x",
             "m.csv": b"path,label,split\ntree/cat/c0.jpg,cat,train\n",
             "header-only.csv": b"path,label\n",
             "ds": b"a file where a folder should be",
@@ -414,8 +496,13 @@ def gcs_bucket(fake_gcs_server):
 def test_gcs_input_checks(gcs_bucket):
     assert checks.check_input(_config(f"{gcs_bucket}/tree")).kind == "folder"
     assert checks.check_input(_config(f"{gcs_bucket}/m.csv")).columns == ("path", "label", "split")
-    with pytest.raises(InputError, match="has no class folders"):
+    with pytest.raises(InputError, match=rf"has no class folders .*, only images \(a.jpg, b.jpg\); if it is one "
+                                         rf"class's folder, pass its parent {gcs_bucket} as --input"):
         checks.check_input(_config(f"{gcs_bucket}/flat"))
+    # Told by name on gs:// (objects are not read before the build).
+    with pytest.raises(InputError, match=rf"looks like one class's folder.* beside one sub-folder, 'more'.*pass its "
+                                         rf"parent {gcs_bucket} as --input$"):
+        checks.check_input(_config(f"{gcs_bucket}/oneclass"))
     with pytest.raises(InputError, match="no such folder, or no files under it"):
         checks.check_input(_config(f"{gcs_bucket}/nothing"))
     with pytest.raises(InputError, match="no such file"):

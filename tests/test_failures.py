@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -409,3 +410,112 @@ def test_inspect_reads_json_without_tensorflow_or_beam(clean):
     manifest = json.load(open(clean_out / MANIFEST))
     train = manifest["splits"]["train"]
     assert f"  train: {train['num_examples']} records in {len(train['shards'])} shards" in proc.stdout
+
+
+# Each message of a failure a newcomer meets: one line, its exit code, the command that mends it.
+
+
+def _one_line(err):
+    return err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_lock_whose_pid_is_not_a_number_is_named_unreadable_and_broken_on_request(clean, tmp_path):
+    root, clean_out, _ = clean
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).write_text(json.dumps({"build_id": "b", "host": socket.gethostname(), "pid": "12x", "started": "t"}))
+    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS)
+    assert code == 5 and _one_line(err), err
+    assert err == (f"imagerecords build: error: the lock file {out / LOCK} is unreadable (its pid is \"12x\", not an "
+                   f"integer); if no build is running into {out}, rerun with --break_lock\n")
+    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--break_lock")
+    assert code == 0, err
+    assert err == ("imagerecords build: note: broke the unreadable lock file (its pid is \"12x\", not an integer) at "
+                   "your request (--break_lock)\n")
+    assert_same_dataset(out, clean_out)
+
+
+def test_a_lock_that_is_a_folder_says_so(clean, tmp_path):
+    root, _, _ = clean
+    out = tmp_path / "out"
+    (out / LOCK).mkdir(parents=True)
+    for extra in ([], ["--break_lock"]):
+        code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, *extra)
+        assert code == 4 and _one_line(err), err
+        assert f"{out / LOCK} is a folder, not a lock file; remove it (rm -r {out / LOCK})" in err
+
+
+def test_breaking_another_hosts_lock_says_it_was_broken_on_request_not_that_it_ended(clean, tmp_path):
+    root, _, _ = clean
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).write_text(json.dumps({"build_id": "far", "host": "elsewhere", "pid": 4242, "started": "t"}))
+    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--break_lock")
+    assert code == 0, err
+    assert err == ("imagerecords build: note: broke the lock of build far (build, host elsewhere, pid 4242, started t) "
+                   "at your request (--break_lock)\n")
+
+
+def test_finish_prints_how_long_the_commit_took_and_no_image_rate(clean, tmp_path):
+    root, clean_out, _ = clean
+    out = tmp_path / "out"
+    kill_at("before_commit", root, out, str(tmp_path))
+    code, text, err = cli_run("finish", out)
+    assert code == 0, err
+    assert "images/s" not in text
+    last = text.splitlines()[-1]
+    seconds = float(last.split()[0])
+    assert last == f"  {seconds:.1f} s to publish the staged build" and 0 <= seconds < 60, text
+    assert "took over the lock of build" in err and "whose process is no longer running" in err
+    assert_same_dataset(out, clean_out)
+
+
+def test_a_budget_failure_says_how_to_retry_and_the_retry_names_what_is_left(clean, tmp_path):
+    root, clean_out, _ = clean
+    out = tmp_path / "new"
+    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--max_reject_fraction", "0")
+    assert code == 6 and _one_line(err), err
+    assert err.endswith("fix or remove those inputs (or raise --max_reject_fraction) and rerun the build with "
+                        "--overwrite\n")
+    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS)
+    assert code == 4 and _one_line(err), err
+    assert err == (f"imagerecords build: error: {out} holds only the reject reasons of a build that failed its "
+                   f"budget ({STAGING}/errors.jsonl; nothing was published); rerun with --overwrite to replace them\n")
+    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--overwrite")
+    assert code == 0, err
+    assert_same_dataset(out, clean_out)
+
+
+def test_one_class_folder_as_the_input_is_refused_before_the_build(clean, tmp_path):
+    root, _, _ = clean
+    # A class folder of the example tree holds its images and one sub-folder, 'more'.
+    assert sorted(p.name for p in (root / "circle").iterdir() if p.is_dir()) == ["more"]
+    out = tmp_path / "out"
+    code, _, err = cli_run("build", "--input", root / "circle", "--output", out, *ARGS)
+    assert code == 3 and _one_line(err), err
+    assert "looks like one class's folder" in err and "beside one sub-folder, 'more'" in err
+    assert err.endswith(f"pass its parent {root} as --input\n")
+    assert not out.exists()
+
+
+def test_a_mistyped_runner_is_one_line_and_leaves_no_output_folder(clean, tmp_path):
+    root, _, _ = clean
+    out = tmp_path / "a" / "out"
+    code, _, err = cli_run("build", "--input", root, "--output", out, *ARGS, "--runner", "DirectRuner")
+    assert code == 2 and _one_line(err), err
+    assert err.startswith("imagerecords build: error: --runner DirectRuner: no such Beam runner (did you mean "
+                          "DirectRunner?); known runners: DataflowRunner, ")
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_pre_flight_failure_after_the_output_check_leaves_no_output_folder(clean, tmp_path):
+    root, _, _ = clean
+    cases = [
+        (2, "--label_map", ["--label_map", tmp_path / "missing.txt"]),
+        (2, "--local_workers is for the local engine", ["--local_workers", "2", "--direct_num_workers", "1"]),
+        (2, "--detached needs", ["--detached", "--runner", "DirectRunner"]),
+    ]
+    for code, text, extra in cases:
+        got, _, err = cli_run("build", "--input", root, "--output", tmp_path / "a" / "out", *ARGS, *extra)
+        assert got == code and _one_line(err) and text in err, (extra, got, err)
+        assert sorted(os.listdir(tmp_path)) == [], (extra, os.listdir(tmp_path))

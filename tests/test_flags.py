@@ -3,6 +3,7 @@
 import dataclasses
 import glob
 import os
+import re
 
 import pytest
 
@@ -277,11 +278,75 @@ def test_help_shows_each_field_default_from_the_dataclass(field):
 
 
 def test_help_text_comes_from_the_attributes_docstring():
-    assert _help_of("--target_shard_mb") == ("wanted shard size in MB (input bytes) when `num_shards` is None "
+    # A field named in backticks in the docstring is its flag on the command line.
+    assert _help_of("--target_shard_mb") == ("wanted shard size in MB (input bytes) when --num_shards is not set "
                                              "(default: 192)")
     assert _help_of("--quality").startswith("JPEG quality (1-95) used whenever an image is re-encoded")
-    # Fields documented together in one entry share its text.
-    assert _help_of("--key_column").startswith("manifest column names")
+    assert _help_of("--key_column").startswith("manifest column with each image's unique id")
+    assert "'uri'" in _help_of("--path_column") and "'uri'" not in _help_of("--label_column")
+
+
+def _help_texts():
+    """{flag: help text} of every flag the build itself takes, defaults included."""
+    return {a.option_strings[-1]: a.help % {"default": a.default}
+            for a in flags.parser()._actions if a.option_strings and a.help}
+
+
+def test_no_two_flags_share_a_help_text():
+    texts = _help_texts()
+    # The text without its "(default: ...)" tail: two flags told apart only by their default share it.
+    bodies = {}
+    for flag, text in texts.items():
+        bodies.setdefault(text.rsplit(" (default: ", 1)[0], []).append(flag)
+    assert [flags_ for flags_ in bodies.values() if len(flags_) > 1] == []
+    assert len(texts) > 30  # every build and launcher flag was looked at
+
+
+# Python in a help text: module.CONSTANT, None/True/False, a field named as in the docstring
+# (`num_shards`, or num_shards not written as --num_shards).
+_FIELD_NAMES = [f.name for f in dataclasses.fields(BuildConfig) if f.name != "image"] + \
+    [f.name for f in dataclasses.fields(ImageOptions)]
+_CODE_PATTERNS = [r"\b[a-z_]\w*\.[A-Z][A-Z0-9_]+\b", r"\b(None|True|False)\b", r"`\w+`"] + \
+    [rf"(?<![-\w]){name}\b" for name in _FIELD_NAMES if "_" in name]
+
+
+@pytest.mark.parametrize("pattern", _CODE_PATTERNS[:3] + [p for p in _CODE_PATTERNS if "num_shards" in p])
+def test_the_code_patterns_catch_what_they_are_for(pattern):
+    assert re.search(pattern, "example schema preset, one of schema.PRESETS; None picks `num_shards` "
+                              "from num_shards")
+
+
+def test_no_help_text_names_python_code():
+    found = {flag: [m.group(0) for p in _CODE_PATTERNS for m in re.finditer(p, text)]
+             for flag, text in _help_texts().items()}
+    assert {flag: hits for flag, hits in found.items() if hits} == {}
+
+
+@pytest.mark.parametrize("flag,field", [(f"--{name}", name) for name in flags.CHOICES])
+def test_help_of_a_fixed_choice_names_every_choice(flag, field):
+    text = _help_of(flag)
+    assert all(f"'{choice}'" in text for choice in flags.CHOICES[field]), text
+
+
+@pytest.mark.parametrize("runner,hint", [("DirectRuner", " (did you mean DirectRunner?)"), ("Foo", "")])
+def test_a_mistyped_runner_is_a_usage_error_naming_the_known_runners(runner, hint):
+    with pytest.raises(UsageError) as e:
+        flags.parse_args(IO + ["--runner", runner])
+    assert str(e.value).startswith(f"--runner {runner}: no such Beam runner{hint}; known runners: DataflowRunner, ")
+    assert "FlinkRunner" in str(e.value) and "\n" not in str(e.value)
+    assert e.value.exit_code == 2
+
+
+def test_known_runners_pass_in_the_forms_beam_takes(tmp_path):
+    for runner in ("DirectRunner", "directrunner", "Direct", "FlinkRunner", "apache_beam.runners.direct.DirectRunner"):
+        assert flags.parse_args(IO + [f"--runner={runner}"]).beam_args == [f"--runner={runner}"]
+    # A preset's runner is checked too; the last --runner given is the one Beam takes.
+    path = _write(tmp_path / "p.yaml", "beam_options:\n  runner: DirectRuner\n")
+    with pytest.raises(UsageError, match="--runner DirectRuner: no such Beam runner"):
+        flags.parse_args(IO + ["--config", path])
+    assert flags.parse_args(IO + ["--config", path, "--runner", "DirectRunner"]).beam_args[-1] == "DirectRunner"
+    with pytest.raises(UsageError, match="no module nowhere.at_all to import the runner from"):
+        flags.parse_args(IO + ["--runner", "nowhere.at_all.Runner"])
 
 
 def test_help_lists_defaults_and_points_to_beam(capsys):

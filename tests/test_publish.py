@@ -191,6 +191,75 @@ def test_lock_is_exclusive_names_its_holder_and_clears_when_the_holder_is_dead(t
     broken.release()
 
 
+def _lock_text(**fields):
+    holder = {"build_id": "b0", "host": socket.gethostname(), "pid": os.getpid(), "started": "t"}
+    holder.update(fields)
+    return json.dumps({k: v for k, v in holder.items() if v is not ...})
+
+
+@pytest.mark.parametrize("text,reason", [
+    (_lock_text(pid="abc"), 'its pid is "abc", not an integer'),
+    (_lock_text(pid=True), "its pid is true, not an integer"),
+    (_lock_text(pid=None), "its pid is null, not an integer"),
+    (_lock_text(pid=...), "it has no pid"),
+    (_lock_text(owner="me"), "unknown field 'owner'"),
+    ("[1, 2]", "not a JSON object"),
+    ("{half", "not JSON"),
+])
+def test_an_unreadable_lock_blocks_naming_the_file_until_broken(tmp_path, text, reason):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).write_text(text)
+    with pytest.raises(errors.LockHeld) as e:
+        publish.OutputLock(str(out), "b1").acquire()
+    assert str(e.value) == (f"the lock file {out / LOCK} is unreadable ({reason}); if no build is running into "
+                            f"{out}, rerun with --break_lock")
+    lock = publish.OutputLock(str(out), "b2", break_lock=True).acquire()
+    assert lock.take_over_note() == f"broke the unreadable lock file ({reason}) at your request (--break_lock)"
+    assert json.loads((out / LOCK).read_text())["build_id"] == "b2"
+    lock.release()
+
+
+def test_a_lock_that_is_a_folder_is_named_as_one(tmp_path):
+    out = tmp_path / "out"
+    (out / LOCK).mkdir(parents=True)
+    for break_lock in (False, True):  # --break_lock cannot mend it either: it says what does
+        with pytest.raises(errors.OutputError) as e:
+            publish.OutputLock(str(out), "b1", break_lock=break_lock).acquire()
+        assert str(e.value) == f"{out / LOCK} is a folder, not a lock file; remove it (rm -r {out / LOCK}) and rerun"
+        assert e.value.exit_code == 4
+    assert (out / LOCK).is_dir()
+
+
+def test_the_take_over_note_says_why_the_lock_was_taken(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert publish.OutputLock(str(out), "b0").acquire().take_over_note() is None
+    (out / LOCK).unlink()
+    (out / LOCK).write_text(_lock_text(build_id="far", host="elsewhere", pid=1))
+    note = publish.OutputLock(str(out), "b1", break_lock=True).acquire().take_over_note()
+    # Another host's process cannot be looked at from here: the note says whose lock and why, no more.
+    assert note == "broke the lock of build far (build, host elsewhere, pid 1, started t) at your request (--break_lock)"
+    (out / LOCK).unlink()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (out / LOCK).write_text(_lock_text(build_id="killed", pid=int(dead.stdout)))
+    note = publish.OutputLock(str(out), "b2", break_lock=True).acquire().take_over_note()
+    assert note == (f"took over the lock of build killed (build, host {socket.gethostname()}, pid {int(dead.stdout)}, "
+                    "started t), whose process is no longer running")
+
+
+def test_holds_only_reasons_tells_a_budget_failure_from_a_killed_build(tmp_path):
+    out = tmp_path / "out"
+    staging = out / STAGING / "20261201T000002Z-bbbbbb"
+    staging.mkdir(parents=True)
+    (staging / "errors.jsonl").write_text("{}\n")
+    assert publish.holds_only_reasons(str(out))
+    (staging / "duplicates.jsonl").write_text("")
+    assert publish.holds_only_reasons(str(out))
+    (staging / "images-train.tfrecord-00000-of-00001").write_bytes(b"x")
+    assert not publish.holds_only_reasons(str(out))
+
+
 def test_write_bytes_leaves_no_temporary_file_when_the_write_fails(tmp_path):
     target = tmp_path / "features.json"
     target.mkdir()  # the final rename cannot replace a folder

@@ -10,13 +10,15 @@ import json
 import os
 import posixpath
 import secrets
-from typing import IO, Iterator, List, Optional, Tuple
+from typing import IO, Iterator, List, Optional, Sequence, Tuple
 
+from imagerecords import codec
 from imagerecords import refs as refs_lib
 from imagerecords.config import BuildConfig
 from imagerecords.errors import InputError, OutputError, UsageError
 
-__all__ = ["InputInfo", "PROBE_PREFIX", "check_input", "check_output", "read_manifest_head"]
+__all__ = ["InputInfo", "PROBE_PREFIX", "check_input", "check_output", "read_manifest_head",
+           "remove_created_output"]
 
 PROBE_PREFIX = ".imagerecords-probe-"
 
@@ -25,7 +27,10 @@ _MAX_HEAD_LINES = 1000  # lines read to find a manifest's first row (blank lines
 _MAX_FOLDERS_WALKED = 2000  # folders visited looking for one file under the class folders
 _REMOTE_MATCH_LIMIT = 1000  # files matched under a remote folder input
 
+_MAX_ROOT_FILES_SNIFFED = 64  # files directly under a folder root looked at for images
 _MANIFEST_HINT = "list the images in a CSV/JSONL manifest with path,label columns"
+# Names the decoder's formats go by (codec.sniff_format), for listings that are not read.
+_IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,9 +159,60 @@ def _check_csv_columns(config: BuildConfig, info: InputInfo) -> None:
                          f"(columns: {listed}); name the label column with --label_column")
 
 
-def _flat_folder_error(path: str) -> InputError:
+def _flat_folder_error(path: str, images: Sequence[str] = (), parent: Optional[str] = None) -> InputError:
+    if images and parent:
+        return InputError(f"--input {path}: has no class folders (expected INPUT/<label>/<image>), only images "
+                          f"({_shown(images)}); if it is one class's folder, pass its parent {parent} as --input; "
+                          f"otherwise {_MANIFEST_HINT}")
     return InputError(f"--input {path}: has no class folders (expected INPUT/<label>/<image>); "
                       f"for a flat folder, {_MANIFEST_HINT}")
+
+
+def _one_class_error(path: str, images: Sequence[str], folder: str, parent: str) -> InputError:
+    return InputError(f"--input {path}: looks like one class's folder, not a folder of class folders: it holds "
+                      f"images ({_shown(images)}) beside one sub-folder, '{folder}', which would be the only class "
+                      f"and the images skipped; pass its parent {parent} as --input")
+
+
+def _shown(names: Sequence[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
+def _has_image_extension(name: str) -> bool:
+    return name.lower().endswith(_IMAGE_EXTENSIONS)
+
+
+def _starts_like_an_image(path: str) -> bool:
+    """Whether a local file's first bytes are an image signature (what the decoder goes by)."""
+    try:
+        # O_NONBLOCK: a FIFO put there since the listing must not block the launcher.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        try:
+            head = f.read(16)
+        except OSError:
+            return False
+    return codec.sniff_format(head or b"") is not None
+
+
+def _root_images(files: Sequence[str]) -> List[str]:
+    """Names of the (first _MAX_ROOT_FILES_SNIFFED) files directly under a local root that are
+    images, by extension or, for the others, by their first bytes."""
+    return [os.path.basename(f) for f in sorted(files)[:_MAX_ROOT_FILES_SNIFFED]
+            if _has_image_extension(f) or _starts_like_an_image(f)]
+
+
+def _parent(path: str) -> Optional[str]:
+    """The folder above a local or URI folder, or None at a filesystem or bucket root."""
+    if refs_lib.has_scheme(path):
+        scheme, _, rest = path.partition("://")
+        rest = rest.strip("/")
+        return f"{scheme}://{rest.rsplit('/', 1)[0]}" if "/" in rest else None
+    absolute = os.path.abspath(path)
+    parent = os.path.dirname(absolute)
+    return parent if parent != absolute else None
 
 
 def _has_file_below(folders: List[str]) -> bool:
@@ -214,15 +270,22 @@ def _check_local_folder(path: str) -> None:
         raise InputError(f"--input {path}: cannot read the folder ({e.strerror or e})") from None
     if not entries:
         raise InputError(f"--input {path}: the folder is empty (expected INPUT/<label>/<image>)")
-    class_folders = []
+    class_folders, root_files = [], []
     for entry in entries:
         try:
             if entry.is_dir():  # follows symlinks: a linked class folder counts
                 class_folders.append(entry.path)
+            elif entry.is_file():
+                root_files.append(entry.path)
         except OSError:
             continue
+    # Images beside at most one folder: the user gave one class's folder, not the root above it.
+    images = _root_images(root_files) if len(class_folders) <= 1 else []
+    parent = _parent(path)
     if not class_folders:
-        raise _flat_folder_error(path)
+        raise _flat_folder_error(path, images, parent)
+    if images and parent:
+        raise _one_class_error(path, images, os.path.basename(class_folders[0]), parent)
     class_folders.sort()
     if not _has_file_below(class_folders):
         names = ", ".join(os.path.basename(p) for p in class_folders[:3])
@@ -243,10 +306,18 @@ def _check_remote_folder(path: str) -> None:
     paths = [m.path for m in matched if m.path.startswith(root) and not refs_lib.is_hidden(m.path, root)]
     if not paths:
         raise InputError(f"--input {path}: no such folder, or no files under it (expected INPUT/<label>/<image>)")
-    if any("/" in p[len(root):] for p in paths):
+    relative = [p[len(root):] for p in paths]
+    folders = sorted({r.split("/", 1)[0] for r in relative if "/" in r})
+    complete = len(matched) < _REMOTE_MATCH_LIMIT
+    # Without reading objects, an image at the root is told by its name.
+    images = sorted(r for r in relative if "/" not in r and _has_image_extension(r)) if complete else []
+    parent = _parent(path)
+    if len(folders) == 1 and images and parent:
+        raise _one_class_error(path, images, folders[0], parent)
+    if folders:
         return
-    if len(matched) < _REMOTE_MATCH_LIMIT:
-        raise _flat_folder_error(path)
+    if complete:
+        raise _flat_folder_error(path, images, parent)
     # Only files directly under the root among the first matches, but the listing was cut short:
     # class folders may follow, so the pipeline's listing decides.
 
@@ -352,20 +423,36 @@ def _probe(output: str) -> None:
             raise _write_error(output, e, "delete a file there") from None
 
 
-def _check_local_output(config: BuildConfig) -> None:
+def _topmost_missing(path: str) -> Optional[str]:
+    """The highest folder of `path` that does not exist yet (what makedirs will create), or None."""
+    path = os.path.abspath(path)
+    if os.path.lexists(path):
+        return None
+    while not os.path.lexists(os.path.dirname(path)):
+        path = os.path.dirname(path)
+    return path
+
+
+def _check_local_output(config: BuildConfig) -> Optional[str]:
     output = config.output
     if os.path.lexists(output) and not os.path.isdir(output):
         what = "is a broken symlink" if os.path.islink(output) and not os.path.exists(output) else "is a file"
         raise OutputError(f"--output {output}: {what}, not a folder; choose a folder path")
     _check_not_in_input(config, output, remote=False)
+    created = _topmost_missing(output)
     try:
-        os.makedirs(output, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise OutputError(f"--output {output}: a part of the path is a file, not a folder; "
-                          "choose a folder path") from None
-    except OSError as e:
-        raise _write_error(output, e, "create the folder") from None
-    _probe(output)
+        try:
+            os.makedirs(output, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise OutputError(f"--output {output}: a part of the path is a file, not a folder; "
+                              "choose a folder path") from None
+        except OSError as e:
+            raise _write_error(output, e, "create the folder") from None
+        _probe(output)
+    except OutputError:
+        remove_created_output(created)
+        raise
+    return created
 
 
 def _check_remote_output(config: BuildConfig) -> None:
@@ -382,7 +469,7 @@ def _check_remote_output(config: BuildConfig) -> None:
         raise OutputError(f"--output {output}: is a file, not a folder; choose a folder path")
 
 
-def check_output(config: BuildConfig) -> None:
+def check_output(config: BuildConfig) -> Optional[str]:
     """Checks that the output can take the build, before anything runs.
 
     The output must not be a file, nor the folder input or inside it (compared as resolved real
@@ -391,10 +478,31 @@ def check_output(config: BuildConfig) -> None:
     A remote output gets no probe: the launcher's lock is the first write there. Whether the folder
     already holds a dataset (--overwrite) and the lock are the launcher's checks, not these.
 
+    Returns:
+      The highest local folder this check created (pass it to remove_created_output when the build
+      ends before writing there), or None when it created none.
+
     Raises:
       OutputError: naming the output folder and the reason (the OS's, for a failed write).
     """
     if refs_lib.has_scheme(config.output):
         _check_remote_output(config)
-    else:
-        _check_local_output(config)
+        return None
+    return _check_local_output(config)
+
+
+def remove_created_output(created: Optional[str]) -> None:
+    """Removes the folders check_output created when no file was written under them (a build that
+    failed before its first write leaves no empty output folder behind); anything else stays."""
+    if not created or not os.path.isdir(created) or os.path.islink(created):
+        return
+    folders = []
+    for dirpath, dirnames, filenames in os.walk(created, topdown=False):
+        if filenames:
+            return
+        folders.append(dirpath)
+    for folder in folders:  # deepest first
+        try:
+            os.rmdir(folder)
+        except OSError:  # something arrived in it meanwhile: it stays
+            return

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 import warnings
 from typing import List, Optional, Sequence
 
@@ -20,7 +21,8 @@ commands:
   demo     generate a small image tree and build it (the README's first command)
 
 Exit codes: 0 ok, 1 the build failed or verify found problems, 2 bad usage, 3 input problem,
-4 output problem, 5 output locked by another build, 6 reject budget exceeded, 7 unfinished build.
+4 output problem, 5 output locked (by another build, or an unreadable lock file), 6 reject budget
+exceeded, 7 unfinished build.
 """
 
 
@@ -106,7 +108,9 @@ def _command(command: str, rest: Sequence[str]) -> int:
         from imagerecords.pipeline.launcher import finish, print_summary
 
         args = _one_folder(command, rest, ["--break_lock"])
-        print_summary(finish(args.output, args.break_lock), args.output, 0.0)
+        start = time.monotonic()
+        manifest = finish(args.output, args.break_lock)
+        print_summary(manifest, args.output, time.monotonic() - start, built=False)
         return 0
     if command == "verify":
         from imagerecords.pipeline import checkup

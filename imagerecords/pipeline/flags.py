@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import re
 import typing
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -16,8 +17,8 @@ from imagerecords.codec import ImageOptions
 from imagerecords.config import BuildConfig
 from imagerecords.errors import UsageError
 
-__all__ = ["LauncherFlags", "Parsed", "beam_flag_names", "build_flag_names", "check_beam_args", "parse_args",
-           "parser"]
+__all__ = ["LauncherFlags", "Parsed", "beam_flag_names", "build_flag_names", "check_beam_args", "check_runner",
+           "parse_args", "parser"]
 
 PROG = "imagerecords build"
 
@@ -181,7 +182,9 @@ def _field_flags() -> List[_FieldFlag]:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise TypeError(f"flags: BuildConfig and ImageOptions both have field(s) {', '.join(repeated)}")
-    return out
+    # The docstrings name other fields as `field`; on the command line they are --field.
+    field_ref = re.compile(r"`(" + "|".join(map(re.escape, names)) + r")`")
+    return [dataclasses.replace(f, doc=field_ref.sub(r"--\1", f.doc)) for f in out]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -300,6 +303,43 @@ def check_beam_args(args: Sequence[str], where: str = "") -> None:
                      f"as in --name value or --name=value (see {PROG} --help)")
 
 
+def check_runner(args: Sequence[str]) -> None:
+    """Raises UsageError when --runner (the last one given) names no runner Beam knows.
+
+    Beam takes a known runner's name in any case, with or without the 'Runner' suffix, or the
+    dotted path of a PipelineRunner subclass (imported when the pipeline runs); a mistyped short
+    name would otherwise fail only once the build has started.
+    """
+    if not any(a == "--runner" or a.startswith("--runner=") for a in args):
+        return
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    runner = getattr(_beam_parser().parse_known_args(list(args))[0], "runner", None)
+    if not isinstance(runner, str):
+        return
+    if "." in runner:
+        import importlib.util
+
+        module = runner.rsplit(".", 1)[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package is missing, or the name is malformed
+            found = False
+        if not found:
+            raise UsageError(f"--runner {runner}: no module {module} to import the runner from; give a runner "
+                             f"name ({', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}) or the dotted path of an "
+                             "installed PipelineRunner subclass")
+        return
+    known = {path.rsplit(".", 1)[-1].lower() for path in StandardOptions.ALL_KNOWN_RUNNERS} | {"pythonrpcdirectrunner"}
+    if runner.lower() in known or runner.lower() + "runner" in known:
+        return
+    names = list(StandardOptions.KNOWN_RUNNER_NAMES)
+    close = difflib.get_close_matches(runner, names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise UsageError(f"--runner {runner}: no such Beam runner{hint}; known runners: {', '.join(names)}, or the "
+                     "dotted path of a PipelineRunner subclass")
+
+
 def _preset_value(path: str, flag: _FieldFlag, value: Any) -> Any:
     """Checks (and for lists, converts) one YAML value against its field's type."""
     if value is None:
@@ -383,4 +423,6 @@ def parse_args(argv: Sequence[str]) -> Parsed:
         config = config_lib.make_config(preset, values)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return Parsed(config=config, beam_args=list(preset_beam_args) + list(rest), launcher=launcher)
+    beam_args = list(preset_beam_args) + list(rest)
+    check_runner(beam_args)
+    return Parsed(config=config, beam_args=beam_args, launcher=launcher)

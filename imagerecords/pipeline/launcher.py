@@ -10,12 +10,16 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, Iterator, Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, Dict, Iterator, Optional, Sequence, TextIO
 
 from imagerecords import __version__, _hooks, errors, publish, storage
 from imagerecords import refs as refs_lib
 from imagerecords.config import BuildConfig
 from imagerecords.manifest import DUPLICATES, ERRORS, LOCK, MANIFEST, STAGING, Manifest
+
+if TYPE_CHECKING:
+    from imagerecords.pipeline.checks import InputInfo
+    from imagerecords.pipeline.flags import Parsed
 
 LOG_DIR = os.path.join(tempfile.gettempdir(), "imagerecords-logs")
 
@@ -85,6 +89,10 @@ def _claim_output(config: BuildConfig) -> int:
             publish.remove_staging(config.output)
         return 0
     if staged:
+        if publish.holds_only_reasons(config.output):
+            raise errors.OutputError(f"{config.output} holds only the reject reasons of a build that failed its "
+                                     f"budget ({STAGING}/{ERRORS}; nothing was published); rerun with --overwrite "
+                                     "to replace them")
         if not publish.results_staged(config.output):
             raise errors.OutputError(f"{config.output} holds the staging area of a build that failed or was stopped "
                                      f"before its shards were all written ({STAGING}); rerun with --resume to reuse "
@@ -323,7 +331,17 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
     if config.writer == "beam" and config.resume:
         raise errors.UsageError("--resume needs --writer shards (the Beam sink's shards have no fingerprints)")
     input_info = checks.check_input(config, ignore_split_column=parsed.launcher.ignore_split_column)
-    checks.check_output(config)
+    created = checks.check_output(config)
+    try:
+        return _build(parsed, input_info)
+    except errors.BuildError:
+        checks.remove_created_output(created)  # only a folder that nothing was written into
+        raise
+
+
+def _build(parsed: "Parsed", input_info: "InputInfo") -> Optional[Manifest]:
+    """run() from a checked input and output on: engine, lock, graph, verdict, commit, summary."""
+    config = parsed.config
     label_map = _read_label_map(config)
     engine = _Engine(config, parsed)
     build_id = publish.new_build_id()
@@ -335,8 +353,7 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
                                                       break_lock=parsed.launcher.break_lock) as lock:
         try:
             if lock.took_over:
-                print(f"imagerecords build: note: took over the lock of {lock.took_over.describe()}, which is no "
-                      "longer running", file=sys.stderr)
+                print(f"imagerecords build: note: {lock.take_over_note()}", file=sys.stderr)
             reusable = _claim_output(config)
             if config.resume:
                 print(f"imagerecords build: resuming: {reusable} staged shards of earlier builds can be reused if "
@@ -611,7 +628,9 @@ def finish(output: str, break_lock: bool = False) -> Manifest:
     """
     if storage.exists(storage.join(output, MANIFEST)) and not publish.staged_builds(output):
         raise errors.UnfinishedBuild(f"nothing to finish: {output} is published and has no staging area")
-    with publish.OutputLock(output, publish.new_build_id(), command="finish", break_lock=break_lock):
+    with publish.OutputLock(output, publish.new_build_id(), command="finish", break_lock=break_lock) as lock:
+        if lock.took_over:
+            print(f"imagerecords finish: note: {lock.take_over_note()}", file=sys.stderr)
         return publish.commit(output)
 
 
@@ -622,7 +641,9 @@ def _runner(options) -> str:
     return runner if isinstance(runner, str) else type(runner).__name__
 
 
-def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, engine: str = "") -> None:
+def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, engine: str = "",
+                  built: bool = True) -> None:
+    """Prints what was published; `built` False for `finish`, which only commits (no image rate)."""
     stream = stream or sys.stdout  # looked up per call: a caller's redirect_stdout applies
     stream.write(f"imagerecords: wrote {output}\n")
     for split in manifest.splits:
@@ -638,5 +659,8 @@ def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, 
     if manifest.num_label_conflicts > 0:
         stream.write(f"  label conflicts {manifest.num_label_conflicts:>6} groups of identical files with different "
                      f"labels (see {DUPLICATES})\n")
+    if not built:
+        stream.write(f"  {seconds:.1f} s to publish the staged build\n")
+        return
     on = f" ({engine})" if engine else ""
     stream.write(f"  {seconds:.1f} s, {manifest.num_examples / max(seconds, 1e-9):.1f} images/s{on}\n")
