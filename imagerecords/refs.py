@@ -174,6 +174,9 @@ def ref_from_folder_path(root: str, path: str, size: int) -> Tuple[Optional[Imag
     parts = relative.split("/")
     if len(parts) < 2:
         return None, Rejected(path, ROOT_FILE_REASON, key=relative, stage="list", skipped=True)
+    problem = label_problem(parts[0], "class folder name")
+    if problem is not None:
+        return None, Rejected(path, problem, key=relative, stage="label")
     return ImageRef(key=relative, uri=path, label=sys.intern(parts[0]), split="", size=size), None
 
 
@@ -209,6 +212,15 @@ def parse_manifest_row(
     key = row.get(columns.key)
     key = str(key) if key not in (None, "") else path
     split = row.get(columns.split)
+    if isinstance(label, (list, dict)):
+        kind = "list" if isinstance(label, list) else "JSON object"
+        text = json.dumps(label, ensure_ascii=False, default=str)
+        return None, Rejected(path, f"label {text} is a {kind}, not a class label (multi-label class lists are "
+                                    f"not supported yet): give one class name in {columns.label!r}",
+                              key, str(split or ""), stage="label")
+    problem = label_problem(str(label))
+    if problem is not None:
+        return None, Rejected(path, problem, key, str(split or ""), stage="label")
     size = row.get(columns.size)
     if size in (None, ""):
         size = -1
@@ -247,6 +259,23 @@ def parse_jsonl_line(line: str) -> Dict[str, object]:
 
 
 # Labels ---------------------------------------------------------------------------------------
+
+# C0, DEL and C1 controls, and the two line separators str.splitlines also breaks on.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def label_problem(label: str, what: str = "label") -> Optional[str]:
+    """Returns why `label` cannot be a class name (a control character in it), or None when it can.
+
+    label.labels.txt holds one class name per line, so the line number is the id: a name with a
+    line break in it would shift every name after it, and other controls break the readers that
+    split or strip lines.
+    """
+    found = _CONTROL_RE.search(label)
+    if found is None:
+        return None
+    return (f"{what} {label!r} holds control character U+{ord(found.group()):04X}: class names go one per line "
+            "into label.labels.txt, which it would break or shift; rename the class")
 
 
 def is_int_label(label: str) -> bool:
@@ -316,6 +345,10 @@ def read_label_map(text: str, filename: str, offset: int) -> LabelMap:
             names[i] = name
     else:
         names = [line.strip() for line in text.splitlines() if line.strip()]
+    for name in names:
+        problem = label_problem(name, "label name")
+        if problem is not None:
+            raise ValueError(f"{filename}: {problem}")
     if len(set(names)) != len(names):
         raise ValueError(f"{filename}: a label name repeats")
     if not names:

@@ -379,3 +379,49 @@ def test_reasons_are_deterministic_and_name_the_exception(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == first
+
+
+# Labels that cannot be class names --------------------------------------------------------------
+
+
+def test_control_character_and_list_labels_in_a_jsonl_manifest_are_rows(tmp_path):
+    """A newline in a label would shift label.labels.txt (line number = id); such rows are rejected."""
+    from conftest import build
+
+    good = {f"{cls}/{i}.jpg": cls for cls in ("cat", "dog") for i in range(2)}
+    bad = {"nl.jpg": "cat\ndog", "tab.jpg": "a\tb", "list.jpg": ["cat", "dog"]}
+    man = tmp_path / "m.jsonl"
+    with open(man, "w") as f:
+        for i, (rel, label) in enumerate({**good, **bad}.items()):
+            write_image(str(tmp_path / "img" / rel), i)
+            f.write(json.dumps({"path": f"img/{rel}", "label": label, "key": rel}) + "\n")
+    out = tmp_path / "out"
+    manifest = build(man, out, "--num_shards", 1, "--max_reject_fraction", 0.5)
+    assert list(manifest.label_names) == ["cat", "dog"] and manifest.num_examples == 4
+    assert manifest.num_rejected == 3
+    assert (out / "label.labels.txt").read_text() == "cat\ndog\n"
+    rows = {r["key"]: r for r in map(json.loads, (out / "errors.jsonl").read_text().splitlines())}
+    assert sorted(rows) == sorted(bad) and {r["stage"] for r in rows.values()} == {"label"}
+    assert rows["nl.jpg"]["reason"].startswith("label 'cat\\ndog' holds control character U+000A: class names go "
+                                               "one per line into label.labels.txt")
+    assert rows["tab.jpg"]["reason"].startswith("label 'a\\tb' holds control character U+0009")
+    assert rows["list.jpg"]["reason"].startswith('label ["cat", "dog"] is a list, not a class label (multi-label')
+    assert rows["nl.jpg"]["uri"] == "img/nl.jpg"
+
+
+def test_a_class_folder_with_a_newline_in_its_name_is_rows(tmp_path):
+    from conftest import build
+
+    root = tmp_path / "in"
+    sizes = {rel: write_image(str(root / rel), i) for i, rel in enumerate(["ok/a.jpg", "ok/b.jpg", "two\nlines/c.jpg"])}
+    reason = ("class folder name 'two\\nlines' holds control character U+000A: class names go one per line into "
+              "label.labels.txt, which it would break or shift; rename the class")
+    check_listing(str(root), [("ok/a.jpg", f"{root}/ok/a.jpg", "ok", sizes["ok/a.jpg"]),
+                              ("ok/b.jpg", f"{root}/ok/b.jpg", "ok", sizes["ok/b.jpg"])],
+                  [(f"{root}/two\nlines/c.jpg", "two\nlines/c.jpg", "label", reason, "", False)])
+    out = tmp_path / "out"
+    manifest = build(root, out, "--num_shards", 1, "--max_reject_fraction", 0.5)
+    assert list(manifest.label_names) == ["ok"] and manifest.num_examples == 2 and manifest.num_rejected == 1
+    assert (out / "label.labels.txt").read_text() == "ok\n"
+    (row,) = map(json.loads, (out / "errors.jsonl").read_text().splitlines())
+    assert (row["key"], row["stage"], row["reason"]) == ("two\nlines/c.jpg", "label", reason)

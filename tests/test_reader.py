@@ -7,6 +7,7 @@ greyscale, CMYK, EXIF-rotated); the builder writes them with --num_shards 4, in 
 import json
 import logging
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from imagerecords import example_images, reader
+from imagerecords import example_images, reader, records
 from imagerecords.reader import ReadConfig, ReadStats
 
 PER_CLASS = 6
@@ -333,24 +334,90 @@ def test_corrupt_record_fails_naming_the_shard(corrupt):
             pass
 
 
-def test_truncated_shard_fails_and_a_longer_one_is_read_to_its_count(ds_path, tmp_path):
-    """The manifest's count bounds every shard: fewer readable records fail, more are not read."""
+def _filename(record):
+    return tf.train.Example.FromString(record).features.feature["image/filename"].bytes_list.value[0].decode()
+
+
+@pytest.fixture()
+def resized(ds_path, tmp_path):
+    """A copy of the dataset and a way to rewrite train shard 0 with other records than the manifest lists.
+
+    Returns (path, shard 0, its records, shard 1's records, every train filename, rewrite); rewrite(records)
+    writes the records to shard 0, framed by imagerecords.records.frame.
+    """
     copy = tmp_path / "ds"
     shutil.copytree(ds_path, copy)
     files = reader.load_info(str(copy)).splits["train"].files
-    first, second = (bytearray(open(f, "rb").read()) for f in files[:2])
-    frames = _frames(first)
-    with open(files[0], "wb") as f:  # cut inside the last frame: one record short
-        f.write(first[:frames[-1][0] + 20])
+    own, other = ([*records.read_records(open(f, "rb"), f)] for f in files[:2])
+    assert len(own) >= 3 and len(other) >= 2
+
+    def rewrite(kept):
+        with open(files[0], "wb") as f:
+            f.write(b"".join(map(records.frame, kept)))
+
+    return str(copy), files[0], own, other, _shard_filenames(ds_path, "train"), rewrite
+
+
+def _read_train(path, policy, stats=None):
+    config = ReadConfig(corrupt_records=policy, with_filename=True)
+    return _collect(reader.make_dataset(path, "train", batch_size=2, image_size=SIZE, config=config, stats=stats))[0]
+
+
+@pytest.mark.parametrize("cut", ["boundary", "inside"])
+def test_a_shorter_shard_fails_naming_the_shard_and_both_counts(resized, cut):
+    path, shard, own, _, _, rewrite = resized
+    rewrite(own[:-2])  # two records short, the file ends at a frame boundary
+    if cut == "inside":  # ... or inside the frame after the kept ones
+        with open(shard, "ab") as f:
+            f.write(records.frame(own[-2])[:20])
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=rf"{os.path.basename(files[0])}.*: {len(frames) - 1} records read .*says {len(frames)} "):
-        for _ in reader.make_dataset(str(copy), "train", batch_size=2, image_size=SIZE):
-            pass
-    with open(files[0], "wb") as f:  # whole again, and shard 1's records appended after its own
-        f.write(first + second)
-    names, _, _ = _collect(reader.make_dataset(str(copy), "train", batch_size=2, image_size=SIZE,
-                                               config=ReadConfig(with_filename=True)))
+                       match=rf"shard {re.escape(shard)} is corrupt, truncated or unreadable: "
+                             rf"{len(own) - 2} records read .*manifest.json says {len(own)} "):
+        _read_train(path, "fail")
+
+
+def test_a_longer_shard_fails_naming_the_shard_and_both_counts(resized):
+    path, shard, own, other, _, rewrite = resized
+    rewrite(own + other[:2])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"shard {re.escape(shard)} holds {len(own) + 2} records, manifest.json says "
+                             rf"{len(own)}: it is not the file this manifest lists \(rebuild the dataset with --overwrite"):
+        _read_train(path, "fail")
+
+
+def test_skip_cuts_a_longer_shard_to_its_count_and_counts_the_rest(resized, caplog):
+    path, shard, own, other, original, rewrite = resized
+    rewrite(own + other)  # shard 1's records a second time, after shard 0's own
+    stats = ReadStats()
+    with caplog.at_level(logging.WARNING, logger="imagerecords.reader"):
+        names = _read_train(path, "skip", stats)
+    assert sorted(names) == sorted(original)  # each record once: the appended copies are not read
+    assert dict(stats.extra) == {shard: len(other)} and stats.total_extra == len(other) and stats.total_skipped == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"shard {shard} holds {len(own) + len(other)} records, manifest.json says {len(own)}: read its "
+                        f"first {len(own)}, {len(other)} left out (counted in ReadStats.extra)"]
+
+
+def test_skip_reads_what_a_shorter_shard_holds_and_counts_the_missing(resized, caplog):
+    path, shard, own, _, original, rewrite = resized
+    rewrite(own[:-2])
+    stats = ReadStats()
+    with caplog.at_level(logging.WARNING, logger="imagerecords.reader"):
+        names = _read_train(path, "skip", stats)
+    missing = {_filename(r) for r in own[-2:]}
+    assert sorted(names) == sorted(x for x in original if x not in missing)
+    assert dict(stats.skipped) == {shard: 2} and stats.total_skipped == 2 and stats.total_extra == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"shard {shard} holds {len(own) - 2} records, manifest.json says {len(own)}: 2 record(s) "
+                        f"missing (counted in ReadStats.skipped)"]
+
+
+def test_healthy_shards_count_nothing_under_skip(ds_path, caplog):
+    stats = ReadStats()
+    with caplog.at_level(logging.WARNING, logger="imagerecords.reader"):
+        names = _read_train(ds_path, "skip", stats)
     assert sorted(names) == sorted(_shard_filenames(ds_path, "train"))
+    assert (stats.total_skipped, stats.total_extra) == (0, 0) and "shard" not in caplog.text
 
 
 def test_corrupt_record_skip_yields_the_others(corrupt, caplog):

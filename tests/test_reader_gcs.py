@@ -25,8 +25,13 @@ def test_reader_reads_gs_paths(tmp_path, fake_gcs_server):
     emulator = gcs.GcsEmulator(binary=fake_gcs_server).start()
     try:
         emulator.create_bucket("readerbucket")
+        train = [s.filename for s in manifest.split("train").shards]
         for name in sorted(os.listdir(local)):
             emulator.upload(str(local / name), f"gs://readerbucket/ds/{name}")
+            # ds2: the same, but train shard 0 holds shard 1's records after its own
+            longer = tmp_path / "longer"
+            longer.write_bytes((local / name).read_bytes() + ((local / train[1]).read_bytes() if name == train[0] else b""))
+            emulator.upload(str(longer), f"gs://readerbucket/ds2/{name}")
         env = emulator.env() if callable(emulator.env) else emulator.env
         # A fresh interpreter: TensorFlow reads the GCS settings when its file system first starts.
         code = textwrap.dedent("""
@@ -36,7 +41,18 @@ def test_reader_reads_gs_paths(tmp_path, fake_gcs_server):
             ds = reader.make_dataset("gs://readerbucket/ds", "train", batch_size=2, image_size=16,
                                      config=reader.ReadConfig(with_filename=True))
             names = [n.decode() for _, _, f in ds for n in f.numpy()]
-            print(json.dumps({"files": info.splits["train"].files, "names": names}))
+            stats = reader.ReadStats()
+            ds = reader.make_dataset("gs://readerbucket/ds2", "train", batch_size=2, image_size=16, stats=stats,
+                                     config=reader.ReadConfig(with_filename=True, corrupt_records="skip"))
+            skip_names = [n.decode() for _, _, f in ds for n in f.numpy()]
+            try:
+                for _ in reader.make_dataset("gs://readerbucket/ds2", "train", batch_size=2, image_size=16):
+                    pass
+                error = ""
+            except Exception as e:
+                error = str(e)
+            print(json.dumps({"files": info.splits["train"].files, "names": names, "skip_names": skip_names,
+                              "extra": dict(stats.extra), "error": error}))
         """)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT,
                              env={**os.environ, **env})
@@ -46,3 +62,9 @@ def test_reader_reads_gs_paths(tmp_path, fake_gcs_server):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["files"] == [f"gs://readerbucket/ds/{s.filename}" for s in manifest.split("train").shards]
     assert len(result["names"]) == len(set(result["names"])) == manifest.split("train").num_examples
+    # A longer shard is found on gs:// too: from the object's size, then its records counted.
+    shard0, shard1 = manifest.split("train").shards[:2]
+    assert sorted(result["skip_names"]) == sorted(result["names"])
+    assert result["extra"] == {f"gs://readerbucket/ds2/{shard0.filename}": shard1.count}
+    assert (f"shard gs://readerbucket/ds2/{shard0.filename} holds {shard0.count + shard1.count} records, "
+            f"manifest.json says {shard0.count}") in result["error"]

@@ -141,3 +141,41 @@ def test_coarse_plan_names_bucket_and_offset_of_each_cut():
     plan = planning.coarse_plan("train", counts, 0, 5)
     assert plan.cuts == ((1, 0, 1), (2, 0, 2), (3, 5, 0), (4, 5, 1))
     assert plan.buckets == {0, 5} and plan.count == 5
+
+
+@pytest.mark.parametrize("label,code", [("cat\ndog", "000A"), ("a\tb", "0009"), ("nul\0", "0000"), ("del\x7f", "007F"),
+                                        ("c1\x85", "0085"), ("cr\r", "000D"), ("ls\u2028", "2028")])
+def test_control_characters_in_labels_are_rejected_rows(label, code):
+    cols = ManifestColumns()
+    ref, rej = refs.parse_manifest_row({"path": "a.jpg", "label": label, "key": "k", "split": "train"}, "/d", cols)
+    assert ref is None
+    assert (rej.uri, rej.key, rej.split, rej.stage, rej.skipped) == ("a.jpg", "k", "train", "label", False)
+    assert rej.reason.startswith(f"label {label!r} holds control character U+{code}: ")
+    assert "one per line into label.labels.txt" in rej.reason
+    ref, rej = refs.ref_from_folder_path("/r/", f"/r/{label}/a.jpg", 10)
+    assert ref is None and (rej.uri, rej.key, rej.stage) == (f"/r/{label}/a.jpg", f"{label}/a.jpg", "label")
+    assert rej.reason.startswith(f"class folder name {label!r} holds control character U+{code}")
+
+
+def test_printable_labels_are_kept_as_they_are():
+    for label in ("cat dog", "chat noir é", "日本", "a/b", "0"):
+        assert refs.label_problem(label) is None
+        ref, rej = refs.parse_manifest_row({"path": "a.jpg", "label": label}, "/d", ManifestColumns())
+        assert rej is None and ref.label == label
+
+
+def test_list_and_object_labels_are_rejected_rows():
+    cols = ManifestColumns()
+    _, rej = refs.parse_manifest_row({"path": "a.jpg", "label": ["cat", "dog"], "key": "k"}, "/d", cols)
+    assert (rej.key, rej.stage) == ("k", "label")
+    assert rej.reason == ("label [\"cat\", \"dog\"] is a list, not a class label (multi-label class lists are not "
+                          "supported yet): give one class name in 'label'")
+    _, rej = refs.parse_manifest_row({"path": "a.jpg", "label": {"name": "cat"}}, "/d", cols)
+    assert rej.reason.startswith('label {"name": "cat"} is a JSON object, not a class label')
+
+
+def test_label_map_names_with_control_characters_are_refused():
+    with pytest.raises(ValueError, match=r"m.json: label name 'a\\nb' holds control character U\+000A"):
+        refs.read_label_map('{"a\\nb": 0, "c": 1}', "m.json", 0)
+    with pytest.raises(ValueError, match=r"x.txt: label name 'a\\tb' holds control character U\+0009"):
+        refs.read_label_map("a\tb\nc\n", "x.txt", 0)

@@ -73,7 +73,7 @@ def make_dataset(
       num_hosts: number of hosts, when there is no input_context (default 1).
       host_index: this host, in [0, num_hosts), when there is no input_context (default 0).
       config: the knobs; ReadConfig() when None.
-      stats: a ReadStats to fill with the host plan and the count of skipped records.
+      stats: a ReadStats to fill with the host plan and the counts of skipped and extra records.
 
     Returns:
       A tf.data.Dataset of (images [B, image_size, image_size, 3], labels [B] int32), plus
@@ -114,9 +114,11 @@ def make_dataset(
 
     # --- serialized records of one epoch, this host only
     slices = plan.slices
+    sizes = {s.path: s.num_bytes for s in split_info.shards}
     files = tf.data.Dataset.from_tensor_slices((
         tf.constant([s.path for s in slices], tf.string),
         tf.constant([s.count for s in slices], tf.int64),
+        tf.constant([sizes[s.path] for s in slices], tf.int64),
         tf.constant([s.stride for s in slices], tf.int64),
         tf.constant([s.offset for s in slices], tf.int64),
     ))

@@ -24,17 +24,21 @@ _no_autograph = tf.autograph.experimental.do_not_convert
 class ReadStats:
     """What one make_dataset call planned and what its reading found; pass one in to look after.
 
-    Counts of skipped records grow while the dataset is iterated (every epoch that meets a bad
-    record counts it again), from the tf.data threads, so read them after or between epochs.
+    The counts grow while the dataset is iterated (every epoch that meets a bad shard counts it
+    again), from the tf.data threads, so read them after or between epochs.
 
     Attributes:
       plan: the HostPlan of this host (records per epoch, dropped or padded records).
-      skipped: {shard path: records skipped so far} ("skip" policy only).
+      skipped: {shard path: records of the manifest's count not read, because they are corrupt or
+        the file ends before them} ("skip" policy only).
+      extra: {shard path: records the file holds past the manifest's count, not read} ("skip"
+        policy only).
     """
 
     def __init__(self):
         self.plan = None
         self.skipped: Dict[str, int] = collections.Counter()
+        self.extra: Dict[str, int] = collections.Counter()
         self._lock = threading.Lock()
 
     @property
@@ -42,17 +46,26 @@ class ReadStats:
         with self._lock:
             return sum(self.skipped.values())
 
+    @property
+    def total_extra(self) -> int:
+        with self._lock:
+            return sum(self.extra.values())
+
     def _add_skipped(self, path: str, n: int) -> None:
         with self._lock:
             self.skipped[path] += n
 
+    def _add_extra(self, path: str, n: int) -> None:
+        with self._lock:
+            self.extra[path] += n
+
     def __repr__(self) -> str:
-        return f"ReadStats(plan={self.plan!r}, skipped={dict(self.skipped)!r})"
+        return f"ReadStats(plan={self.plan!r}, skipped={dict(self.skipped)!r}, extra={dict(self.extra)!r})"
 
 
 @_no_autograph
-def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: tf.Tensor, *,
-                  policy: str, stats: Optional[ReadStats]) -> tf.data.Dataset:
+def shard_records(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, stride: tf.Tensor, offset: tf.Tensor,
+                  *, policy: str, stats: Optional[ReadStats]) -> tf.data.Dataset:
     """Returns the records of shard `path` whose index is `offset` mod `stride`.
 
     TFRecordDataset's own error for a bad frame ("corrupted record at 1283") does not say which
@@ -60,7 +73,11 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
     stops at the first bad frame) and cut at the manifest's count; a tail dataset, made only when
     the file ends before that count, handles the shortfall: "fail" raises an error naming the
     shard, and "skip" reads the rest of the shard in Python, frame by frame, dropping the frames
-    whose checksums fail. A shard longer than its count is read up to the count.
+    whose checksums fail.
+
+    A shard with more records than its count is a larger file than manifest.json says, so its
+    size is compared first (a stat, nothing read); only a larger file has its records counted:
+    more than the count fail ("fail") or are left unread with a warning ("skip").
 
     A healthy shard's records thus pass through TensorFlow's own dataset ops only (no Python-made
     function runs per record): a per-record check or filter function costs about as much as
@@ -69,30 +86,43 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
     Args:
       path: scalar tf.string, the shard file.
       count: scalar int64, the shard's record count from the manifest.
+      num_bytes: scalar int64, the shard's size in bytes from the manifest.
       stride: scalar int64, keep every stride-th record ...
       offset: scalar int64, ... starting at this index.
       policy: "fail" or "skip".
-      stats: where "skip" counts skipped records; needed for "skip".
+      stats: where "skip" counts skipped and extra records; needed for "skip".
 
     Returns:
       A dataset of serialized records (scalar tf.string).
     """
 
     def records_read() -> tf.Tensor:
-        # Only on the error path: count again what TFRecordDataset could read before the bad frame.
+        # Only on the error paths: count what TFRecordDataset can read before a bad frame or the end.
         return (tf.data.TFRecordDataset(path).ignore_errors()
                 .reduce(tf.constant(0, tf.int64), _no_autograph(lambda n, _: n + 1)))
+
+    def nothing() -> tf.data.Dataset:
+        # Made inside the control_dependencies block below, so that the Assert runs before it.
+        return tf.data.Dataset.from_tensors(tf.constant("")).take(0)
 
     if policy == "fail":
         @_no_autograph
         def short(_):
             read = records_read()
-            message = tf.strings.format(
-                "shard {} is corrupt, truncated or unreadable: {} records read before the first bad frame, "
-                "manifest.json says {} (ReadConfig(corrupt_records='skip') drops bad records)",
-                (path, read, count), summarize=-1)
+            message = _text("shard ", path, " is corrupt, truncated or unreadable: ", read, " records read before "
+                            "the file ended or a frame failed its checks, manifest.json says ", count,
+                            " (ReadConfig(corrupt_records='skip') drops bad records)")
             with tf.control_dependencies([tf.debugging.Assert(tf.greater_equal(read, count), [message])]):
-                return tf.data.Dataset.from_tensors(tf.constant("")).take(0)
+                return nothing()
+
+        @_no_autograph
+        def longer(_):
+            found = records_read()
+            message = _text("shard ", path, " holds ", found, " records, manifest.json says ", count, ": it is not "
+                            "the file this manifest lists (rebuild the dataset with --overwrite; "
+                            "ReadConfig(corrupt_records='skip') reads its first ", count, ")")
+            with tf.control_dependencies([tf.debugging.Assert(tf.less_equal(found, count), [message])]):
+                return nothing()
     else:
         def tail(path_: bytes, count_: int, start: int) -> Iterator[bytes]:
             for _, record in _recover(path_.decode("utf-8"), int(start), int(count_), stats):
@@ -103,14 +133,34 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
             return tf.data.Dataset.from_generator(tail, args=(path, count, records_read()),
                                                   output_signature=tf.TensorSpec([], tf.string))
 
+        def note_extra(path_: bytes, count_: int, found: int) -> Iterator[bytes]:
+            if found > count_:
+                _report_extra(path_.decode("utf-8"), int(count_), int(found), stats)
+            yield from ()
+
+        @_no_autograph
+        def longer(_):
+            return tf.data.Dataset.from_generator(note_extra, args=(path, count, records_read()),
+                                                  output_signature=tf.TensorSpec([], tf.string))
+
+    # With the manifest's size as its footer this yields (file size - num_bytes) one-byte records:
+    # one or more only when the file is larger (the stat says so; take(1) reads a single byte).
+    grown = tf.data.FixedLengthRecordDataset(path, 1, footer_bytes=num_bytes, buffer_size=1).take(1)
     # The tail is made when the file is used up before `count` records, so never for a healthy shard.
-    records = (tf.data.TFRecordDataset(path)
-               .ignore_errors()  # ends the file at the first frame that fails its checks
-               .concatenate(tf.data.Dataset.range(1).flat_map(short))
-               .take(count))
+    records = (grown.flat_map(longer)
+               .concatenate(tf.data.TFRecordDataset(path)
+                            .ignore_errors()  # ends the file at the first frame that fails its checks
+                            .concatenate(tf.data.Dataset.range(1).flat_map(short))
+                            .take(count)))
     # Every host sees the same records in the same order, so selecting by position keeps the
     # hosts' shares disjoint and complete even after skipped records.
     return records.shard(stride, offset)
+
+
+def _text(*parts) -> tf.Tensor:
+    """Joins strings and int tensors into one message; tf.strings.format would quote the path."""
+    return tf.strings.join([p if isinstance(p, str) or p.dtype == tf.string else tf.strings.as_string(p)
+                            for p in parts])
 
 
 def _recover(path: str, start: int, count: int, stats: ReadStats) -> Iterator[Tuple[int, bytes]]:
@@ -155,8 +205,18 @@ def _recover(path: str, start: int, count: int, stats: ReadStats) -> Iterator[Tu
     lost = count - good
     if lost > 0:
         stats._add_skipped(path, lost)
-        log.warning("skipped %d corrupt record(s) in shard %s (%s); read %d of %d", lost, path,
-                    first_problem or "records missing", good, count)
+        if first_problem is None:
+            log.warning("shard %s holds %d records, manifest.json says %d: %d record(s) missing (counted in "
+                        "ReadStats.skipped)", path, good, count, lost)
+        else:
+            log.warning("skipped %d corrupt record(s) in shard %s (%s); read %d of %d", lost, path,
+                        first_problem, good, count)
+
+
+def _report_extra(path: str, count: int, found: int, stats: ReadStats) -> None:
+    stats._add_extra(path, found - count)
+    log.warning("shard %s holds %d records, manifest.json says %d: read its first %d, %d left out (counted in "
+                "ReadStats.extra)", path, found, count, count, found - count)
 
 
 def _check_frame(data: bytes, pos: int) -> Optional[int]:
