@@ -255,3 +255,27 @@ def test_resume_rewrites_exactly_the_shard_of_a_changed_input(tree, tmp_path):
                            str(fresh), *ARGS], capture_output=True).returncode == 0
     for a, b in zip(shard_files(out), shard_files(fresh)):
         assert open(a, "rb").read() == open(b, "rb").read(), a
+
+
+def test_a_reader_whose_version_was_removed_fails_naming_the_rebuild(tree, tmp_path):
+    """make_dataset holds the manifest it loaded: after one rebuild it still reads its own version
+    (kept); after a second, that version is gone and the read fails saying so, never reading the
+    new build's files."""
+    import tensorflow as tf
+
+    from imagerecords import reader
+
+    root, clean = tree
+    out = tmp_path / "out"
+    run = lambda *extra: subprocess.run([sys.executable, "-m", "imagerecords", "build", "--input", str(root),
+                                         "--output", str(out), *ARGS, *extra], capture_output=True, text=True)
+    assert run().returncode == 0
+    ds = reader.make_dataset(str(out), "train", batch_size=8, image_size=16, training=False)
+    first = sum(int(images.shape[0]) for images, _ in ds)
+    assert run("--overwrite", "--seed", "5").returncode == 0
+    assert sum(int(images.shape[0]) for images, _ in ds) == first  # its version is still there
+    assert run("--overwrite", "--seed", "6").returncode == 0
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"no longer exists: the dataset in .* was rebuilt "
+                                                             r"after this reader loaded its manifest.json"):
+        for _ in ds:
+            pass

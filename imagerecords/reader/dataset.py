@@ -124,7 +124,7 @@ def make_dataset(
     ))
     if r.shuffle_files and len(slices) > 1:
         files = files.shuffle(len(slices), seed=_derive(seed, host, "files"), reshuffle_each_iteration=True)
-    read = functools.partial(shard_records, policy=config.corrupt_records, stats=stats)
+    read = functools.partial(shard_records, policy=config.corrupt_records, stats=stats, dataset=info.path)
     records = files.interleave(
         read,
         cycle_length=min(config.cycle_length or 16, max(len(slices), 1)),

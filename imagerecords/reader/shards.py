@@ -65,7 +65,7 @@ class ReadStats:
 
 @_no_autograph
 def shard_records(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, stride: tf.Tensor, offset: tf.Tensor,
-                  *, policy: str, stats: Optional[ReadStats]) -> tf.data.Dataset:
+                  *, policy: str, stats: Optional[ReadStats], dataset: str = "") -> tf.data.Dataset:
     """Returns the records of shard `path` whose index is `offset` mod `stride`.
 
     TFRecordDataset's own error for a bad frame ("corrupted record at 1283") does not say which
@@ -143,11 +143,25 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, strid
             return tf.data.Dataset.from_generator(note_extra, args=(path, count, records_read()),
                                                   output_signature=tf.TensorSpec([], tf.string))
 
+    @_no_autograph
+    def gone(_):
+        # A rebuild never rewrites a listed file, but removes versions past --keep_versions: a reader
+        # still on an older manifest then finds its files gone, and says so rather than TF's bare NotFound.
+        globbed = tf.strings.regex_full_match(path, r".*[*?\[].*")
+        exists = tf.logical_or(globbed, tf.size(tf.io.matching_files(
+            tf.where(globbed, tf.constant("/"), path))) > 0)
+        message = _text("shard ", path, " no longer exists: the dataset in ", dataset or "its folder",
+                        " was rebuilt after this reader loaded its manifest.json, and the version that manifest "
+                        "lists was removed (--keep_versions); load the dataset again")
+        with tf.control_dependencies([tf.debugging.Assert(exists, [message])]):
+            return nothing()
+
     # With the manifest's size as its footer this yields (file size - num_bytes) one-byte records:
     # one or more only when the file is larger (the stat says so; take(1) reads a single byte).
     grown = tf.data.FixedLengthRecordDataset(path, 1, footer_bytes=num_bytes, buffer_size=1).take(1)
     # The tail is made when the file is used up before `count` records, so never for a healthy shard.
-    records = (grown.flat_map(longer)
+    records = (tf.data.Dataset.range(1).flat_map(gone)
+               .concatenate(grown.flat_map(longer))
                .concatenate(tf.data.TFRecordDataset(path)
                             .ignore_errors()  # ends the file at the first frame that fails its checks
                             .concatenate(tf.data.Dataset.range(1).flat_map(short))
