@@ -309,6 +309,8 @@ def _reuse_staged(output: str, build_id: str, filename: str, fingerprint: str) -
             continue
         source = publish.staging_dir(output, other)
         record_path = storage.join(source, filename + STAGED_SUFFIX)
+        if not storage.exists(record_path):  # asked first: a missing object's read fails late on gs://
+            continue
         try:
             record = json.loads(publish.read_bytes(record_path))
         except (OSError, ValueError):

@@ -38,18 +38,35 @@ def published(emulator, image_tree, tmp_path_factory):
 
 
 def visible(emulator, folder):
-    """{name: bytes} of the objects directly in `folder` that a reader or a glob sees."""
+    """{path: bytes} of the objects under `folder` that a reader or a glob sees (version folders
+    included; staging and the lock are hidden)."""
     out = {}
     for uri in emulator.list(folder.rstrip("/") + "/"):
         name = uri[len(folder.rstrip("/")) + 1:]
-        if "/" not in name and not name.startswith("."):
+        if not name.startswith("."):
             out[name] = emulator.download(uri)
     return out
 
 
+def _current(files):
+    """The published version's files and the metadata, with the version folder's name masked."""
+    version = json.loads(files[MANIFEST]).get("version", "") if MANIFEST in files else ""
+    out = {}
+    for name, data in files.items():
+        if name.startswith("v-") and not name.startswith(version + "/"):
+            continue  # an older version kept for readers
+        out[name.replace(version, "v-<build>")] = data.replace(version.encode(), b"v-<build>") if version else data
+    return out
+
+
 def same_as_local(emulator, folder, local):
-    got = visible(emulator, folder)
-    want = {n: open(os.path.join(local, n), "rb").read() for n in os.listdir(local)}
+    got = _current(visible(emulator, folder))
+    want = {}
+    for dirpath, _, names in os.walk(local):
+        for n in names:
+            path = os.path.join(dirpath, n)
+            want[os.path.relpath(path, local)] = open(path, "rb").read()
+    want = _current(want)
     assert sorted(got) == sorted(want)
     for name in got:
         if name == MANIFEST:
@@ -92,12 +109,30 @@ def test_failed_rebuild_and_kills_leave_the_gcs_dataset_whole(emulator, publishe
     try:
         kill_at("mid_shards", images, out, str(tmp_path), "--overwrite")
         assert visible(emulator, out) == before
-        assert emulator.list(f"{out}/{STAGING}/")
-        # Killed inside the commit: no manifest; `finish` completes it, identical to a local build.
-        kill_at("in_commit", images, out, str(tmp_path), "--overwrite")
-        assert MANIFEST not in visible(emulator, out)
+        staged = [u for u in emulator.list(f"{out}/{STAGING}/") if u.endswith(".staged.json")]
+        assert staged
+        # --resume takes the killed build's complete shards over (moved within the bucket).
+        resumed = subprocess.run([sys.executable, "-m", "imagerecords", "build", "--input", images, "--output", out,
+                                  *ARGS, "--overwrite", "--resume"], capture_output=True, text=True, env=env,
+                                 timeout=300)
+        assert resumed.returncode == 0, resumed.stderr
+        assert f"resumed: {len(staged)} of " in resumed.stderr, resumed.stderr
+        same_as_local(emulator, out, local)
+        published_now = visible(emulator, out)
+        # Killed inside the commit: the previous dataset stays published, every object of it the
+        # same; `finish` completes the commit, identical to a local build.
+        kill_at("in_commit", images, out, str(tmp_path), "--overwrite", "--seed", "9")
+        now = visible(emulator, out)
+        assert {k: now.get(k) for k in published_now} == published_now
         done = subprocess.run([sys.executable, "-m", "imagerecords", "finish", out], capture_output=True, text=True,
                               env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(visible(emulator, out)[MANIFEST])["seed"] == 9
+        # The third build in: the oldest version (seed 5) is gone, two remain (--keep_versions 2).
+        folders = {n.split("/", 1)[0] for n in visible(emulator, out) if n.startswith("v-")}
+        assert len(folders) == 2, folders
+        done = subprocess.run([sys.executable, "-m", "imagerecords", "build", "--input", images, "--output", out,
+                               *ARGS, "--overwrite"], capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr
     finally:
         os.environ.clear()
