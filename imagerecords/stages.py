@@ -164,110 +164,119 @@ class StagedShard:
                    [(bytes.fromhex(h), tuple(m)) for h, m in d["contents"]], int(d["passthrough"]))
 
 
-class ShardProgress:
-    """Reports a shard's progress as a small JSON file the local launcher sums up (local runs only)."""
-
-    def __init__(self, progress_dir: Optional[str], name: str, total: int):
-        self._path = os.path.join(progress_dir, name + ".json") if progress_dir else None
-        self._total = total
-        self._last = 0.0
-
-    def __call__(self, done: int, rejected: int, force: bool = False) -> None:
-        now = time.monotonic()
-        if self._path is None or (not force and now - self._last < 0.5):
-            return
-        self._last = now
-        tmp = f"{self._path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"done": done, "rejected": rejected, "total": self._total}, f)
-        os.replace(tmp, self._path)
+# Observes a shard being written: (shard file name, images done, rejected, total). The local engine
+# passes one for its progress line and raises KeyboardInterrupt from it to cancel; Beam passes none.
+Observer = Callable[[str, int, int, int], None]
 
 
-def report_plan(plan: planning.ShardPlan, progress_dir: str) -> None:
-    """Local runs: tells the launcher's progress line how many images a split holds."""
-    tmp = os.path.join(progress_dir, f".plan-{plan.split}.tmp")
-    with open(tmp, "w") as f:
-        json.dump({"split": plan.split, "count": plan.count, "num_shards": plan.num_shards}, f)
-    os.replace(tmp, os.path.join(progress_dir, f"plan-{plan.split}.plan"))
+@dataclasses.dataclass(frozen=True)
+class ShardWriter:
+    """Writes one shard into the build's staging area: everything a shard's bytes depend on besides
+    its refs and labels, built once from the config (ShardWriter.of) and held by both engines.
 
+    A new per-image or per-shard option is a field here and a line in `of`; the engines pass the
+    writer along and never see it.
 
-def stage_shard(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, output: str, build_id: str, name: str,
-                preset: str,
-                labels: LabelMap, options: codec.ImageOptions, read_bytes: Callable[[str], bytes],
-                executor: Optional[concurrent.futures.Executor], window: int, write_index: bool,
-                progress_dir: Optional[str], contents: bool,
-                cancelled: Optional[Callable[[], bool]] = None, resume: bool = False) -> StagedShard:
-    """Writes one shard (refs in hash order) to a temporary file in the build's staging area and
-    renames it to its shard name when complete, if the build still holds `output`'s lock (a writer
-    that outlived its launcher must not touch what the next build stages); with write_index, its
-    tfrecord2idx index too.
-
-    Args:
-      shard: (split, shard index, number of shards of the split).
-      executor, window: where images are read and prepared, and how many at once (bounded memory).
-      contents: keep each written record's source digest (for FindDuplicates).
-      cancelled: polled once per image; when it returns True the write stops (KeyboardInterrupt).
-      resume: take the shard from an earlier build's staging area when it staged one with the
-        same fingerprint (moved, not rewritten).
+    Attributes:
+      output: the output folder.
+      build_id: the build whose staging area it writes into, and whose lock it must still hold.
+      name: the dataset name (shard file prefix).
+      preset: the Example schema preset.
+      options: how images are decoded, resized and encoded.
+      write_index: also write each shard's tfrecord2idx index.
+      contents: keep each written record's source digest (for the duplicate check).
+      resume: take a shard from an earlier build's staging area when it staged one with the same
+        fingerprint (moved, not rewritten).
     """
-    split, index, num_shards = shard
-    _hooks.pause("before_shards")
-    filename = planning.shard_name(name, split, index, num_shards)
-    staging = publish.staging_dir(output, build_id)
-    fingerprint = shard_fingerprint(shard, refs, name=name, preset=preset, labels=labels, options=options,
-                                    write_index=write_index, contents=contents)
-    if resume:
-        reused = _reuse_staged(output, build_id, filename, fingerprint)
-        if reused is not None:
-            ShardProgress(progress_dir, filename, len(refs))(len(refs), len(reused.rejected), force=True)
-            return reused
-    staged = storage.join(staging, filename)
-    # A unique temporary name per attempt: a retried or speculative bundle never writes into
-    # another attempt's file, and the last rename wins with identical bytes.
-    tmp = storage.join(staging, f".{filename}.{uuid.uuid4().hex}.tmp")
-    kept, duplicates = shard_writer.dedupe_sorted(refs)
-    progress = ShardProgress(progress_dir, filename, len(refs))
 
-    def on_progress(done: int, rejected: int) -> None:
-        if cancelled is not None and cancelled():
-            raise KeyboardInterrupt(f"cancelled while writing {filename}")
-        progress(done + len(duplicates), rejected + len(duplicates))
-        if done == len(kept) // 2:
-            _fail_once_for_tests(filename)
+    output: str
+    build_id: str
+    name: str
+    preset: str
+    options: codec.ImageOptions
+    write_index: bool = False
+    contents: bool = True
+    resume: bool = False
 
-    try:
-        with storage.create(tmp) as stream:
-            stats, rejected = shard_writer.write_shard(
-                kept, stream, read_bytes=read_bytes, preset=preset, labels=labels, options=options,
-                executor=executor, window=window, on_progress=on_progress)
-        _hooks.pause("before_rename")
-        if not publish.owns_output(output, build_id):
-            raise BuildAbandoned(f"build {build_id} no longer holds the lock of {output}: {filename} was not staged")
-        storage.rename(tmp, staged)
-    except BaseException:
-        if storage.exists(tmp):
-            storage.delete(tmp)
-        raise
-    progress(len(refs), len(duplicates) + len(rejected), force=True)
-    _log_writer(filename, stats.count)
-    index_file = index_sha256 = None
-    if write_index:
-        # tfrecord2idx format (records.format_index), in the index folder no shard glob reaches.
-        index_file = metadata.index_name(filename)
-        index_data = records.format_index(records.index_entries(stats.offsets, stats.num_bytes))
-        index_sha256 = hashlib.sha256(index_data).hexdigest()
-        publish.write_bytes(storage.join(staging, index_file), index_data)
-    result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
-                                      stats.passthrough, index_file, index_sha256))
-    # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
-    names, offset = labels.names, labels.offset
-    written = ([(digest, (r.key, r.split, r.uri, names[r.label_id - offset])) for digest, r in stats.contents]
-               if contents else [])
-    out = StagedShard(result, duplicates + rejected, written, stats.passthrough)
-    publish.write_bytes(storage.join(staging, filename + STAGED_SUFFIX), publish.dumps(
-        {"fingerprint": fingerprint, "staged": out.to_json()}))
-    _hooks.pause("mid_shards")
-    return out
+    @classmethod
+    def of(cls, config, build_id: str) -> "ShardWriter":
+        """The writer of `config` (a BuildConfig) for build `build_id`."""
+        return cls(output=config.output, build_id=build_id, name=config.name, preset=config.schema,
+                   options=config.image, write_index=config.write_index, contents=not config.skip_duplicate_check,
+                   resume=config.resume)
+
+    def write(self, shard: Tuple[str, int, int], refs: Sequence[ImageRef], labels: LabelMap, *,
+              read_bytes: Callable[[str], bytes], executor: Optional[concurrent.futures.Executor] = None,
+              window: int = 2, observe: Optional[Observer] = None) -> "StagedShard":
+        """Writes one shard (refs in hash order) to a temporary file in the build's staging area and
+        renames it to its shard name when complete, if the build still holds the output's lock (a
+        writer that outlived its launcher must not touch what the next build stages); with
+        write_index, its tfrecord2idx index too; then its record (fingerprint and result).
+
+        Args:
+          shard: (split, shard index, number of shards of the split).
+          read_bytes: reads an input file (shard_writer.limited_reader), one per worker.
+          executor, window: where images are read and prepared, and how many at once (bounded memory).
+          observe: called as images are done; may raise KeyboardInterrupt to stop the write.
+        """
+        split, index, num_shards = shard
+        _hooks.pause("before_shards")
+        filename = planning.shard_name(self.name, split, index, num_shards)
+        staging = publish.staging_dir(self.output, self.build_id)
+        fingerprint = shard_fingerprint(shard, refs, name=self.name, preset=self.preset, labels=labels,
+                                        options=self.options, write_index=self.write_index, contents=self.contents)
+        if self.resume:
+            reused = _reuse_staged(self.output, self.build_id, filename, fingerprint)
+            if reused is not None:
+                if observe:
+                    observe(filename, len(refs), len(reused.rejected), len(refs))
+                return reused
+        # A unique temporary name per attempt: a retried or speculative bundle never writes into
+        # another attempt's file, and the last rename wins with identical bytes.
+        tmp = storage.join(staging, f".{filename}.{uuid.uuid4().hex}.tmp")
+        kept, duplicates = shard_writer.dedupe_sorted(refs)
+
+        def on_progress(done: int, rejected: int) -> None:
+            if observe:
+                observe(filename, done + len(duplicates), rejected + len(duplicates), len(refs))
+            if done == len(kept) // 2:
+                _hooks.fail_once(filename)
+
+        try:
+            with storage.create(tmp) as stream:
+                stats, rejected = shard_writer.write_shard(
+                    kept, stream, read_bytes=read_bytes, preset=self.preset, labels=labels, options=self.options,
+                    executor=executor, window=window, on_progress=on_progress)
+            _hooks.pause("before_rename")
+            if not publish.owns_output(self.output, self.build_id):
+                raise BuildAbandoned(f"build {self.build_id} no longer holds the lock of {self.output}: {filename} "
+                                     "was not staged")
+            storage.rename(tmp, storage.join(staging, filename))
+        except BaseException:
+            if storage.exists(tmp):
+                storage.delete(tmp)
+            raise
+        if observe:
+            observe(filename, len(refs), len(duplicates) + len(rejected), len(refs))
+        _hooks.log_writer(filename, stats.count)
+        index_file = index_sha256 = None
+        if self.write_index:
+            # tfrecord2idx format (records.format_index), in the index folder no shard glob reaches.
+            index_file = metadata.index_name(filename)
+            index_data = records.format_index(records.index_entries(stats.offsets, stats.num_bytes))
+            index_sha256 = hashlib.sha256(index_data).hexdigest()
+            publish.write_bytes(storage.join(staging, index_file), index_data)
+        result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
+                                          stats.passthrough, index_file, index_sha256))
+        # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
+        names, offset = labels.names, labels.offset
+        written = ([(digest, (r.key, r.split, r.uri, names[r.label_id - offset])) for digest, r in stats.contents]
+                   if self.contents else [])
+        out = StagedShard(result, duplicates + rejected, written, stats.passthrough)
+        publish.write_bytes(storage.join(staging, filename + STAGED_SUFFIX), publish.dumps(
+            {"fingerprint": fingerprint, "staged": out.to_json()}))
+        _hooks.pause("mid_shards")
+        return out
 
 
 # What a writer records beside each staged shard: its fingerprint and its StagedShard, so a resumed
@@ -332,39 +341,6 @@ def _reuse_staged(output: str, build_id: str, filename: str, fingerprint: str) -
             {"fingerprint": fingerprint, "staged": record["staged"], "reused": True}))
         return staged
     return None
-
-
-def _fail_once_for_tests(filename: str) -> None:
-    """Test hook: with IMAGERECORDS_TEST_FAIL_ONCE=PATH, the first shard writer to get half-way
-    through a shard creates PATH and fails, so a test sees the runner retry a shard mid-write."""
-    marker = os.environ.get("IMAGERECORDS_TEST_FAIL_ONCE")
-    if not marker:
-        return
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return
-    os.close(fd)
-    raise RuntimeError(f"test hook: failing once in the middle of {filename}")
-
-
-def _log_writer(filename: str, count: int) -> None:
-    """Debug hook: with IMAGERECORDS_WRITER_LOG=DIR, records which process wrote each shard as
-    DIR/<shard>.json ({shard, records, host, pid, ppid, cpu_s}: cpu_s is the writing process's CPU
-    seconds so far), so a test or an operator can see where the work ran (on a cluster, DIR must be a
-    local folder of each worker's host). The last successful attempt of a shard wins."""
-    log_dir = os.environ.get("IMAGERECORDS_WRITER_LOG")
-    if not log_dir:
-        return
-    import socket
-
-    os.makedirs(log_dir, exist_ok=True)
-    path = os.path.join(log_dir, filename + ".json")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"shard": filename, "records": count, "host": socket.gethostname(), "pid": os.getpid(),
-                   "ppid": os.getppid(), "cpu_s": time.process_time()}, f)
-    os.replace(tmp, path)
 
 
 # Duplicates and results ---------------------------------------------------------------------------

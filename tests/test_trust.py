@@ -79,9 +79,9 @@ for label in sorted(os.listdir(root)):
         refs.append(ImageRef(f"{label}/{name}", path, label, "train", os.path.getsize(path), labels.label_id(label)))
 options = codec.ImageOptions()
 try:
-    stages.stage_shard(("train", 0, 4), refs, output=out, build_id=build_id, name="images", preset="tfds",
-                       labels=labels, options=options, read_bytes=shard_writer.limited_reader(options), executor=None,
-                       window=2, write_index=False, progress_dir=None, contents=False)
+    writer = stages.ShardWriter(output=out, build_id=build_id, name="images", preset="tfds", options=options,
+                                contents=False)
+    writer.write(("train", 0, 4), refs, labels, read_bytes=shard_writer.limited_reader(options))
 except stages.BuildAbandoned as e:
     print(e, file=sys.stderr)
     sys.exit(3)

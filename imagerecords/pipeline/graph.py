@@ -14,13 +14,8 @@ from imagerecords.transforms import (AssignLabels, FindDuplicates, GlobalShuffle
 from imagerecords.transforms.common import CONTENTS, REJECTED
 
 
-def _report_plan(item, progress_dir: str) -> None:
-    stages.report_plan(item[1], progress_dir)
-
-
 def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, versions: Mapping[str, str],
-                   label_map: Optional[refs_lib.LabelMap] = None, csv_header: Optional[str] = None,
-                   progress_dir: Optional[str] = None):
+                   label_map: Optional[refs_lib.LabelMap] = None, csv_header: Optional[str] = None):
     """Adds the whole build to pipeline `p`: every shard lands in the output's staging area, and the
     last step writes staging/results.json. Nothing is published here (see imagerecords.publish).
 
@@ -31,7 +26,6 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
       versions: library versions, recorded in the manifest.
       label_map: the ids of `config.label_map`, read by the launcher; None for the vocabulary seen.
       csv_header: a CSV manifest's header line, read by the launcher's checks.
-      progress_dir: a local folder where shard writers report progress (local runs), or None.
 
     Returns:
       A PCollection holding the single publish.BuildResults written.
@@ -49,16 +43,13 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
         shuffled = labelled["refs"] | "GlobalShuffle" >> GlobalShuffle(
             config.seed, config.num_shards, config.target_shard_mb, config.min_shards)
         # ((split, shard index, num shards), [ImageRef sorted by hash])
-        if progress_dir:
-            shuffled["plans"] | "ReportPlan" >> beam.Map(_report_plan, progress_dir)
         written = shuffled["shards"] | "WriteShards" >> WriteShards(
-            config.output, build_id, config.name, labelled["labels"], config.schema, config.image, config.threads,
-            config.write_index, progress_dir, contents=not config.skip_duplicate_check, resume=config.resume)
+            stages.ShardWriter.of(config, build_id), labelled["labels"], config.threads)
     else:
         split_names = [n for n, _ in config.splits] if config.splits else list(config.split_names or ["train"])
         written = labelled["refs"] | "WriteWithBeamSink" >> WriteWithBeamSink(
-            publish.staging_dir(config.output, build_id), config.name, labelled["labels"], split_names, config.num_shards or config.min_shards,
-            config.schema, config.image)
+            publish.staging_dir(config.output, build_id), config.name, labelled["labels"], split_names,
+            config.num_shards or config.min_shards, config.schema, config.image)
     rejected = (listed[REJECTED], labelled[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten()
     outcome = {"results": written["results"], "rejected": rejected, "labels": labelled["labels"]}
     if config.writer == "shards" and not config.skip_duplicate_check:

@@ -559,16 +559,16 @@ class _Engine:
         config, launcher = self.config, self.parsed.launcher
         # Progress is for people: shown when stderr is a terminal, in logs and pipes only if asked.
         on_terminal = sys.stderr.isatty()
-        show_progress = self.local and not launcher.no_progress and (on_terminal or launcher.progress)
+        # The local engine's writers report it; a Beam pipeline has its runner's own UI for that.
+        show_progress = self.local_engine and not launcher.no_progress and (on_terminal or launcher.progress)
         progress_dir = tempfile.mkdtemp(prefix="imagerecords-progress-") if show_progress else None
-        graph_args = dict(build_id=build_id, versions=versions(), label_map=label_map, csv_header=csv_header,
-                          progress_dir=progress_dir)
+        graph_args = dict(build_id=build_id, versions=versions(), label_map=label_map, csv_header=csv_header)
         try:
             with _quiet_stderr(log_path) as terminal:
                 progress = _Progress(progress_dir, terminal, on_terminal) if progress_dir else contextlib.nullcontext()
                 try:
                     with progress:
-                        self._run_stages(graph_args)
+                        self._run_stages(graph_args, progress_dir)
                 except KeyboardInterrupt:
                     if not self.local_engine:
                         _end_child_processes()
@@ -583,11 +583,12 @@ class _Engine:
             if progress_dir:
                 shutil.rmtree(progress_dir, ignore_errors=True)
 
-    def _run_stages(self, graph_args) -> None:
+    def _run_stages(self, graph_args, progress_dir: Optional[str]) -> None:
         if self.local_engine:
             from imagerecords.pipeline import local as local_lib
 
-            _, workers = local_lib.build(self.config, workers=self.parsed.launcher.local_workers, **graph_args)
+            _, workers = local_lib.build(self.config, workers=self.parsed.launcher.local_workers,
+                                         progress_dir=progress_dir, **graph_args)
             self.description = f"local engine, {workers} worker processes" if workers else "local engine, in-process"
             return
         import apache_beam as beam

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import json
 import multiprocessing
 import os
 import signal
 import sys
 import threading
+import time
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from imagerecords import planning, publish, shard_writer, sources, stages
@@ -236,28 +238,53 @@ def _auto_workers() -> int:
     return cores if cores > 1 and _fork_available() else 0
 
 
-class _Writer:
-    """Writes shards with everything but the shard's refs and labels fixed; one per process, or
-    one shared by this process's shard threads."""
+class _Progress:
+    """The local engine's side of the progress line: each shard's {done, rejected, total} and each
+    split's image count as small JSON files in `folder`, which the launcher sums once a second;
+    raises KeyboardInterrupt in a shard writer once the build is cancelled."""
 
-    def __init__(self, config: BuildConfig, build_id: str, threads: int, progress_dir: Optional[str], cancelled):
-        self._config = config
-        self._build_id = build_id
-        self._threads = threads
-        self._progress_dir = progress_dir
+    def __init__(self, folder: Optional[str], cancelled):
+        self._folder = folder
         self._cancelled = cancelled
-        self._read = shard_writer.limited_reader(config.image)
+        self._last: Dict[str, float] = {}
+
+    def __call__(self, filename: str, done: int, rejected: int, total: int) -> None:
+        if self._cancelled():
+            raise KeyboardInterrupt(f"cancelled while writing {filename}")
+        now = time.monotonic()
+        if self._folder is None or (done < total and now - self._last.get(filename, 0.0) < 0.5):
+            return
+        self._last[filename] = now
+        self._write(filename + ".json", {"done": done, "rejected": rejected, "total": total})
+
+    def plan(self, plan: planning.ShardPlan) -> None:
+        if self._folder is not None:
+            self._write(f"plan-{plan.split}.plan", {"split": plan.split, "count": plan.count,
+                                                    "num_shards": plan.num_shards})
+
+    def _write(self, name: str, data: dict) -> None:
+        path = os.path.join(self._folder, name)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+
+
+class _Writer:
+    """Writes shards with the build's ShardWriter: one per process, or one shared by this process's
+    shard threads (which then share its image threads)."""
+
+    def __init__(self, writer: stages.ShardWriter, threads: int, progress: _Progress):
+        self._writer = writer
+        self._threads = threads
+        self._progress = progress
+        self._read = shard_writer.limited_reader(writer.options)
         self._images = (concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="imagerecords-image")
                         if threads > 1 else None)
 
     def __call__(self, key: ShardKey, members: List[Tuple[int, ImageRef]], labels: LabelMap) -> stages.StagedShard:
-        c = self._config
-        return stages.stage_shard(
-            key, stages.shard_order(members), output=c.output, build_id=self._build_id, name=c.name, preset=c.schema, labels=labels,
-            options=c.image,
-            read_bytes=self._read, executor=self._images, window=2 * self._threads, write_index=c.write_index,
-            progress_dir=self._progress_dir, contents=not c.skip_duplicate_check, cancelled=self._cancelled,
-            resume=c.resume)
+        return self._writer.write(key, stages.shard_order(members), labels, read_bytes=self._read,
+                                  executor=self._images, window=2 * self._threads, observe=self._progress)
 
     def close(self) -> None:
         if self._images is not None:
@@ -267,13 +294,13 @@ class _Writer:
 _WORKER: Dict[str, _Writer] = {}
 
 
-def _start_worker(config: BuildConfig, build_id: str, progress_dir: Optional[str], cancel, launcher: int) -> None:
+def _start_worker(writer: stages.ShardWriter, progress_dir: Optional[str], cancel, launcher: int) -> None:
     # Ctrl-C (or a SIGTERM/SIGHUP to the group) reaches every process; the launcher answers it by
     # setting `cancel`, which stops each shard at its next image and cleans its temporary file.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     _die_with_launcher(launcher)
-    _WORKER["writer"] = _Writer(config, build_id, THREADS_PER_PROCESS, progress_dir, cancel.is_set)
+    _WORKER["writer"] = _Writer(writer, THREADS_PER_PROCESS, _Progress(progress_dir, cancel.is_set))
 
 
 def _die_with_launcher(launcher: int) -> None:
@@ -314,7 +341,7 @@ def _write_in_worker(key: ShardKey, members: List[Tuple[int, ImageRef]], labels:
     return _WORKER["writer"](key, members, labels)
 
 
-def _fork_workers(workers: int, config: BuildConfig, build_id: str, progress_dir: Optional[str]):
+def _fork_workers(workers: int, writer: stages.ShardWriter, progress_dir: Optional[str]):
     """Starts `workers` forked worker processes now, before the build lists anything: a worker
     forked later would share the launcher's pages holding every ref, and each page the launcher
     then touches (a refcount, while pickling a shard's refs) would be copied, once per worker;
@@ -325,7 +352,7 @@ def _fork_workers(workers: int, config: BuildConfig, build_id: str, progress_dir
     ctx = multiprocessing.get_context("fork" if _fork_available() else "spawn")
     cancel = ctx.Event()
     pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
-                                                  initargs=(config, build_id, progress_dir, cancel, os.getpid()))
+                                                  initargs=(writer, progress_dir, cancel, os.getpid()))
     pool.submit(os.getpid).result()  # a fork context starts every worker at the first submit
     return pool, cancel
 
@@ -344,9 +371,10 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
       The results written, and the worker processes used.
     """
     forked = workers if workers is not None else _auto_workers()
-    pool, cancel = _fork_workers(forked, config, build_id, progress_dir) if forked else (None, None)
+    writer = stages.ShardWriter.of(config, build_id)
+    pool, cancel = _fork_workers(forked, writer, progress_dir) if forked else (None, None)
     try:
-        return _build(config, pool, cancel, forked, build_id=build_id, versions=versions, label_map=label_map,
+        return _build(config, writer, pool, cancel, forked, build_id=build_id, versions=versions, label_map=label_map,
                       csv_header=csv_header, progress_dir=progress_dir, asked=workers is not None)
     except BaseException:
         if pool is not None:
@@ -358,7 +386,7 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _build(config: BuildConfig, process_pool, process_cancel, forked: int, *, build_id: str,
+def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, process_cancel, forked: int, *, build_id: str,
            versions: Mapping[str, str], label_map: Optional[LabelMap], csv_header: Optional[str],
            progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
     rejected: List[Rejected] = []
@@ -384,9 +412,9 @@ def _build(config: BuildConfig, process_pool, process_cancel, forked: int, *, bu
     del refs[kept:]
     workers = forked if asked or len(refs) >= PROCESS_MIN_IMAGES else 0
     shards = plan(config, refs)
-    if progress_dir:
-        for p in shards.plans.values():
-            stages.report_plan(p, progress_dir)
+    planned = _Progress(progress_dir, lambda: False)
+    for p in shards.plans.values():
+        planned.plan(p)
 
     local_writer = None
     if workers:
@@ -395,7 +423,7 @@ def _build(config: BuildConfig, process_pool, process_cancel, forked: int, *, bu
         cancel = threading.Event()
         cores = os.cpu_count() or 1
         # Threads: one shard writer per core, sharing one pool of image threads.
-        local_writer = _Writer(config, build_id, max(cores, config.threads), progress_dir, cancel.is_set)
+        local_writer = _Writer(writer, max(cores, config.threads), _Progress(progress_dir, cancel.is_set))
         pool = concurrent.futures.ThreadPoolExecutor(cores, thread_name_prefix="imagerecords-shard")
         write = local_writer
     contents = _Contents()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Iterable, List, Optional, Tuple, Union
+from typing import Iterable, List, Tuple, Union
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from imagerecords import codec, shard_writer, stages
+from imagerecords import shard_writer, stages
 from imagerecords.metadata import ShardResult
 from imagerecords.refs import ImageRef, LabelMap
 from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, REJECTED
@@ -17,25 +17,16 @@ __all__ = ["WriteShards"]
 
 
 class _WriteShardFn(beam.DoFn):
-    def __init__(self, output: str, build_id: str, name: str, preset: str, options: codec.ImageOptions,
-                 threads: int, write_index: bool, progress_dir: Optional[str], contents: bool, resume: bool):
-        self._output = output
-        self._build_id = build_id
-        self._resume = resume
-        self._contents = contents
-        self._name = name
-        self._preset = preset
-        self._options = options
+    def __init__(self, writer: stages.ShardWriter, threads: int):
+        self._writer = writer
         self._threads = threads
-        self._write_index = write_index
-        self._progress_dir = progress_dir
         self._written = Metrics.counter(METRICS_NAMESPACE, "written")
         self._rejected = Metrics.counter(METRICS_NAMESPACE, "rejected_at_write")
         self._passthrough = Metrics.counter(METRICS_NAMESPACE, "passthrough")
         self._bytes = Metrics.counter(METRICS_NAMESPACE, "bytes_written")
 
     def setup(self):
-        self._read = shard_writer.limited_reader(self._options)
+        self._read = shard_writer.limited_reader(self._writer.options)
         self._executor = concurrent.futures.ThreadPoolExecutor(self._threads) if self._threads > 1 else None
 
     def teardown(self):
@@ -45,11 +36,8 @@ class _WriteShardFn(beam.DoFn):
     def process(self, element: Tuple[Tuple[str, int, int], List[ImageRef]], labels: LabelMap
                 ) -> Iterable[Union[ShardResult, beam.pvalue.TaggedOutput]]:
         shard, refs = element
-        staged = stages.stage_shard(
-            shard, refs, output=self._output, build_id=self._build_id, name=self._name, preset=self._preset, labels=labels,
-            options=self._options, read_bytes=self._read, executor=self._executor, window=2 * self._threads,
-            write_index=self._write_index, progress_dir=self._progress_dir, contents=self._contents,
-            resume=self._resume)
+        staged = self._writer.write(shard, refs, labels, read_bytes=self._read, executor=self._executor,
+                                    window=2 * self._threads)
         self._written.inc(staged.result.shard.count)
         self._passthrough.inc(staged.passthrough)
         self._bytes.inc(staged.result.shard.num_bytes)
@@ -62,24 +50,21 @@ class _WriteShardFn(beam.DoFn):
 
 
 class WriteShards(beam.PTransform):
-    """Writes each (shard key, [ImageRef]) group as one TFRecord shard in `output`'s staging area.
+    """Writes each (shard key, [ImageRef]) group as one TFRecord shard with `writer` (a
+    stages.ShardWriter) into its build's staging area, `threads` images at a time per worker.
 
     Outputs: main (ShardResult), REJECTED (Rejected: unreadable, undecodable, duplicate key) and
-    CONTENTS ((16-byte digest of the source file, (key, split, uri, label name)) per written image; empty
-    with contents=False, when no duplicate check consumes it).
+    CONTENTS ((16-byte digest of the source file, (key, split, uri, label name)) per written image;
+    empty when the writer keeps no contents, because no duplicate check consumes them).
     """
 
-    def __init__(self, output: str, build_id: str, name: str, labels, preset: str = "tfds",
-                 options: codec.ImageOptions = codec.ImageOptions(), threads: int = 4,
-                 write_index: bool = False, progress_dir: Optional[str] = None, contents: bool = True,
-                 resume: bool = False):
+    def __init__(self, writer: stages.ShardWriter, labels, threads: int = 4):
         super().__init__()
-        if not output:
+        if not writer.output:
             raise ValueError("WriteShards: output folder is empty")
         if threads < 1:
             raise ValueError(f"WriteShards: threads must be >= 1, got {threads}")
-        self._fn = _WriteShardFn(output, build_id, name, preset, options, threads, write_index, progress_dir, contents,
-                                 resume)
+        self._fn = _WriteShardFn(writer, threads)
         self._labels = labels
 
     def expand(self, shards):
