@@ -196,6 +196,8 @@ def inspect(output: str) -> Tuple[List[str], List[str]]:
     names = _present(output, manifest)
     lines = [f"{manifest.name}: schema {manifest.schema}, {len(manifest.label_names)} labels, offset "
              f"{manifest.label_offset}, seed {manifest.seed}, built {manifest.created}"]
+    if manifest.version:
+        lines.append(f"  version: {manifest.version} (its shards: {join(output, manifest.version)})")
     problems = []
     for split in manifest.splits:
         missing = [s.filename for s in split.shards if s.filename not in names]
