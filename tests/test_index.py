@@ -69,7 +69,8 @@ def test_index_files_are_tfrecord2idx_byte_for_byte_and_listed_with_their_sha256
     reference = without_tensorflow(_REFERENCE_INDEX, {"shards": [str(out / s.filename) for s in shards],
                                                       "tmp": str(tmp_path)})
     for shard in shards:
-        assert shard.index_file == f"index/{shard.filename}.idx"
+        name = shard.filename.split("/", 1)[1]
+        assert shard.index_file == f"{manifest.version}/index/{name}.idx"
         ours = (out / shard.index_file).read_bytes()
         assert ours == reference[str(out / shard.filename)].encode(), shard.filename
         entries = records.parse_index(ours)
@@ -126,7 +127,9 @@ for worker in range(2):
 def test_multi_shard_loader_finds_each_index_from_the_shard_name(indexed):
     out, manifest = indexed
     train = manifest.split("train")
-    names = without_tensorflow(_MULTI_SHARD, {"out": str(out), "splits": {s.filename: s.count for s in train.shards}})
+    # The version folder is the patterns' root; the splits are the shards' own names.
+    names = without_tensorflow(_MULTI_SHARD, {"out": str(out / manifest.version),
+                                              "splits": {os.path.basename(s.filename): s.count for s in train.shards}})
     assert len(names) == len(set(names)) == train.num_examples
 
 
@@ -154,15 +157,16 @@ def test_no_shard_glob_matches_an_index_file(indexed):
     import tensorflow as tf
 
     out, manifest = indexed
-    shard_names = {s.filename for s in _shards(manifest)}
+    shard_names = {os.path.basename(s.filename) for s in _shards(manifest)}
+    root = str(out / manifest.version)  # globs are written inside the published version's folder
     for pattern in SHARD_GLOBS:
         for matcher in (glob.glob, tf.io.gfile.glob):
-            found = {os.path.basename(p) for p in matcher(os.path.join(str(out), pattern))}
+            found = {os.path.basename(p) for p in matcher(os.path.join(root, pattern))}
             assert found and found <= shard_names, (pattern, matcher, found - shard_names)
-    train = sorted(tf.io.gfile.glob(os.path.join(str(out), "images-train*")))
+    train = sorted(tf.io.gfile.glob(os.path.join(root, "images-train*")))
     assert sum(1 for _ in tf.data.TFRecordDataset(train)) == manifest.split("train").num_examples
     # The index folder's own glob pairs one index with each shard, in the same sorted order.
-    idx = sorted(glob.glob(os.path.join(str(out), "index", "*.idx")))
+    idx = sorted(glob.glob(os.path.join(root, "index", "*.idx")))
     assert [os.path.basename(p)[:-len(".idx")] for p in idx] == sorted(shard_names)
 
 
@@ -193,12 +197,13 @@ def test_verify_checks_index_files(indexed, tmp_path):
     index.unlink()
     assert checkup.verify(str(ds))[0] == [f"{index}: missing"]
     index.write_bytes(good)
-    (ds / "index" / "stray.tfrecord-00000-of-00001.idx").write_bytes(b"0 20\n")
-    assert checkup.verify(str(ds))[0] == [f"{ds / 'index' / 'stray.tfrecord-00000-of-00001.idx'}: not listed in "
+    stray = ds / manifest.version / "index" / "stray.tfrecord-00000-of-00001.idx"
+    stray.write_bytes(b"0 20\n")
+    assert checkup.verify(str(ds))[0] == [f"{stray}: not listed in "
                                           f"{MANIFEST} (an index of no published shard)"]
 
 
-def _results(index: bool):
+def _results(index: bool, build_id: str):
     shards = []
     for i, data in enumerate((b"shard0", b"shard1")):
         name = f"images-train.tfrecord-{i:05d}-of-00002"
@@ -206,13 +211,13 @@ def _results(index: bool):
         shards.append(ShardResult("train", Shard(i, name, 1, len(data), hashlib.sha256(data).hexdigest(), ((0, 1),), 0,
                                                  metadata.index_name(name) if index else None,
                                                  hashlib.sha256(idx).hexdigest() if index else None)))
-    return publish.BuildResults(build_id="b", name="images", schema="tfds", seed=0, parameters={}, versions={},
+    return publish.BuildResults(build_id=build_id, name="images", schema="tfds", seed=0, parameters={}, versions={},
                                 max_reject_fraction=0.0, labels={"names": ["a"], "offset": 0, "integer": False},
                                 shards=tuple(shards), num_rejected=0, num_skipped=0)
 
 
 def _stage(out, results):
-    staging = out / STAGING
+    staging = out / STAGING / results.build_id
     for r in results.shards:
         data = b"shard%d" % r.index
         (staging / r.filename).parent.mkdir(parents=True, exist_ok=True)
@@ -222,22 +227,24 @@ def _stage(out, results):
             (staging / r.index_file).write_bytes(f"0 {len(data)}\n".encode())
 
 
-def test_commit_moves_index_files_into_a_folder_it_creates_and_removes_it_when_emptied(tmp_path):
+def test_commit_moves_index_files_into_the_version_folder(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    with_index = _results(index=True)
+    with_index = _results(index=True, build_id="20261201T000001Z-aaaaaa")
     _stage(out, with_index)
     manifest = publish.commit(str(out), with_index)
-    assert sorted(os.listdir(out / "index")) == ["images-train.tfrecord-00000-of-00002.idx",
-                                                 "images-train.tfrecord-00001-of-00002.idx"]
+    assert sorted(os.listdir(out / manifest.version / "index")) == ["images-train.tfrecord-00000-of-00002.idx",
+                                                                    "images-train.tfrecord-00001-of-00002.idx"]
     assert not (out / STAGING).exists()
-    assert manifest.shard_files()[1] == "index/images-train.tfrecord-00000-of-00002.idx"
+    assert manifest.shard_files()[1] == f"{manifest.version}/index/images-train.tfrecord-00000-of-00002.idx"
     assert checkup.verify(str(out))[0] == []
 
-    without = _results(index=False)
+    without = _results(index=False, build_id="20261201T000002Z-bbbbbb")
     _stage(out, without)
-    publish.commit(str(out), without)
-    assert not (out / "index").exists()  # the previous build's index files went, and their folder
+    newer = publish.commit(str(out), without, keep_versions=1)
+    assert sorted(os.listdir(out / newer.version)) == ["images-train.tfrecord-00000-of-00002",
+                                                       "images-train.tfrecord-00001-of-00002"]
+    assert not (out / manifest.version).exists()  # the previous version went, index files and all
     assert checkup.verify(str(out))[0] == []
 
 

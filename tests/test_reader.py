@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import shard_files
 from imagerecords import example_images, reader, records
 from imagerecords.reader import ReadConfig, ReadStats
 
@@ -56,9 +57,9 @@ def models_path(tree, tmp_path_factory):
 def _shard_filenames(path, split):
     """Filenames of every record of `split`, read straight from its shard files (not through the reader)."""
     out = []
-    for name in sorted(os.listdir(path)):
-        if f"-{split}.tfrecord-" in name:
-            for raw in tf.data.TFRecordDataset(os.path.join(path, name)):
+    for shard in shard_files(path):
+        if f"-{split}.tfrecord-" in os.path.basename(shard):
+            for raw in tf.data.TFRecordDataset(shard):
                 feature = tf.train.Example.FromString(raw.numpy()).features.feature
                 out.append(feature["image/filename"].bytes_list.value[0].decode())
     return out

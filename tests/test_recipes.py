@@ -89,7 +89,7 @@ def test_model_garden_recipe_glob_picks_exactly_the_shards(datasets):
     for split, pattern in (("train", scope["train_input_path"]), ("validation", scope["validation_input_path"])):
         matched = sorted(tf.io.gfile.glob(pattern))
         assert matched == sorted(os.path.join(out, s.filename) for s in manifest.split(split).shards)
-        assert os.path.isdir(os.path.join(out, "index"))  # the index files exist, and are not matched
+        assert os.path.isdir(os.path.join(out, manifest.version, "index"))  # index files exist, are not matched
         # Model Garden's classification Decoder: image/encoded (string) and image/class/label (int64).
         spec = {"image/encoded": tf.io.FixedLenFeature((), tf.string),
                 "image/class/label": tf.io.FixedLenFeature((), tf.int64)}
