@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from conftest import build, manifest_without_time, shard_files
+from conftest import build, manifest_without_time, shard_files, without_version
 from tests.support.gcs import GcsEmulator
 
 pytestmark = pytest.mark.gcs
@@ -31,15 +31,14 @@ def test_build_from_gcs_to_gcs_matches_local_build(emulator, image_tree, tmp_pat
         # Two worker processes: they inherit the emulator settings from the environment.
         manifest = build(f"gs://{bucket}/images", f"gs://{bucket}/dataset", *args, workers=2)
     remote = sorted(emulator.list(f"gs://{bucket}/dataset/"))
-    names = sorted(u.rsplit("/", 1)[-1] for u in remote)
-    want = sorted(os.path.basename(p) for p in shard_files(local)) + [
+    names = sorted(u[len(f"gs://{bucket}/dataset/"):] for u in remote)
+    want = sorted(f"{manifest.version}/{os.path.basename(p)}" for p in shard_files(local)) + [
         "dataset_info.json", "duplicates.jsonl", "errors.jsonl", "features.json", "label.labels.txt", "manifest.json"]
     assert names == sorted(want)
     for path in shard_files(local):
         with open(path, "rb") as f:
-            assert emulator.download(f"gs://{bucket}/dataset/{os.path.basename(path)}") == f.read(), path
-    remote_manifest = json.loads(emulator.download(f"gs://{bucket}/dataset/manifest.json"))
-    remote_manifest.pop("created")
+            assert emulator.download(f"gs://{bucket}/dataset/{manifest.version}/{os.path.basename(path)}") == f.read()
+    remote_manifest = without_version(json.loads(emulator.download(f"gs://{bucket}/dataset/manifest.json")))
     assert remote_manifest == manifest_without_time(local)
     assert manifest.num_rejected == 1
     errors = [json.loads(line) for line in emulator.download(f"gs://{bucket}/dataset/errors.jsonl").splitlines()]

@@ -26,7 +26,8 @@ def test_reader_reads_gs_paths(tmp_path, fake_gcs_server):
     try:
         emulator.create_bucket("readerbucket")
         train = [s.filename for s in manifest.split("train").shards]
-        for name in sorted(os.listdir(local)):
+        names = sorted(os.path.relpath(os.path.join(d, f), local) for d, _, files in os.walk(local) for f in files)
+        for name in names:  # the version folder's shards too
             emulator.upload(str(local / name), f"gs://readerbucket/ds/{name}")
             # ds2: the same, but train shard 0 holds shard 1's records after its own
             longer = tmp_path / "longer"
