@@ -12,7 +12,6 @@ import json
 import math
 import os
 import re
-import struct
 from typing import Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from imagerecords import errors, records, schema
@@ -30,62 +29,6 @@ DEFAULT_SAMPLE = 1000
 _EXAMPLES_PER_REASON = 3
 _DUPLICATE_GROUPS_SHOWN = 50
 _SHARD_BARS_MAX = 64  # above this many shards a split's shard sizes are shown as a histogram
-
-
-# Reading records without TensorFlow --------------------------------------------------------------
-
-
-def parse_example(data: bytes) -> Dict[str, List[Any]]:
-    """Returns {feature key: values} of a serialized tf.train.Example, without TensorFlow.
-
-    bytes_list values come back as bytes, int64_list values as int, float_list values as float.
-    """
-    # The wire-format walker lives in schema.py, next to the writer it mirrors.
-    out: Dict[str, List[Any]] = {}
-    for number, _, features in schema.message_fields(data):
-        if number != 1:  # Example.features
-            continue
-        for entry_number, _, entry in schema.message_fields(features):
-            if entry_number != 1:  # Features.feature map entry {key=1, value=2}
-                continue
-            key, value = None, b""
-            for n, _, v in schema.message_fields(entry):
-                if n == 1:
-                    key = bytes(v).decode("utf-8", errors="replace")
-                elif n == 2:
-                    value = v
-            if key is not None:
-                out[key] = _feature_values(value)
-    return out
-
-
-def _feature_values(feature: bytes) -> List[Any]:
-    for kind, _, values in schema.message_fields(feature):
-        if kind == 1:  # bytes_list {value=1 repeated bytes}
-            return [bytes(v) for n, _, v in schema.message_fields(values) if n == 1]
-        if kind == 3:  # int64_list {value=1 repeated int64, packed or not}
-            return [_int64(x) for n, wire, v in schema.message_fields(values) if n == 1 for x in _varints(v, wire)]
-        if kind == 2:  # float_list {value=1 repeated float, packed or not}
-            out: List[Any] = []
-            for n, wire, v in schema.message_fields(values):
-                if n == 1:
-                    out.extend(struct.unpack(f"<{len(v) // 4}f", v))
-            return out
-    return []
-
-
-def _varints(v: Any, wire: int) -> Iterator[int]:
-    if wire == 0:
-        yield v
-        return
-    pos = 0
-    while pos < len(v):
-        value, pos = schema._read_varint(v, pos)
-        yield value
-
-
-def _int64(v: int) -> int:
-    return v - (1 << 64) if v >= 1 << 63 else v  # two's complement, as protobuf stores negative int64
 
 
 # Sampling the shards ------------------------------------------------------------------------------
@@ -206,7 +149,7 @@ def sample_split(output: str, manifest: Manifest, split: Split, classes: Sequenc
             with stream:
                 for raw in records.read_records(stream, shard.filename):
                     sample.records_read += 1
-                    _take(sample, parse_example(raw), keys, shard.filename, want)
+                    _take(sample, schema.parse_example(raw), keys, shard.filename, want)
                     if len(sample.sizes) >= limit and not short():
                         break
         except records.CorruptRecordError as e:

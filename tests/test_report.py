@@ -3,7 +3,7 @@
 The dataset is a real build of the `image_tree` fixture (4 classes x 10 generated images, one
 truncated JPEG). The page is parsed with the stdlib's html.parser; the expected values come from
 the manifest and from reading the shards with TensorFlow (its own framing and Example
-proto), independently of the report's own reader.
+proto), independently of the report's own reader (schema.parse_example, tested in test_schema.py).
 """
 
 import base64
@@ -385,18 +385,6 @@ def test_thumbnail_fits_the_box_keeping_the_aspect_ratio():
     assert size == (96, 64)
     with Image.open(io.BytesIO(base64.b64decode(uri.partition(",")[2]))) as im:
         assert im.size == (96, 64) and max(abs(a - b) for a, b in zip(ImageStat.Stat(im).mean, (200, 30, 30))) < 6
-
-
-@pytest.mark.parametrize("preset", schema.PRESETS)
-def test_parse_example_reads_what_the_builder_writes(preset):
-    k = schema.keys(preset)
-    raw = schema.make_example(preset, image=b"\xff\xd8jpeg", label=-3, label_text="cat", filename="a/b.jpg",
-                              height=480, width=640)
-    got = report.parse_example(raw)
-    assert got[k.image] == [b"\xff\xd8jpeg"] and got[k.label] == [-3] and got[k.filename] == [b"a/b.jpg"]
-    assert got[k.height] == [480] and got[k.width] == [640]
-    if k.label_text:
-        assert got[k.label_text] == [b"cat"] and got[k.image_format] == [b"JPEG"]
 
 
 def test_renders_in_headless_chromium(page, run, tmp_path):
