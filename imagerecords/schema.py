@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+import struct
+from typing import Any, Collection, Dict, Iterator, List, Optional, Tuple
 
 PRESETS = ("tfds", "tf-models")
 
@@ -118,9 +119,9 @@ def make_example(
     return b"".join([_header(1, sum(map(len, parts))), *parts])
 
 
-# Protocol-buffer wire format, just what tf.train.Example needs. Writing it here keeps TensorFlow
-# (hundreds of MB and seconds of import per process) out of the Beam workers; a test checks that
-# TensorFlow parses the bytes to the message it would build itself.
+# Protocol-buffer wire format, just what tf.train.Example needs. Writing and reading it here keeps
+# TensorFlow (hundreds of MB and seconds of import per process) out of the Beam workers and the
+# report; tests check both directions against TensorFlow's own messages.
 
 
 _ONE_BYTE = [bytes((i,)) for i in range(0x80)]  # tags and short lengths: most varints written
@@ -175,7 +176,86 @@ def parse_spec(preset: str) -> dict:
     return spec
 
 
-def _read_varint(buf: bytes, pos: int):
+def parse_example(data: bytes, only: Optional[Collection[str]] = None) -> Dict[str, List[Any]]:
+    """Returns {feature key: values} of a serialized tf.train.Example, without TensorFlow.
+
+    This is the one Example decoder (`make_example`'s inverse); it reads TensorFlow's bytes too.
+
+    Args:
+      data: the serialized Example.
+      only: if given, the keys to decode; other features are skipped undecoded, so reading a
+        label next to a large image costs no copy of the image.
+
+    Returns:
+      bytes_list values as bytes, int64_list values as int (negative ones too), float_list values
+      as float; a feature with no list set has [].
+    """
+    out: Dict[str, List[Any]] = {}
+    for number, _, features in _message_fields(memoryview(data)):
+        if number != 1:  # Example.features
+            continue
+        for entry_number, _, entry in _message_fields(features):
+            if entry_number != 1:  # Features.feature, a map: repeated entries {key=1, value=2}
+                continue
+            key, value = _map_entry(entry)
+            if key is not None and (only is None or key in only):
+                out[key] = _feature_values(value)
+    return out
+
+
+def read_int64(example: bytes, key: str) -> int:
+    """Returns the first int64 value of feature `key` in a serialized Example, without TensorFlow.
+
+    Raises:
+      KeyError: if the Example has no int64 feature `key`.
+    """
+    values = parse_example(example, only=(key,)).get(key)
+    if not values or not isinstance(values[0], int):
+        raise KeyError(f"the Example has no int64 feature {key!r}")
+    return values[0]
+
+
+def _map_entry(entry: memoryview) -> Tuple[Optional[str], memoryview]:
+    key, value = None, memoryview(b"")
+    for number, _, v in _message_fields(entry):
+        if number == 1:
+            key = bytes(v).decode("utf-8", errors="replace")
+        elif number == 2:
+            value = v
+    return key, value
+
+
+def _feature_values(feature: memoryview) -> List[Any]:
+    for kind, _, values in _message_fields(feature):
+        if kind == 1:  # bytes_list {value=1 repeated bytes}
+            return [bytes(v) for n, _, v in _message_fields(values) if n == 1]
+        if kind == 3:  # int64_list {value=1 repeated int64, packed or not}
+            return [_signed(x) for n, wire, v in _message_fields(values) if n == 1 for x in _varints(v, wire)]
+        if kind == 2:  # float_list {value=1 repeated float, packed or not}
+            out: List[Any] = []
+            for n, _, v in _message_fields(values):
+                if n == 1:
+                    out.extend(struct.unpack(f"<{len(v) // 4}f", v))
+            return out
+    return []
+
+
+def _varints(value: Any, wire: int) -> Iterator[int]:
+    """The integers of one repeated-varint field: a single varint (wire 0) or a packed run (wire 2)."""
+    if wire == 0:
+        yield value
+        return
+    pos = 0
+    while pos < len(value):
+        number, pos = _read_varint(value, pos)
+        yield number
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value  # int64 is stored as two's complement
+
+
+def _read_varint(buf: memoryview, pos: int) -> Tuple[int, int]:
     result = shift = 0
     while True:
         byte = buf[pos]
@@ -186,9 +266,9 @@ def _read_varint(buf: bytes, pos: int):
         shift += 7
 
 
-def message_fields(buf: bytes):
-    """Yields (field number, wire type, value) of a serialized message (varint and
-    length-delimited fields only, which is all tf.train.Example uses besides floats)."""
+def _message_fields(buf: memoryview) -> Iterator[Tuple[int, int, Any]]:
+    """Yields (field number, wire type, value) of a serialized message: an int for a varint, a
+    slice of `buf` (no copy when it is a memoryview) for the other wire types."""
     pos = 0
     while pos < len(buf):
         tag, pos = _read_varint(buf, pos)
@@ -205,24 +285,3 @@ def message_fields(buf: bytes):
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
         yield number, wire, value
-
-
-def read_int64(example: bytes, key: str) -> int:
-    """Returns the first int64 value of feature `key` in a serialized Example, without TensorFlow.
-
-    Raises:
-      KeyError: if the Example has no int64 feature `key`.
-    """
-    for number, _, features in message_fields(example):
-        if number != 1:
-            continue
-        for entry_number, _, entry in message_fields(features):
-            fields = {n: v for n, _, v in message_fields(entry)} if entry_number == 1 else {}
-            if fields.get(1) != key.encode("utf-8") or 2 not in fields:
-                continue
-            for kind, _, values in message_fields(fields[2]):
-                if kind == 3:  # int64_list
-                    for n, wire, v in message_fields(values):
-                        if n == 1:
-                            return _read_varint(v, 0)[0] if wire == 2 else v
-    raise KeyError(f"the Example has no int64 feature {key!r}")

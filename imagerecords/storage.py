@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import BinaryIO, List
+from typing import BinaryIO, List, Optional
 
 from imagerecords.refs import has_scheme
 
-__all__ = ["is_local", "join", "open_read", "create", "rename", "exists", "delete", "delete_all", "list_names", "list_tree"]
+__all__ = ["is_local", "join", "open_read", "open_if_exists", "create", "rename", "exists", "delete", "delete_all",
+           "list_names", "list_tree"]
 
 
 def _filesystems():
@@ -44,6 +45,16 @@ def open_read(uri: str) -> BinaryIO:
     if is_local(uri):
         return open(uri, "rb")
     return _filesystems().open(uri, compression_type=_uncompressed())
+
+
+def open_if_exists(uri: str) -> Optional[BinaryIO]:
+    """Like open_read, but None when there is no such file (optional files such as errors.jsonl)."""
+    if is_local(uri):
+        try:
+            return open(uri, "rb")
+        except FileNotFoundError:
+            return None
+    return open_read(uri) if exists(uri) else None
 
 
 def create(uri: str) -> BinaryIO:

@@ -3,7 +3,7 @@
 The dataset is a real build of the `image_tree` fixture (4 classes x 10 generated images, one
 truncated JPEG). The page is parsed with the stdlib's html.parser; the expected values come from
 the manifest and from reading the shards with TensorFlow (its own framing and Example
-proto), independently of the report's own reader.
+proto), independently of the report's own reader (schema.parse_example, tested in test_schema.py).
 """
 
 import base64
@@ -23,10 +23,15 @@ from PIL import Image, ImageStat
 from conftest import build, shard_files, skip_unless_ci
 from imagerecords import report, schema
 from imagerecords.manifest import Manifest
-from imagerecords.pipeline import cli
+from imagerecords.pipeline import checkup, cli
 
 PER_CLASS = 3
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_report(folder, html_path, **kwargs):
+    """report.write_report with the manifest loader the command line passes it."""
+    return report.write_report(str(folder), str(html_path), load_manifest=checkup.load, **kwargs)
 
 
 class Page(HTMLParser):
@@ -305,7 +310,7 @@ def test_duplicates_absent_then_shown(page, dataset, tmp_path):
                                           {"key": "circle/leak2.jpg", "split": "validation", "uri": "/m"}]},
     ]
     (copy / report.DUPLICATES).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    path = report.write_report(str(copy), str(tmp_path / "r.html"), per_class=1)
+    path = write_report(copy, tmp_path / "r.html", per_class=1)
     q = Page(open(path, encoding="utf-8").read())
     assert q.one("data-duplicates") == {"data-duplicates": "2", "data-leaks": "1"}
     table = q.rows["dups"]
@@ -327,7 +332,7 @@ def test_label_conflicts_section_lists_the_same_image_under_two_classes(image_tr
     out = tmp_path / "out"
     manifest = build(tree, out, "--max_reject_fraction", "0.1")
     assert (manifest.num_duplicate_groups, manifest.num_label_conflicts) == (2, 1)
-    q = Page(open(report.write_report(str(out), str(tmp_path / "r.html"), per_class=1), encoding="utf-8").read())
+    q = Page(open(write_report(out, tmp_path / "r.html", per_class=1), encoding="utf-8").read())
     assert q.one("data-conflicts") == {"data-conflicts": "1"}
     assert q.one("data-duplicates")["data-duplicates"] == "2"
     with open(out / report.DUPLICATES) as f:
@@ -344,17 +349,17 @@ def test_label_conflicts_of_an_older_duplicates_file_are_unknown_not_zero(datase
     old = {"content": "a" * 32, "members": [{"key": "square/x.jpg", "split": "train", "uri": "/x"},
                                             {"key": "circle/x.jpg", "split": "train", "uri": "/x"}]}
     (copy / report.DUPLICATES).write_text(json.dumps(old) + "\n")
-    q = Page(open(report.write_report(str(copy), str(tmp_path / "r.html"), per_class=1), encoding="utf-8").read())
+    q = Page(open(write_report(copy, tmp_path / "r.html", per_class=1), encoding="utf-8").read())
     assert q.one("data-conflicts") == {"data-conflicts": "unknown"}
     (copy / report.DUPLICATES).unlink()
-    q = Page(open(report.write_report(str(copy), str(tmp_path / "r.html"), per_class=1), encoding="utf-8").read())
+    q = Page(open(write_report(copy, tmp_path / "r.html", per_class=1), encoding="utf-8").read())
     assert q.one("data-conflicts") == {"data-conflicts": "absent"}
 
 
 def test_reads_only_the_shards_it_needs_and_is_deterministic(dataset, tmp_path):
     out, manifest = dataset
-    a = report.write_report(str(out), str(tmp_path / "a.html"), per_class=1, sample=0)
-    b = report.write_report(str(out), str(tmp_path / "b.html"), per_class=1, sample=0)
+    a = write_report(out, tmp_path / "a.html", per_class=1, sample=0)
+    b = write_report(out, tmp_path / "b.html", per_class=1, sample=0)
     text = open(a, encoding="utf-8").read()
     assert text == open(b, encoding="utf-8").read()
     p = Page(text)
@@ -385,18 +390,6 @@ def test_thumbnail_fits_the_box_keeping_the_aspect_ratio():
     assert size == (96, 64)
     with Image.open(io.BytesIO(base64.b64decode(uri.partition(",")[2]))) as im:
         assert im.size == (96, 64) and max(abs(a - b) for a, b in zip(ImageStat.Stat(im).mean, (200, 30, 30))) < 6
-
-
-@pytest.mark.parametrize("preset", schema.PRESETS)
-def test_parse_example_reads_what_the_builder_writes(preset):
-    k = schema.keys(preset)
-    raw = schema.make_example(preset, image=b"\xff\xd8jpeg", label=-3, label_text="cat", filename="a/b.jpg",
-                              height=480, width=640)
-    got = report.parse_example(raw)
-    assert got[k.image] == [b"\xff\xd8jpeg"] and got[k.label] == [-3] and got[k.filename] == [b"a/b.jpg"]
-    assert got[k.height] == [480] and got[k.width] == [640]
-    if k.label_text:
-        assert got[k.label_text] == [b"cat"] and got[k.image_format] == [b"JPEG"]
 
 
 def test_renders_in_headless_chromium(page, run, tmp_path):

@@ -59,3 +59,64 @@ def test_read_int64_reads_our_and_tensorflows_examples(preset):
     assert schema.read_int64(theirs, k.label) == 4
     with pytest.raises(KeyError, match="no int64 feature 'nope'"):
         schema.read_int64(ours, "nope")
+
+
+def tf_values(raw):
+    """{key: values} of a serialized Example as TensorFlow's own proto parser reads it."""
+    out = {}
+    for key, feature in tf.train.Example.FromString(raw).features.feature.items():
+        kind = feature.WhichOneof("kind")
+        out[key] = list(getattr(feature, kind).value) if kind else []
+    return out
+
+
+@pytest.mark.parametrize("preset", schema.PRESETS)
+def test_parse_example_reads_what_make_example_writes(preset):
+    k = schema.keys(preset)
+    raw = schema.make_example(preset, image=b"\xff\xd8jpeg", label=-3, label_text="cat", filename="a/b.jpg",
+                              height=480, width=640)
+    got = schema.parse_example(raw)
+    assert got == tf_values(raw)
+    assert got[k.image] == [b"\xff\xd8jpeg"] and got[k.label] == [-3] and got[k.filename] == [b"a/b.jpg"]
+    assert got[k.height] == [480] and got[k.width] == [640]
+    if k.label_text:
+        assert got[k.label_text] == [b"cat"] and got[k.image_format] == [b"JPEG"]
+
+
+def test_parse_example_reads_every_list_kind_tensorflow_writes():
+    feature = {
+        "bytes": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"a", b"", "ü".encode()])),
+        "ints": tf.train.Feature(int64_list=tf.train.Int64List(value=[-1, 0, 127, 128, 2**40, -(2**63)])),
+        "floats": tf.train.Feature(float_list=tf.train.FloatList(value=[1.5, -2.25, 0.0])),
+        "none": tf.train.Feature(),
+    }
+    raw = tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    got = schema.parse_example(raw)
+    assert got == tf_values(raw)
+    assert got == {"bytes": [b"a", b"", "ü".encode()], "ints": [-1, 0, 127, 128, 2**40, -(2**63)],
+                   "floats": [1.5, -2.25, 0.0], "none": []}
+
+
+def test_parse_example_reads_unpacked_repeated_numbers():
+    # Int64List and FloatList written one field per value (proto2 style), which parsers must accept.
+    ints = b"".join(b"\x08" + v for v in (b"\x05", b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"))  # 5, -1
+    floats = b"\x0d\x00\x00\xc0\x3f" + b"\x0d\x00\x00\x20\xc1"  # 1.5, -10.0 as fixed32
+    entry = lambda key, feature: b"\x0a" + bytes([len(key) + len(feature) + 4]) + b"\x0a" + bytes([len(key)]) + key \
+        + b"\x12" + bytes([len(feature)]) + feature
+    features = entry(b"i", b"\x1a" + bytes([len(ints)]) + ints) + entry(b"f", b"\x12" + bytes([len(floats)]) + floats)
+    raw = b"\x0a" + bytes([len(features)]) + features
+    assert schema.parse_example(raw) == tf_values(raw) == {"i": [5, -1], "f": [1.5, -10.0]}
+
+
+@pytest.mark.parametrize("preset", schema.PRESETS)
+def test_parse_example_only_decodes_the_keys_asked_for(preset):
+    k = schema.keys(preset)
+    raw = schema.make_example(preset, image=b"x" * 1000, label=7, label_text="t", filename="f", height=1, width=2)
+    assert schema.parse_example(raw, only={k.label, k.width}) == {k.label: [7], k.width: [2]}
+    assert schema.parse_example(raw, only=()) == {}
+
+
+def test_read_int64_refuses_a_feature_of_another_kind():
+    raw = schema.make_example("tfds", image=b"x", label=1, label_text="t", filename="f", height=1, width=2)
+    with pytest.raises(KeyError, match="no int64 feature 'image/filename'"):
+        schema.read_int64(raw, "image/filename")

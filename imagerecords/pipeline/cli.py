@@ -134,8 +134,9 @@ def _command(command: str, rest: Sequence[str]) -> int:
         return 1 if problems else 0
     if command == "report":
         from imagerecords import report
+        from imagerecords.pipeline import checkup
 
-        return report.main(rest)
+        return report.main(rest, load_manifest=checkup.load)
     if command == "demo":
         return _demo(rest)
     print(f"imagerecords: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
