@@ -29,18 +29,22 @@ REQUIRES = [
 ]
 TENSORFLOW = [f"tensorflow>={TF_MIN}"]
 
-# The builder. Beam's minor version is held: the Flink job server and the SDK container must be
-# the launcher's Beam version, and 2.62 is the newest whose Flink runner and job-service artifacts
-# Maven serves us (README, "Flink"); raise BEAM_VERSION with the Dockerfile's ARG and
-# configs/flink.yaml. Build workers never import TensorFlow.
+# The builder. Beam is a range: the code uses only Beam's public API, and CI runs the DirectRunner
+# tests on the newest Beam on PyPI as well as on BEAM_VERSION (.ci/run). BEAM_VERSION is the floor
+# and what constraints.txt, the Dockerfile's ARG and configs/flink.yaml hold: a Flink job server
+# must be the launcher's Beam version, and 2.62 is the newest whose Flink job-service artifacts
+# Maven serves us (README, "Flink"). Build workers never import TensorFlow.
 BEAM_VERSION = "2.62.0"
+BEAM_RANGE = f">={BEAM_VERSION},<3"
 BUILD = [
-    f"apache-beam~={BEAM_VERSION}",
-    "pillow>=13.0",  # the decoder/encoder: the JPEG bytes of a build depend on its libjpeg
+    f"apache-beam{BEAM_RANGE}",
+    # The decoder/encoder. 12.3 is the oldest CI builds with (Beam 2.72 and later cap Pillow below
+    # 13); a build's JPEG bytes depend on its libjpeg, so byte-identical rebuilds use constraints.txt.
+    "pillow>=12.3",
     "pyyaml>=6.0",
 ]
 # gs:// inputs and outputs (Beam's GcsIO and google-cloud-storage) and Dataflow.
-GCP = [f"apache-beam[gcp]~={BEAM_VERSION}", *BUILD]
+GCP = [f"apache-beam[gcp]{BEAM_RANGE}", *BUILD]
 
 setup(
     name="imagerecords",

@@ -3,6 +3,7 @@ requirement inside its range, the wheel with the builder extra installs into a f
 builds from there (as Dataflow's --setup_file workers do); the Dockerfile lints, installs the
 constraints and matches the pinned Beam version."""
 
+import ast
 import os
 import re
 import runpy
@@ -78,6 +79,59 @@ def test_constraints_pin_every_requirement_inside_its_range(monkeypatch):
     assert problems == []
     assert pins["apache-beam"] == _beam_pin()
     assert "imagerecords" not in pins
+
+
+def test_beam_is_a_range_from_the_pinned_version(monkeypatch):
+    """A user's environment with a newer Beam can take the builder; CI runs the newest (.ci/run)."""
+    kwargs = _setup_kwargs(monkeypatch)
+    for extra in ("build", "gcp"):
+        beam = next(Requirement(r) for r in kwargs["extras_require"][extra] if Requirement(r).name == "apache-beam")
+        assert [v for v in (_beam_pin(), "2.77.0", "2.99.1") if v not in beam.specifier] == [], (extra, beam)
+        assert "2.61.0" not in beam.specifier and "3.0.0" not in beam.specifier, (extra, beam)
+
+
+def _private_beam_uses(source: str) -> list:
+    """`_name` (or a dunder other than __version__) read from a module or class imported from apache_beam,
+    or imported from it by name."""
+    tree = ast.parse(source)
+    beam_names, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "apache_beam":
+            for alias in node.names:
+                if alias.name.startswith("_"):
+                    found.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+                beam_names.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            beam_names.update((a.asname or a.name).split(".")[0] for a in node.names
+                              if a.name.split(".")[0] == "apache_beam")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and node.attr != "__version__"
+                and isinstance(node.value, ast.Name) and node.value.id in beam_names):
+            found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_the_private_api_finder_finds_what_it_is_for():
+    assert _private_beam_uses("from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser\n"
+                              "PipelineOptions.__subclasses__()\nStandardOptions._add_argparse_args(p)\n"
+                              "from apache_beam.options.pipeline_options import StandardOptions\n") == [
+        "line 1: from apache_beam.options.pipeline_options import _BeamArgumentParser",
+        "line 2: PipelineOptions.__subclasses__", "line 3: StandardOptions._add_argparse_args"]
+    assert _private_beam_uses("import apache_beam as beam\nbeam.__version__\nbeam.Map(len)\nother._x\n") == []
+
+
+def test_the_package_uses_no_private_beam_api():
+    """Private names change between Beam releases without notice; setup.py's range relies on this."""
+    found = {}
+    for dirpath, _, names in os.walk(os.path.join(REPO, "imagerecords")):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                with open(path, encoding="utf-8") as f:
+                    uses = _private_beam_uses(f.read())
+                if uses:
+                    found[os.path.relpath(path, REPO)] = uses
+    assert found == {}
 
 
 def test_dockerfile_uses_the_pinned_beam_sdk_image_and_lints():

@@ -228,13 +228,20 @@ def build_flag_names() -> List[str]:
     return sorted(o for a in parser()._actions for o in a.option_strings if o.startswith("--"))
 
 
-def _beam_parser() -> argparse.ArgumentParser:
-    """A parser holding every option of the PipelineOptions subclasses imported so far.
+class _BeamChecker(argparse.ArgumentParser):
+    """A parser of Beam's pipeline options whose errors are UsageError, one line naming the option."""
 
-    The same construction as PipelineOptions.get_all_options (direct subclasses, the last class of
-    each name wins), so a flag passes here exactly when Beam will parse it rather than discard it.
+    def error(self, message):
+        raise UsageError(f"{PROG}: Beam option: {message}")
+
+
+def _beam_parser() -> argparse.ArgumentParser:
+    """A parser holding every pipeline option Beam knows in this process, without prefix matching.
+
+    Beam hands the parser it builds for PipelineOptions.get_all_options to add_extra_args_fn, so a
+    flag passes here exactly when Beam will parse it rather than discard it.
     """
-    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+    from apache_beam.options.pipeline_options import PipelineOptions
     # Runner modules that define their options outside pipeline_options.py (Dask today); an
     # optional runner that is not installed simply contributes no flags.
     try:
@@ -242,20 +249,17 @@ def _beam_parser() -> argparse.ArgumentParser:
     except ImportError:
         pass
 
-    class _Checker(_BeamArgumentParser):
-        def error(self, message):
-            raise UsageError(f"{PROG}: Beam option: {message}")
-
-    p = _Checker(prog=PROG, add_help=False, allow_abbrev=False)
-    subset = {str(cls): cls for cls in PipelineOptions.__subclasses__()}
-    for cls in subset.values():
-        cls._add_argparse_args(p)  # pylint: disable=protected-access
-    return p
+    beams: List[argparse.ArgumentParser] = []
+    PipelineOptions([]).get_all_options(add_extra_args_fn=beams.append)
+    # Beam's own parser expands a prefix (--num to --num_workers); a copy of its options that does not.
+    return _BeamChecker(prog=PROG, parents=beams, add_help=False, allow_abbrev=False)
 
 
 def beam_flag_names() -> List[str]:
     """Every Beam pipeline option known in this process, as '--name'."""
-    return sorted(o for a in _beam_parser()._actions for o in a.option_strings if o.startswith("--"))
+    # Beam's parser carries argparse's --help, which is the build's own flag.
+    return sorted(o for a in _beam_parser()._actions if a.dest != "help"
+                  for o in a.option_strings if o.startswith("--"))
 
 
 def _suggest(flag: str, known: Sequence[str]) -> Optional[str]:
