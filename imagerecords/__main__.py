@@ -2,7 +2,7 @@
 
 import sys
 
-from imagerecords.pipeline.cli import main
+from imagerecords.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from conftest import build, manifest_without_time, read_examples, shard_files
-from imagerecords.errors import BudgetExceeded, OutputError
-from imagerecords.pipeline import cli
+from imagerecords.build.errors import BudgetExceeded, OutputError
+from imagerecords.cli import main as cli
 
 SPLITS = "train=0.7,validation=0.3"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imagerecords import codec
+from imagerecords.build import codec
 
 
 def encode(arr_or_img, fmt, **kw):

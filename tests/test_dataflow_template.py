@@ -19,7 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_dataflow_classic_template_stages_package_and_graph(image_tree, fake_gcs_server):
     from apache_beam.portability.api import beam_runner_api_pb2
 
-    from imagerecords.pipeline import run
+    from imagerecords.cli.launcher import run
 
     root, _ = image_tree
     bucket = f"df-{uuid.uuid4().hex[:8]}"
@@ -43,7 +43,7 @@ def test_dataflow_classic_template_stages_package_and_graph(image_tree, fake_gcs
     assert options["machine_type"] == "n2-standard-8" and options["max_num_workers"] == 4
     with tarfile.open(fileobj=io.BytesIO(package)) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    assert {"setup.py", "imagerecords/pipeline/graph.py", "imagerecords/publish.py", "imagerecords/transforms/write_shards.py"} <= names
+    assert {"setup.py", "imagerecords/build/engines/beam/graph.py", "imagerecords/build/publish.py", "imagerecords/build/engines/beam/write_shards.py"} <= names
     pipeline = beam_runner_api_pb2.Pipeline.FromString(graph)
     stages = {t.unique_name for t in pipeline.components.transforms.values()}
     for stage in ("ListImages", "AssignLabels", "GlobalShuffle/GroupByShard", "WriteShards/Write", "RecordResults/Write"):

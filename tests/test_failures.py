@@ -19,8 +19,8 @@ import time
 import pytest
 
 from conftest import published_version, shard_files, skip_unless_ci
-from imagerecords.manifest import LOCK, MANIFEST, STAGING
-from imagerecords.pipeline import cli
+from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
+from imagerecords.cli import main as cli
 
 ARGS = ["--splits", "train=0.7,validation=0.3", "--num_shards", "3", "--max_reject_fraction", "0.05",
         "--no_progress"]
@@ -401,7 +401,7 @@ def test_odd_inputs_are_rows_and_two_builds_give_identical_errors(clean, tmp_pat
 
 def test_inspect_reads_json_without_tensorflow_or_beam(clean):
     _, clean_out, _ = clean
-    code = ("import sys; from imagerecords.pipeline import cli; rc = cli.main(['inspect', sys.argv[1]]); "
+    code = ("import sys; from imagerecords.cli import main as cli; rc = cli.main(['inspect', sys.argv[1]]); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'apache_beam'})); sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code, str(clean_out)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,4 @@
-"""The build's command line (imagerecords.pipeline.flags): generated flags, layering, unknown flags."""
+"""The build's command line (imagerecords.cli.flags): generated flags, layering, unknown flags."""
 
 import dataclasses
 import glob
@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from imagerecords.codec import ImageOptions
-from imagerecords.config import BuildConfig
-from imagerecords.errors import UsageError
-from imagerecords.pipeline import flags
+from imagerecords.build.codec import ImageOptions
+from imagerecords.build.config import BuildConfig
+from imagerecords.build.errors import UsageError
+from imagerecords.cli import flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IO = ["--input", "in/", "--output", "out/"]

@@ -69,7 +69,7 @@ def flink_build(cluster, image_tree, tmp_path_factory):
     """One build on the cluster whose SDK workers log each shard's writer and fail once mid-shard
     (IMAGERECORDS_TEST_FAIL_ONCE), so that a single job (minutes on CI's 2 cores) shows both where the
     work ran and that Flink's restart strategy retries a failed shard writer."""
-    from imagerecords.pipeline import run
+    from imagerecords.cli.launcher import run
 
     work = tmp_path_factory.mktemp("flink-build")
     writer_log, marker = work / "writers", work / "failed-once"

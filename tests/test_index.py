@@ -13,10 +13,11 @@ import sys
 import pytest
 
 from conftest import build, read_examples, skip_unless_ci
-from imagerecords import metadata, publish, records
-from imagerecords.manifest import MANIFEST, STAGING, Manifest, Shard
-from imagerecords.metadata import ShardResult
-from imagerecords.pipeline import checkup
+from imagerecords.build import dataset_files, publish
+from imagerecords.format import records
+from imagerecords.format.manifest import MANIFEST, STAGING, Manifest, Shard
+from imagerecords.build.dataset_files import ShardResult
+from imagerecords.cli import inspection
 
 SPLITS = "train=0.7,validation=0.3"
 # The shard globs people write; none may ever match an index file.
@@ -174,7 +175,7 @@ def test_verify_checks_index_files(indexed, tmp_path):
     out, manifest = indexed
     ds = tmp_path / "ds"
     shutil.copytree(out, ds)
-    assert checkup.verify(str(ds), records=True)[0] == []
+    assert inspection.verify(str(ds), records=True)[0] == []
     shard = manifest.split("train").shards[1]
     index = ds / shard.index_file
     good = index.read_bytes()
@@ -183,23 +184,23 @@ def test_verify_checks_index_files(indexed, tmp_path):
     # A changed length: the sha256 catches it; --records also names the line and the true frame.
     off, length = entries[2]
     index.write_bytes(records.format_index(entries[:2] + [(off, length + 1)] + entries[3:]))
-    assert checkup.verify(str(ds))[0] == [f"{index}: sha256 differs from the manifest"]
-    problems = checkup.verify(str(ds), records=True)[0]
+    assert inspection.verify(str(ds))[0] == [f"{index}: sha256 differs from the manifest"]
+    problems = inspection.verify(str(ds), records=True)[0]
     assert problems[0] == f"{index}: sha256 differs from the manifest"
     assert problems[1] == (f"{index}: line 3 says offset {off} length {length + 1}; record 3 of {shard.filename} "
                            f"is at {off} with {length} bytes")
 
     # A line short: --records says how many entries the shard needs.
     index.write_bytes(records.format_index(entries[:-1]))
-    problems = checkup.verify(str(ds), records=True)[0]
+    problems = inspection.verify(str(ds), records=True)[0]
     assert problems[-1] == f"{index}: {shard.count - 1} entries, {shard.filename} has {shard.count} records"
 
     index.unlink()
-    assert checkup.verify(str(ds))[0] == [f"{index}: missing"]
+    assert inspection.verify(str(ds))[0] == [f"{index}: missing"]
     index.write_bytes(good)
     stray = ds / manifest.version / "index" / "stray.tfrecord-00000-of-00001.idx"
     stray.write_bytes(b"0 20\n")
-    assert checkup.verify(str(ds))[0] == [f"{stray}: not listed in "
+    assert inspection.verify(str(ds))[0] == [f"{stray}: not listed in "
                                           f"{MANIFEST} (an index of no published shard)"]
 
 
@@ -209,7 +210,7 @@ def _results(index: bool, build_id: str):
         name = f"images-train.tfrecord-{i:05d}-of-00002"
         idx = f"0 {len(data)}\n".encode()
         shards.append(ShardResult("train", Shard(i, name, 1, len(data), hashlib.sha256(data).hexdigest(), ((0, 1),), 0,
-                                                 metadata.index_name(name) if index else None,
+                                                 dataset_files.index_name(name) if index else None,
                                                  hashlib.sha256(idx).hexdigest() if index else None)))
     return publish.BuildResults(build_id=build_id, name="images", schema="tfds", seed=0, parameters={}, versions={},
                                 max_reject_fraction=0.0, labels={"names": ["a"], "offset": 0, "integer": False},
@@ -237,7 +238,7 @@ def test_commit_moves_index_files_into_the_version_folder(tmp_path):
                                                                     "images-train.tfrecord-00001-of-00002.idx"]
     assert not (out / STAGING).exists()
     assert manifest.shard_files()[1] == f"{manifest.version}/index/images-train.tfrecord-00000-of-00002.idx"
-    assert checkup.verify(str(out))[0] == []
+    assert inspection.verify(str(out))[0] == []
 
     without = _results(index=False, build_id="20261201T000002Z-bbbbbb")
     _stage(out, without)
@@ -245,7 +246,7 @@ def test_commit_moves_index_files_into_the_version_folder(tmp_path):
     assert sorted(os.listdir(out / newer.version)) == ["images-train.tfrecord-00000-of-00002",
                                                        "images-train.tfrecord-00001-of-00002"]
     assert not (out / manifest.version).exists()  # the previous version went, index files and all
-    assert checkup.verify(str(out))[0] == []
+    assert inspection.verify(str(out))[0] == []
 
 
 def test_shard_and_shard_result_round_trip_the_index_fields():

@@ -16,10 +16,10 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
-from imagerecords import codec, example_images, refs, shard_writer, sources
-from imagerecords.refs import ImageRef, LabelMap, Rejected
-from imagerecords.transforms import ListImages, ReadManifest
-from imagerecords.transforms.common import REJECTED
+from imagerecords.build import codec, example_images, input_files, refs, shard_writer
+from imagerecords.build.refs import ImageRef, LabelMap, Rejected
+from imagerecords.build.engines.beam import ListImages, ReadManifest
+from imagerecords.build.engines.beam.common import REJECTED
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -120,7 +120,7 @@ def test_walk_finishes_on_loops_and_reports_each_once(tmp_path):
     os.symlink(str(root / "cls"), root / "again")  # a second class folder, same files: copy semantics
 
     def walk():
-        return [list(sources.walk_class_folder(str(root), name)) for name in sources.list_root(str(root))]
+        return [list(input_files.walk_class_folder(str(root), name)) for name in input_files.list_root(str(root))]
 
     again, cls = within(30, walk)
     refs_of = lambda items: sorted(i.key for i in items if isinstance(i, ImageRef))  # noqa: E731
@@ -142,7 +142,7 @@ def test_a_second_link_to_a_walked_folder_is_reported_not_walked_again(tmp_path)
     (root / "cls").mkdir(parents=True)
     os.symlink(tmp_path / "shared", root / "cls/one")
     os.symlink(tmp_path / "shared", root / "cls/two")
-    items = list(sources.walk_class_folder(str(root), "cls"))
+    items = list(input_files.walk_class_folder(str(root), "cls"))
     assert [i.key for i in items if isinstance(i, ImageRef)] == ["cls/one/p.jpg"]
     assert [(i.key, i.reason) for i in items if isinstance(i, Rejected)] == [
         ("cls/two", "symlink to a folder already listed as 'cls/one'; not listed again")]
@@ -177,7 +177,7 @@ def test_dangling_symlink_fifo_and_socket_are_rows_and_listing_finishes(special_
     root, size = special_tree
     # Pure walk in a thread, then the whole Beam listing in a subprocess: a FIFO opened by
     # mistake fails the test at the timeout instead of hanging it.
-    items = within(30, lambda: list(sources.walk_class_folder(str(root), "cls")))
+    items = within(30, lambda: list(input_files.walk_class_folder(str(root), "cls")))
     assert [(i.key, i.size) for i in items if isinstance(i, ImageRef)] == [("cls/ok.jpg", size)]
     assert sorted(row_tuple(i) for i in items if isinstance(i, Rejected)) == special_rows(root)
     run_in_subprocess("check_listing", str(root), [("cls/ok.jpg", f"{root}/cls/ok.jpg", "cls", size)],
@@ -187,8 +187,8 @@ def test_dangling_symlink_fifo_and_socket_are_rows_and_listing_finishes(special_
 def test_read_path_refuses_a_fifo_without_opening_it(special_tree):
     root, _ = special_tree
     fifo = f"{root}/cls/x.jpg"
-    with pytest.raises(sources.Refused, match=r"^not a regular file: a FIFO \(named pipe\); it was not opened$"):
-        within(10, sources.read_limited, fifo, 1000)
+    with pytest.raises(input_files.Refused, match=r"^not a regular file: a FIFO \(named pipe\); it was not opened$"):
+        within(10, input_files.read_limited, fifo, 1000)
     ref = ImageRef("cls/x.jpg", fifo, "cls", "train", label_id=0)
     row = within(10, shard_writer.encode_ref, ref, shard_writer.limited_reader(codec.ImageOptions()), "tfds",
                  LabelMap(("cls",)), codec.ImageOptions())
@@ -202,12 +202,12 @@ def test_unreadable_entries_are_rows_without_a_real_permission_error():
     def denied_stat(path):
         raise PermissionError(13, "Permission denied", path)
 
-    found = sources.probe("/r/cls/a.jpg", sources.FileOps(stat=denied_stat))
-    assert found == sources.Probe("bad", reason="unreadable: permission denied (cannot stat)", error="PermissionError")
+    found = input_files.probe("/r/cls/a.jpg", input_files.FileOps(stat=denied_stat))
+    assert found == input_files.Probe("bad", reason="unreadable: permission denied (cannot stat)", error="PermissionError")
 
     regular = os.stat(__file__)
-    no_read = sources.FileOps(stat=lambda p: regular, access=lambda p, mode: False)
-    assert sources.probe("/r/cls/a.jpg", no_read).reason == "unreadable file: no read permission"
+    no_read = input_files.FileOps(stat=lambda p: regular, access=lambda p, mode: False)
+    assert input_files.probe("/r/cls/a.jpg", no_read).reason == "unreadable file: no read permission"
 
     def denied_listdir(path):
         if path == "/r":
@@ -215,8 +215,8 @@ def test_unreadable_entries_are_rows_without_a_real_permission_error():
         raise PermissionError(13, "Permission denied", path)
 
     folders = {"/r": os.stat("/"), "/r/cls": os.stat(TESTS_DIR)}  # two real, distinct folder stats
-    ops = sources.FileOps(stat=folders.__getitem__, access=lambda p, mode: True, listdir=denied_listdir)
-    assert list(sources.walk_class_folder("/r", "cls", ops=ops)) == [
+    ops = input_files.FileOps(stat=folders.__getitem__, access=lambda p, mode: True, listdir=denied_listdir)
+    assert list(input_files.walk_class_folder("/r", "cls", ops=ops)) == [
         Rejected("/r/cls", "unreadable folder: permission denied", "cls", stage="list", error="PermissionError")]
 
 
@@ -281,10 +281,10 @@ def test_read_path_refuses_oversize_files_without_reading_them_whole(tmp_path):
             CountingStream.asked.append(n)
             return super().read(n)
 
-    with pytest.raises(sources.Refused, match=r"over the limit of 1000 bytes .*reading stopped after 1001 bytes"):
-        sources.read_limited("gs://bucket/cls/big.jpg", 1000, open_uri=lambda uri: CountingStream(b"\xff" * 50_000))
+    with pytest.raises(input_files.Refused, match=r"over the limit of 1000 bytes .*reading stopped after 1001 bytes"):
+        input_files.read_limited("gs://bucket/cls/big.jpg", 1000, open_uri=lambda uri: CountingStream(b"\xff" * 50_000))
     assert CountingStream.asked == [1001]
-    assert sources.read_limited("gs://b/x", 1000, open_uri=lambda uri: io.BytesIO(b"abc")) == b"abc"
+    assert input_files.read_limited("gs://b/x", 1000, open_uri=lambda uri: io.BytesIO(b"abc")) == b"abc"
 
 
 class _Trickle(io.BytesIO):
@@ -296,17 +296,17 @@ class _Trickle(io.BytesIO):
 
 def test_local_read_sizes_its_first_read_by_the_stat_and_keeps_every_byte(tmp_path):
     # Short reads: read on to EOF.
-    assert sources._read_whole(_Trickle(b"0123456789"), 10, 1000) == b"0123456789"
+    assert input_files._read_whole(_Trickle(b"0123456789"), 10, 1000) == b"0123456789"
     # A file that grew after the stat: the new bytes are read too, up to the limit plus one.
-    assert sources._read_whole(io.BytesIO(b"x" * 5000), 100, None) == b"x" * 5000
-    assert sources._read_whole(io.BytesIO(b"x" * 5000), 100, 1000) == b"x" * 1001
-    assert sources._read_whole(_Trickle(b"x" * 50), 10, 20) == b"x" * 21
-    assert sources._read_whole(io.BytesIO(b""), 0, 1000) == b""
+    assert input_files._read_whole(io.BytesIO(b"x" * 5000), 100, None) == b"x" * 5000
+    assert input_files._read_whole(io.BytesIO(b"x" * 5000), 100, 1000) == b"x" * 1001
+    assert input_files._read_whole(_Trickle(b"x" * 50), 10, 20) == b"x" * 21
+    assert input_files._read_whole(io.BytesIO(b""), 0, 1000) == b""
     # End to end: a real file is read whole, and a file at the limit is accepted.
     path = tmp_path / "a.jpg"
     path.write_bytes(b"y" * 1000)
-    assert sources.read_limited(str(path), 1000) == b"y" * 1000
-    assert sources.read_limited(str(path), None) == b"y" * 1000
+    assert input_files.read_limited(str(path), 1000) == b"y" * 1000
+    assert input_files.read_limited(str(path), None) == b"y" * 1000
 
 
 def test_max_file_mb_is_validated():

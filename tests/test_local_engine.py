@@ -13,9 +13,9 @@ import time
 import pytest
 
 from conftest import published_version, build, manifest_without_time, shard_files
-from imagerecords.manifest import LOCK, MANIFEST, STAGING
-from imagerecords.pipeline import cli
-from imagerecords.pipeline.launcher import uses_local_engine
+from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
+from imagerecords.cli import main as cli
+from imagerecords.cli.launcher import uses_local_engine
 
 SPLITS = "train=0.7,validation=0.3"
 
@@ -165,7 +165,7 @@ def test_one_file_listed_under_two_labels_is_a_label_conflict_on_every_engine(im
 
 
 def test_the_content_index_groups_each_digest_once_whatever_the_order():
-    from imagerecords.pipeline.local import _Contents
+    from imagerecords.build.engines.local import _Contents
 
     index = _Contents()
     members = [(b"a" * 16, ("a1", "train", "/a", "cat")), (b"b" * 16, ("b1", "train", "/b", "cat")),
@@ -180,7 +180,7 @@ def test_the_content_index_groups_each_digest_once_whatever_the_order():
 
 
 def test_the_engine_is_chosen_by_what_the_build_needs():
-    from imagerecords.config import make_config
+    from imagerecords.build.config import make_config
 
     local = make_config({}, {"input": "in", "output": "out"})
     assert uses_local_engine(local, [])
@@ -198,7 +198,7 @@ def test_a_local_build_never_imports_beam(image_tree, tmp_path, workers, engine)
     The build is called from code without a `__main__` guard (python -c), which worker processes
     must not run again."""
     root, _ = image_tree
-    code = ("import sys; from imagerecords.pipeline import cli; "
+    code = ("import sys; from imagerecords.cli import main as cli; "
             f"rc = cli.main(['build', '--input', {str(root)!r}, '--output', {str(tmp_path / 'ds')!r}, "
             f"'--max_reject_fraction', '0.05', '--no_progress', '--local_workers', {workers!r}]); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'apache_beam')); sys.exit(rc)")
@@ -328,7 +328,7 @@ def test_a_killed_worker_process_fails_the_build_in_one_line_and_a_rerun_publish
 def test_manifest_parts_hold_every_line_once_in_order(tmp_path, csv, ending):
     """Worker processes list a manifest in byte ranges; together the ranges give exactly the lines
     of one serial read, whatever the cut points hit (line ends, CRLF, blank lines, no final newline)."""
-    from imagerecords.pipeline import local
+    from imagerecords.build.engines import local
 
     lines = [f"row{i},{'x' * (i % 7)}".encode() for i in range(40)]
     lines[5] = lines[17] = b""  # blank lines

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from imagerecords import errors, metadata, publish
-from imagerecords.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, Shard, Split
-from imagerecords.metadata import ShardResult
+from imagerecords.build import dataset_files, errors, publish
+from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, Shard, Split
+from imagerecords.build.dataset_files import ShardResult
 
 
 def _results(name="images", shards=(("train", 0, b"new0"), ("train", 1, b"new1")), rejected=0, budget=0.5,
@@ -89,8 +89,8 @@ def test_a_commit_publishes_a_new_version_folder_and_keeps_the_previous_one(tmp_
     assert [(out / f).read_bytes() for f in manifest.shard_files()] == [b"new0", b"new1"]
     assert manifest.shard_files()[1] == f"{manifest.version}/images-train.tfrecord-00001-of-00002"
     assert Manifest.loads((out / MANIFEST).read_bytes()) == manifest
-    info = json.loads((out / metadata.DATASET_INFO).read_text())
-    assert info["splits"][0]["filepathTemplate"] == f"{manifest.version}/{metadata.FILEPATH_TEMPLATE}"
+    info = json.loads((out / dataset_files.DATASET_INFO).read_text())
+    assert info["splits"][0]["filepathTemplate"] == f"{manifest.version}/{dataset_files.FILEPATH_TEMPLATE}"
     # A third build removes the oldest version (keep_versions=2: this one and the one before).
     third = _results(shards=[("train", 0, b"third")], build_id="20261201T000003Z-cccccc")
     _stage(out, third, [b"third"])

@@ -1,6 +1,6 @@
 """Reader end to end: datasets built by the real builder (DirectRunner), read back with imagerecords.reader.
 
-Fixtures: imagerecords.example_images draws 4 classes x 6 images of mixed formats (JPEG, PNG, GIF,
+Fixtures: imagerecords.build.example_images draws 4 classes x 6 images of mixed formats (JPEG, PNG, GIF,
 greyscale, CMYK, EXIF-rotated); the builder writes them with --num_shards 4, in both schema presets.
 """
 
@@ -19,7 +19,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import shard_files
-from imagerecords import example_images, reader, records
+from imagerecords import reader
+from imagerecords.build import example_images
+from imagerecords.format import records
 from imagerecords.reader import ReadConfig, ReadStats
 
 PER_CLASS = 6
@@ -27,7 +29,7 @@ SIZE = 32
 
 
 def _build(images, output, *extra):
-    from imagerecords.pipeline import run
+    from imagerecords.cli.launcher import run
 
     return run(["--input", str(images), "--output", str(output), "--splits", "train=0.75,validation=0.25",
                 "--num_shards", "4", "--direct_num_workers=1", "--no_progress", *extra])
@@ -344,7 +346,7 @@ def resized(ds_path, tmp_path):
     """A copy of the dataset and a way to rewrite train shard 0 with other records than the manifest lists.
 
     Returns (path, shard 0, its records, shard 1's records, every train filename, rewrite); rewrite(records)
-    writes the records to shard 0, framed by imagerecords.records.frame.
+    writes the records to shard 0, framed by imagerecords.format.records.frame.
     """
     copy = tmp_path / "ds"
     shutil.copytree(ds_path, copy)

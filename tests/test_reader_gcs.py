@@ -15,8 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.gcs
 def test_reader_reads_gs_paths(tmp_path, fake_gcs_server):
-    from imagerecords import example_images
-    from imagerecords.pipeline import run
+    from imagerecords.build import example_images
+    from imagerecords.cli.launcher import run
 
     images, local = tmp_path / "images", tmp_path / "ds"
     example_images.write_tree(str(images), per_class=3)

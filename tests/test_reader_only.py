@@ -6,7 +6,7 @@ and NumPy of the trainer's choosing, no Beam, Pillow or PyYAML).
 IMAGERECORDS_READER_ONLY=1 (the builder must then be absent) and IMAGERECORDS_BUILT_DATASET naming
 a dataset the main environment's builder wrote (`imagerecords demo`). Nothing here imports Beam: the
 small dataset of these tests is written by test code with the builder's own Beam-free modules
-(imagerecords.schema, records, manifest), its JPEGs encoded by TensorFlow.
+(imagerecords.format.schema, records, manifest), its JPEGs encoded by TensorFlow.
 """
 
 import collections
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from imagerecords import records, schema
-from imagerecords.manifest import Manifest, Shard, Split
+from imagerecords.format import records, schema
+from imagerecords.format.manifest import Manifest, Shard, Split
 
 READER_ONLY = os.environ.get("IMAGERECORDS_READER_ONLY") == "1"
 BUILT = os.environ.get("IMAGERECORDS_BUILT_DATASET")
@@ -58,7 +58,7 @@ def _write_shard(folder, filename, rows, preset):
 @pytest.fixture(scope="module", params=schema.PRESETS)
 def small(request, tmp_path_factory):
     """Two splits, the train split in two shards: 7 + 3 records of 3 solid-colour classes, written
-    with imagerecords.records framing and imagerecords.schema Examples, listed in a Manifest."""
+    with imagerecords.format.records framing and imagerecords.format.schema Examples, listed in a Manifest."""
     preset = request.param
     folder = tmp_path_factory.mktemp(f"small-{preset}")
     layout = {
@@ -117,24 +117,28 @@ def test_training_pipeline_is_seeded_and_numpy_batches_work(small):
     assert sorted(sum((b[1].tolist() for b in batches), [])) == [0, 1, 2]
 
 
-def test_reader_import_loads_no_builder_module(tmp_path):
+def test_reader_import_loads_only_the_format_and_the_reader(tmp_path):
+    """The install boundary: `import imagerecords.reader` loads imagerecords.format and
+    imagerecords.reader only (nothing of imagerecords.build or imagerecords.cli), and no Beam or YAML."""
     code = textwrap.dedent("""
         import sys
         import imagerecords.reader
-        heavy = ("apache_beam", "yaml", "imagerecords.pipeline", "imagerecords.transforms", "imagerecords.codec",
-                 "imagerecords.config", "imagerecords.publish", "imagerecords.shard_writer")
-        print(sorted(m for m in sys.modules if m in heavy or m.startswith(heavy[0] + ".")))
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("imagerecords", "apache_beam", "yaml")))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    loaded = eval(out.stdout.strip().splitlines()[-1])
+    allowed = {"imagerecords", "imagerecords.format", "imagerecords.reader"}
+    strays = [m for m in loaded if m not in allowed and not m.startswith(("imagerecords.format.", "imagerecords.reader."))]
+    assert not strays, f"importing the reader loaded {strays}"
+    assert "imagerecords.format.manifest" in loaded and "imagerecords.reader.dataset" in loaded
 
 
 @pytest.mark.parametrize("command", ["build", "demo", "verify", "finish"])
 def test_builder_command_without_builder_extra_says_so_in_one_line(command, tmp_path):
     # In the reader-only environment Beam is really absent; elsewhere it is hidden from this process.
     hide = "" if READER_ONLY else "import sys; sys.modules['apache_beam'] = None; "
-    code = hide + "import sys; from imagerecords.pipeline.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = hide + "import sys; from imagerecords.cli.main import main; sys.exit(main(sys.argv[1:]))"
     out = subprocess.run([sys.executable, "-c", code, command, str(tmp_path / "x")], capture_output=True,
                          text=True, timeout=300, cwd=str(tmp_path))
     assert out.returncode == 1, out.stderr[-2000:]

@@ -107,7 +107,7 @@ def test_dali_feature_spec_reads_each_preset(datasets, preset):
     preset's keys must parse every record of the recipe's shard list (and its index list pairs up)."""
     import tensorflow as tf
 
-    from imagerecords import schema
+    from imagerecords.format import schema
 
     out, manifest = datasets[preset]
     keys = schema.keys(manifest.schema)
@@ -177,7 +177,7 @@ def test_version_flag_prints_the_package_version_in_a_subprocess():
 
     import imagerecords
 
-    code = ("import sys\nfrom imagerecords.pipeline.cli import main\nrc = main(sys.argv[1:])\n"
+    code = ("import sys\nfrom imagerecords.cli.main import main\nrc = main(sys.argv[1:])\n"
             "assert 'tensorflow' not in sys.modules and 'apache_beam' not in sys.modules, 'heavy import'\n"
             "sys.exit(rc)")
     for flag in ("--version", "-V"):

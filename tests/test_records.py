@@ -5,7 +5,7 @@ import io
 import pytest
 import tensorflow as tf
 
-from imagerecords import records
+from imagerecords.format import records
 
 
 def test_framing_matches_tensorflow_writer(tmp_path):

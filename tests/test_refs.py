@@ -2,8 +2,8 @@
 
 import pytest
 
-from imagerecords import config, planning, refs
-from imagerecords.refs import ManifestColumns
+from imagerecords.build import config, planning, refs
+from imagerecords.build.refs import ManifestColumns
 
 
 def test_golden_shuffle_order():

@@ -21,9 +21,11 @@ import pytest
 from PIL import Image, ImageStat
 
 from conftest import build, shard_files, skip_unless_ci
-from imagerecords import report, schema
-from imagerecords.manifest import Manifest
-from imagerecords.pipeline import checkup, cli
+from imagerecords.cli import report
+from imagerecords.format import schema
+from imagerecords.format.manifest import Manifest
+from imagerecords.cli import inspection
+from imagerecords.cli import main as cli
 
 PER_CLASS = 3
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,7 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def write_report(folder, html_path, **kwargs):
     """report.write_report with the manifest loader the command line passes it."""
-    return report.write_report(str(folder), str(html_path), load_manifest=checkup.load, **kwargs)
+    return report.write_report(str(folder), str(html_path), load_manifest=inspection.load, **kwargs)
 
 
 class Page(HTMLParser):
@@ -158,7 +160,7 @@ def run(dataset, tmp_path_factory):
     cwd = tmp_path_factory.mktemp("cwd")
     before = sorted(os.listdir(out))
     code = _blocked_python(f"""
-        from imagerecords.pipeline import cli
+        from imagerecords.cli import main as cli
         rc = cli.main(["report", {str(out)!r}, "--per_class", "{PER_CLASS}"])
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "apache_beam")))
         sys.exit(rc)

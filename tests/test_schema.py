@@ -3,7 +3,7 @@
 import pytest
 import tensorflow as tf
 
-from imagerecords import schema
+from imagerecords.format import schema
 
 
 def tf_example(preset, image, label, text, filename, h, w):

@@ -4,10 +4,10 @@ import apache_beam as beam
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from imagerecords import refs as refs_lib
-from imagerecords.refs import ImageRef, LabelMap
-from imagerecords.transforms import AssignLabels, GlobalShuffle, ListImages, ReadManifest
-from imagerecords.transforms.common import REJECTED
+from imagerecords.build import refs as refs_lib
+from imagerecords.build.refs import ImageRef, LabelMap
+from imagerecords.build.engines.beam import AssignLabels, GlobalShuffle, ListImages, ReadManifest
+from imagerecords.build.engines.beam.common import REJECTED
 
 
 def _refs(n, split="train"):
@@ -92,7 +92,7 @@ def test_repeated_keys_are_ordered_whatever_the_grouping():
 def test_refs_cross_stages_with_the_compact_deterministic_coder():
     from apache_beam.coders import typecoders
 
-    from imagerecords.transforms.coders import ImageRefCoder
+    from imagerecords.build.engines.beam.coders import ImageRefCoder
 
     coder = typecoders.registry.get_coder(ImageRef)
     ref = ImageRef("n01440764/n01440764_10026.JPEG", "gs://b/train/n01440764/n01440764_10026.JPEG", "n01440764",

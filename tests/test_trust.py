@@ -1,6 +1,6 @@
 """No silent mix: a writer that outlives its launcher, a reader during rebuilds, resumed builds.
 
-Real CLI builds into tmp_path; the test hooks of imagerecords/_hooks.py hold a process at a phase
+Real CLI builds into tmp_path; the test hooks of imagerecords/build/_hooks.py hold a process at a phase
 until the test releases it, so each race happens in one fixed order.
 """
 
@@ -17,8 +17,8 @@ import time
 import pytest
 
 from conftest import published_version, shard_files, without_version
-from imagerecords.manifest import LOCK, MANIFEST, STAGING
-from imagerecords.pipeline import cli
+from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
+from imagerecords.cli import main as cli
 
 ARGS = ["--num_shards", "4", "--max_reject_fraction", "0.05", "--no_progress"]
 
@@ -66,9 +66,9 @@ def tree(image_tree, tmp_path_factory):
 
 ORPHAN = r"""
 import json, os, sys
-from imagerecords import codec, shard_writer, stages
-from imagerecords import refs as refs_lib
-from imagerecords.refs import ImageRef
+from imagerecords.build import codec, shard_writer, stages
+from imagerecords.build import refs as refs_lib
+from imagerecords.build.refs import ImageRef
 
 root, out, build_id = sys.argv[1:4]
 labels = refs_lib.vocabulary(sorted(os.listdir(root)), "auto", 0)

@@ -10,7 +10,7 @@ from typing import Iterator, List, Optional, Tuple, Union
 
 import tensorflow as tf
 
-from imagerecords import schema
+from imagerecords.format import schema
 from imagerecords.reader import config as config_lib
 from imagerecords.reader import hosts as hosts_lib
 from imagerecords.reader import preprocess as preprocess_lib

@@ -9,8 +9,8 @@ from typing import Dict, List, Mapping, Tuple, Union
 
 import tensorflow as tf
 
-from imagerecords import schema
-from imagerecords.manifest import MANIFEST, STAGING, Manifest, no_manifest_hint, unfinished_hint
+from imagerecords.format import schema
+from imagerecords.format.manifest import MANIFEST, STAGING, Manifest, no_manifest_hint, unfinished_hint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,14 +68,14 @@ class DatasetInfo:
     Attributes:
       path: the dataset folder.
       name: dataset name (the shard file prefix).
-      schema: example schema preset (see imagerecords.schema.PRESETS).
+      schema: example schema preset (see imagerecords.format.schema.PRESETS).
       label_names: class names; name `label_names[i]` has stored label id `i + label_offset`.
       label_offset: added to every label id by the builder (1 for ImageNet-style "0 = background").
       integer_labels: whether the source labels were integers rather than names.
       seed: the build's shuffle seed.
       splits: {split name: SplitInfo}.
       num_rejected: inputs the build rejected (listed in errors.jsonl).
-      manifest: the typed manifest (imagerecords.manifest.Manifest), for fields this class does not lift out.
+      manifest: the typed manifest (imagerecords.format.manifest.Manifest), for fields this class does not lift out.
     """
 
     path: str
@@ -133,7 +133,7 @@ def load_info(path: Union[str, "DatasetInfo"]) -> DatasetInfo:
     Raises:
       FileNotFoundError: when the folder holds no manifest.json (no published build is there; the
         message says whether an unfinished build is, and how to finish or clear it).
-      ValueError: when the manifest is unreadable (imagerecords.manifest.ManifestError) or of an
+      ValueError: when the manifest is unreadable (imagerecords.format.manifest.ManifestError) or of an
         unknown schema.
     """
     if isinstance(path, DatasetInfo):

@@ -10,7 +10,7 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import tensorflow as tf
 
-from imagerecords.records import masked_crc32c
+from imagerecords.format.records import masked_crc32c
 
 log = logging.getLogger("imagerecords.reader")
 

@@ -1,0 +1,304 @@
+"""Image codec: sniff the format from bytes, decode with Pillow, normalise to RGB, resize, JPEG."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import struct
+from typing import Optional, Tuple
+
+from PIL import Image
+
+from imagerecords.build.input_files import stable_text
+
+# Decompression-bomb guard: an image above this many pixels is refused with our own error, from
+# the dimensions in its header, before anything is decoded. Pillow's process-wide
+# Image.MAX_IMAGE_PIXELS (~89 Mpx by default; Pillow warns above it and raises above twice it) is
+# read, never changed: when it is lower it is the limit, so Pillow never warns about an image we
+# accept. See pixel_limit().
+MAX_PIXELS = 200_000_000
+
+# Alpha is composited over this colour: transparent pixels become white, not black (what most
+# viewers show for logos and product shots), and no colour is invented where alpha was 0.
+ALPHA_BACKGROUND = (255, 255, 255)
+
+# sniff_format's names -> Pillow's format ids: the bytes are opened only as what they say they are.
+_PILLOW_FORMATS = {"jpeg": "JPEG", "png": "PNG", "gif": "GIF", "bmp": "BMP", "tiff": "TIFF", "webp": "WEBP"}
+
+_SIGNATURES = (
+    (b"\xff\xd8\xff", "jpeg"),
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"GIF87a", "gif"),
+    (b"GIF89a", "gif"),
+    (b"BM", "bmp"),
+    (b"II*\x00", "tiff"),
+    (b"MM\x00*", "tiff"),
+)
+
+
+# EXIF orientation tag value -> the operation that makes the image upright.
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+class ImageError(ValueError):
+    """The bytes are not an image we can use; the message is the reason shown in errors.jsonl.
+
+    Attributes:
+      error: the type name of the exception behind the reason (Pillow's, when Pillow failed).
+    """
+
+    def __init__(self, reason: str, error: str = "ImageError"):
+        super().__init__(reason)
+        self.error = error
+
+
+def pixel_limit() -> int:
+    """Returns the most pixels an image may have: MAX_PIXELS, or Pillow's lower global limit."""
+    pillow = Image.MAX_IMAGE_PIXELS
+    return MAX_PIXELS if pillow is None else min(MAX_PIXELS, int(pillow))
+
+
+# JPEG start-of-frame markers (they hold the image size); C4, C8 and CC are other segments.
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def _jpeg_size(data: bytes) -> Optional[Tuple[int, int]]:
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # segments without a length
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image / start of scan before any frame header
+            return None
+        if marker in _SOF:
+            if i + 9 > n:
+                return None
+            height, width = struct.unpack(">HH", data[i + 5:i + 9])
+            return width, height
+        i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+    return None
+
+
+def header_size(data: bytes, fmt: str) -> Optional[Tuple[int, int]]:
+    """Returns (width, height) read from the file header without decoding, or None when the
+    header is short or the format's header is not parsed here (TIFF: Pillow reads it)."""
+    try:
+        if fmt == "jpeg":
+            return _jpeg_size(data)
+        if fmt == "png" and data[12:16] == b"IHDR":
+            return struct.unpack(">II", data[16:24])
+        if fmt == "gif":
+            return struct.unpack("<HH", data[6:10])
+        if fmt == "bmp":
+            if struct.unpack("<I", data[14:18])[0] == 12:  # OS/2 BITMAPCOREHEADER
+                return struct.unpack("<HH", data[18:22])
+            width, height = struct.unpack("<ii", data[18:26])
+            return abs(width), abs(height)
+        if fmt == "webp":
+            chunk = data[12:16]
+            if chunk == b"VP8X":
+                return (int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1)
+            if chunk == b"VP8L":
+                bits = int.from_bytes(data[21:25], "little")
+                return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+            if chunk == b"VP8 ":
+                width, height = struct.unpack("<HH", data[26:30])
+                return width & 0x3FFF, height & 0x3FFF
+    except struct.error:
+        return None
+    return None
+
+
+def _check_pixels(width: int, height: int) -> None:
+    limit = pixel_limit()
+    if width * height > limit:
+        raise ImageError(f"image too large: {width}x{height} pixels is over the limit of {limit} pixels")
+
+
+# What Pillow raises on bytes it cannot use (its plugins let struct/index errors through).
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError, KeyError, TypeError,
+                  ZeroDivisionError)
+
+
+def _decode_reason(fmt: str, e: BaseException) -> str:
+    """Our text for a Pillow failure: never a repr (Pillow's "cannot identify image file
+    <_io.BytesIO object at 0x...>" would make errors.jsonl differ between two builds)."""
+    name = fmt.upper()
+    if isinstance(e, Image.UnidentifiedImageError):
+        return f"not a decodable image (format unknown): the bytes start like {name} but no decoder accepts them"
+    message = stable_text(str(e)).strip()
+    if "truncated" in message.lower():
+        return f"truncated {name}: {message}"
+    return f"cannot decode {name}: {message}" if message else f"cannot decode {name} ({type(e).__name__})"
+
+
+def sniff_format(data: bytes) -> Optional[str]:
+    """Returns 'jpeg', 'png', 'gif', 'bmp', 'tiff' or 'webp' from the leading bytes, else None."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    for magic, name in _SIGNATURES:
+        if data.startswith(magic):
+            return name
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageOptions:
+    """How images are prepared.
+
+    Attributes:
+      max_side: if set, shrink so the longer side is at most this many pixels.
+      short_side: if set, shrink so the shorter side is at most this many pixels.
+      quality: JPEG quality (1-95) used whenever an image is re-encoded.
+      reencode: re-encode JPEGs even when they could pass through byte for byte.
+      max_file_mb: input files larger than this many megabytes (10^6 bytes) are rejected without
+        being read whole (a stray video or disk image in the input costs no memory).
+    """
+
+    max_side: Optional[int] = None
+    short_side: Optional[int] = None
+    quality: int = 90
+    reencode: bool = False
+    max_file_mb: float = 64.0
+
+    def __post_init__(self):
+        for name in ("max_side", "short_side"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be a positive number of pixels, got {value}")
+        if not 1 <= self.quality <= 95:
+            raise ValueError(f"quality must be within 1..95 (libjpeg's useful range), got {self.quality}")
+        if not (isinstance(self.max_file_mb, (int, float)) and math.isfinite(self.max_file_mb) and self.max_file_mb > 0):
+            raise ValueError(f"max_file_mb must be a number of megabytes > 0, got {self.max_file_mb!r}")
+
+    @property
+    def max_file_bytes(self) -> int:
+        """The input size limit in bytes."""
+        return int(self.max_file_mb * 1e6)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedImage:
+    """A JPEG ready to store.
+
+    Attributes:
+      jpeg: the JPEG bytes.
+      height: height in pixels.
+      width: width in pixels.
+      source_format: format sniffed from the input bytes.
+      passthrough: True when `jpeg` is the input file unchanged.
+    """
+
+    jpeg: bytes
+    height: int
+    width: int
+    source_format: str
+    passthrough: bool
+
+
+def target_size(width: int, height: int, options: ImageOptions) -> Tuple[int, int]:
+    """Returns the (width, height) after the optional shrink; never enlarges, keeps aspect ratio."""
+    scale = 1.0
+    if options.max_side is not None:
+        scale = min(scale, options.max_side / max(width, height))
+    if options.short_side is not None:
+        scale = min(scale, options.short_side / min(width, height))
+    if scale >= 1.0:
+        return width, height
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _orientation(img: Image.Image) -> int:
+    try:
+        return int(img.getexif().get(0x0112, 1))
+    except Exception:  # a broken EXIF block must not cost the image; treat it as upright
+        return 1
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """Converts any Pillow mode to 8-bit RGB; alpha is composited over ALPHA_BACKGROUND."""
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        import numpy as np  # only these rare modes need it; most builds never import NumPy
+    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+        # 16-bit greyscale (PNG, TIFF): keep the top 8 bits. Pillow's own convert clips at 255.
+        arr = np.asarray(img, dtype=np.uint32)
+        return Image.fromarray((np.clip(arr, 0, 65535) >> 8).astype(np.uint8), "L").convert("RGB")
+    if mode == "F":
+        arr = np.asarray(img, dtype=np.float32)
+        return Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), "L").convert("RGB")
+    if mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+        mode = "RGBA"
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        background = Image.new("RGB", rgba.size, ALPHA_BACKGROUND)
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    # CMYK (Pillow undoes Adobe's inverted CMYK), L, 1, P, YCbCr, LAB, HSV.
+    return img.convert("RGB")
+
+
+def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> PreparedImage:
+    """Turns image file bytes into a stored JPEG.
+
+    A JPEG that is already 8-bit RGB (YCbCr), upright and within the size limits is passed through
+    unchanged after a fast check that its entropy-coded data decodes (a DCT-scaled draft decode
+    reads every coefficient, so truncation is caught). Everything else is decoded, EXIF-rotated,
+    converted to RGB, shrunk if asked (JPEGs through a DCT-scaled draft) and encoded as JPEG.
+    Animated images keep their first frame.
+
+    Raises:
+      ImageError: with the reason the bytes cannot be used.
+    """
+    fmt = sniff_format(data)
+    if fmt is None:
+        raise ImageError("not a supported image: unrecognized file signature")
+    size = header_size(data, fmt)
+    if size is not None:
+        _check_pixels(*size)
+    try:
+        img = Image.open(io.BytesIO(data), formats=[_PILLOW_FORMATS[fmt]])
+        width, height = img.size
+        _check_pixels(width, height)
+        orientation = _orientation(img)
+        tw, th = target_size(width, height, options)
+        resize = (tw, th) != (width, height)
+        if fmt == "jpeg" and not options.reencode and not resize and img.mode == "RGB" and orientation == 1:
+            img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+            img.load()
+            return PreparedImage(data, height, width, fmt, passthrough=True)
+        if resize and fmt == "jpeg":
+            img.draft(img.mode if img.mode in ("RGB", "L") else None, (tw, th))
+        img.load()
+        img = _to_rgb(img)
+        if resize:
+            img = img.resize((tw, th), Image.Resampling.LANCZOS)
+        if orientation in _TRANSPOSE:
+            img = img.transpose(_TRANSPOSE[orientation])
+        out = io.BytesIO()
+        img.save(out, format="JPEG", quality=options.quality)
+        return PreparedImage(out.getvalue(), img.height, img.width, fmt, passthrough=False)
+    except ImageError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise ImageError(f"image too large: {stable_text(str(e))}", type(e).__name__) from e
+    except _DECODE_ERRORS as e:
+        raise ImageError(_decode_reason(fmt, e), type(e).__name__) from e

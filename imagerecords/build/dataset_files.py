@@ -1,0 +1,157 @@
+"""Output metadata around the manifest: TFDS dataset_info.json / features.json and label names."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from imagerecords.format.manifest import MANIFEST, Manifest, Shard, Split, dumps
+
+DATASET_INFO = "dataset_info.json"
+FEATURES = "features.json"
+LABEL_NAMES = "label.labels.txt"
+FILEPATH_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+# Index files live in a sub-folder, `index/<shard file name>.idx` (DALI's examples keep theirs in a
+# folder the same way): a shard glob in the dataset folder (`images-train*`, `*.tfrecord*`,
+# `*-of-*`) never reaches into a sub-folder, so it can never pick an index up as a shard, and
+# `OUT/index/{}.idx` with the shard's file name is the index path every reader wants.
+INDEX_DIR = "index"
+INDEX_SUFFIX = ".idx"
+# What TFDS reads to find a dataset: removed with manifest.json when a commit starts, so that
+# neither our readers nor TFDS see the previous dataset's metadata over the new shards.
+PUBLICATION_MARKS = (MANIFEST, DATASET_INFO, FEATURES)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardResult:
+    """A written shard as the shard writer reports it: its split and its manifest row.
+
+    Attributes:
+      split: split name.
+      shard: the manifest's row for the shard (manifest.Shard).
+    """
+
+    split: str
+    shard: Shard
+
+    @property
+    def index(self) -> int:
+        return self.shard.index
+
+    @property
+    def filename(self) -> str:
+        return self.shard.filename
+
+    @property
+    def count(self) -> int:
+        return self.shard.count
+
+    @property
+    def index_file(self) -> Optional[str]:
+        return self.shard.index_file
+
+    def to_json(self) -> Dict[str, object]:
+        return dict(self.shard.to_json(), split=self.split)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> "ShardResult":
+        return cls(str(d["split"]), Shard.from_json(d))
+
+
+def index_name(shard_filename: str) -> str:
+    """The index file of a shard, relative to the dataset folder ('/' separated on every filesystem)."""
+    return f"{INDEX_DIR}/{shard_filename}{INDEX_SUFFIX}"
+
+
+def build_manifest(
+    *,
+    name: str,
+    schema: str,
+    label_map: Mapping[str, object],
+    seed: int,
+    parameters: Mapping[str, object],
+    shards: Sequence[ShardResult],
+    num_rejected: int,
+    num_skipped: int = 0,
+    versions: Mapping[str, str],
+    created: Optional[str] = None,
+    num_duplicate_groups: int = -1,
+    num_leaking_groups: int = 0,
+    num_label_conflicts: int = 0,
+) -> Manifest:
+    """Returns the manifest of a build from its shard results; splits and shards are sorted, so the
+    same build always serializes to the same bytes (`created` aside)."""
+    by_split: Dict[str, List[Shard]] = {}
+    for result in sorted(shards, key=lambda s: (s.split, s.index)):
+        by_split.setdefault(result.split, []).append(result.shard)
+    params = {k: v for k, v in parameters.items() if k not in ("name", "schema", "seed")}
+    return Manifest(name=name, schema=schema, label_names=tuple(label_map["names"]),
+                    label_offset=int(label_map["offset"]), integer_labels=bool(label_map["integer"]), seed=seed,
+                    parameters=params, splits=tuple(Split(k, tuple(v)) for k, v in sorted(by_split.items())),
+                    num_rejected=num_rejected, num_skipped=num_skipped, versions=dict(versions), created=created,
+                    num_duplicate_groups=num_duplicate_groups, num_leaking_groups=num_leaking_groups,
+                    num_label_conflicts=num_label_conflicts)
+
+
+def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:
+    """Returns TFDS's dataset_info.json content for the manifest (what tfds.builder_from_directory
+    reads to find the shards and count the examples)."""
+    splits = []
+    for split in manifest.splits:
+        splits.append({
+            "name": split.name,
+            "filepathTemplate": f"{manifest.version}/{FILEPATH_TEMPLATE}" if manifest.version else FILEPATH_TEMPLATE,
+            "numBytes": str(split.num_bytes),
+            "shardLengths": [str(s.count) for s in split.shards],
+        })
+    return {
+        "name": manifest.name,
+        "description": f"Images converted by imagerecords (schema {manifest.schema}).",
+        "fileFormat": "tfrecord",
+        "version": "1.0.0",
+        "splits": splits,
+        # What as_supervised=True yields: (image, label). The JSON form of TFDS's
+        # SupervisedKeys proto as TFDS 4.x writes it (a tuple of feature keys).
+        "supervisedKeys": {"tuple": {"items": [{"featureKey": "image"}, {"featureKey": "label"}]}},
+    }
+
+
+def tfds_features(num_classes: int) -> Dict[str, object]:
+    """Returns TFDS's features.json for the 'tfds' schema preset (keys as in schema.py)."""
+
+    def tensor(dtype: str) -> Dict[str, object]:
+        return {
+            "pythonClassName": "tensorflow_datasets.core.features.tensor_feature.Tensor",
+            "tensor": {"dtype": dtype, "encoding": "none", "shape": {}},
+        }
+
+    return {
+        "pythonClassName": "tensorflow_datasets.core.features.features_dict.FeaturesDict",
+        "featuresDict": {"features": {
+            "image": {
+                "pythonClassName": "tensorflow_datasets.core.features.image_feature.Image",
+                "image": {"dtype": "uint8", "encodingFormat": "jpeg", "shape": {"dimensions": ["-1", "-1", "3"]}},
+            },
+            "label": {
+                "pythonClassName": "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
+                "classLabel": {"numClasses": str(num_classes)},
+            },
+            "image/filename": {"pythonClassName": "tensorflow_datasets.core.features.text_feature.Text", "text": {}},
+            "image/height": tensor("int64"),
+            "image/width": tensor("int64"),
+        }},
+    }
+
+
+def label_names_text(names: Sequence[str]) -> bytes:
+    return "".join(f"{n}\n" for n in names).encode("utf-8")
+
+
+def metadata_files(manifest: Manifest) -> List[Tuple[str, bytes]]:
+    """Returns (filename, content) of every metadata file except errors.jsonl and manifest.json
+    (the commit writes those itself, manifest.json last)."""
+    files = [(LABEL_NAMES, label_names_text(manifest.label_names))]
+    if manifest.schema == "tfds":
+        files.append((DATASET_INFO, dumps(tfds_dataset_info(manifest))))
+        files.append((FEATURES, dumps(tfds_features(len(manifest.label_names)))))
+    return files

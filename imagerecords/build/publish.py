@@ -1,0 +1,674 @@
+"""The publish protocol: staging, the output lock, the build's results, and the commit.
+
+    OUT/.imagerecords.lock                  one build at a time (created only if absent)
+    OUT/.imagerecords-staging/<build id>/   each build's shards and results (a late writer of another
+                                            build can never reach them); no shard glob reaches in
+        <shard files>, index/, errors.jsonl, results.json (the engine's last write), commit.json
+        (the commit under way)
+    OUT/v-<build id>/                       a published build's shards and index files, never
+                                            rewritten; manifest.json names the current one
+
+Commit, once every shard is staged and the reject budget passed: record the commit in staging →
+check every staged shard's size and sha256 against what its writer reported → move the shards into
+the build's own version folder (no file a published manifest points at is touched) → errors.jsonl,
+duplicates.jsonl, TFDS's metadata → manifest.json last (the switch) → remove the versions beyond
+the retention (`--keep_versions`) → remove staging. A reader that loaded the previous manifest
+keeps reading the previous version's files until a later build removes them, and then fails
+naming them; never a mix. Each step can be redone, so a commit cut short is finished by
+`imagerecords finish OUT` (or replaced by a `--overwrite` rebuild).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime
+import errno
+import hashlib
+import json
+import logging
+import os
+import socket
+import uuid
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from imagerecords.build import _hooks, dataset_files, storage
+from imagerecords.build.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
+from imagerecords.format.manifest import DUPLICATES, ERRORS, LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, dumps
+
+log = logging.getLogger(__name__)
+
+RESULTS = "results.json"
+DETACHED = "detached"  # LockInfo.command of a build whose job runs on without its launcher
+COMMIT = "commit.json"
+STAGED_RECORD = ".staged.json"  # beside each staged shard: its fingerprint and its writer's report
+
+
+# Paths ----------------------------------------------------------------------------------------
+
+
+def staging_root(output: str) -> str:
+    """The folder holding every build's staging area (at most one live build: the lock's holder)."""
+    return storage.join(output, STAGING)
+
+
+def staging_dir(output: str, build_id: str) -> str:
+    """The staging area of one build: only that build's writers write into it."""
+    if not build_id or "/" in build_id or build_id.startswith("."):
+        raise ValueError(f"bad build id {build_id!r}")
+    return storage.join(output, STAGING, build_id)
+
+
+def version_folder(build_id: str) -> str:
+    """The folder (relative to the output) a published build's shards live in."""
+    return VERSION_PREFIX + build_id
+
+
+def staged_builds(output: str) -> List[str]:
+    """Build ids with a staging area in `output`, oldest first (build ids start with their UTC time)."""
+    root = staging_root(output)
+    prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
+    ids = {path[len(prefix):].replace(os.sep, "/").split("/", 1)[0] for path in storage.list_tree(root)}
+    return sorted(i for i in ids if i and not i.startswith("."))
+
+
+def read_bytes(uri: str) -> bytes:
+    with storage.open_read(uri) as f:
+        return f.read()
+
+
+def write_bytes(uri: str, data: Union[bytes, Iterable[bytes]]) -> None:
+    """Writes a file through a temporary name and a rename, so readers never see half of it; the
+    temporary file does not outlive a failed write. `data` may be the bytes, or pieces of them
+    written one by one (errors.jsonl and duplicates.jsonl row by row: never a whole copy in memory)."""
+    tmp = f"{uri}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with storage.create(tmp) as f:
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                f.write(data)
+            else:
+                for piece in data:
+                    f.write(piece)
+        storage.rename(tmp, uri)
+    except BaseException:
+        _delete_quietly([tmp])
+        raise
+
+
+def _delete_quietly(paths: Sequence[str]) -> None:
+    for path in paths:
+        try:
+            if storage.exists(path):
+                storage.delete(path)
+        except OSError as e:
+            log.warning("could not remove %s: %s", path, e)
+
+
+def remove_staging(output: str, build_id: Optional[str] = None) -> None:
+    """Removes one build's staging area, or (build_id None) every build's: a killed build's or a
+    committed one's."""
+    staging = staging_root(output) if build_id is None else staging_dir(output, build_id)
+    if storage.is_local(output):
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+        return
+    storage.delete_all(storage.list_tree(staging))
+
+
+# The build's results (written by the graph, read by the launcher or `finish`) --------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResults:
+    """What the pipeline hands to the commit: written as staging/results.json by its last step.
+
+    Attributes:
+      build_id: the build that wrote it.
+      name, schema, seed, parameters, versions: what the manifest records of the build.
+      max_reject_fraction: the budget the commit enforces.
+      labels: the LabelMap as JSON ({names, offset, integer}).
+      shards: every staged shard (dataset_files.ShardResult).
+      num_rejected: errors.jsonl rows that count against the budget.
+      num_skipped: errors.jsonl rows marked skipped (not images of a class).
+      num_duplicate_groups: rows of duplicates.jsonl (-1: not looked for).
+      num_leaking_groups: those spanning more than one split.
+      num_label_conflicts: those whose members carry different labels.
+    """
+
+    build_id: str
+    name: str
+    schema: str
+    seed: int
+    parameters: Mapping[str, Any]
+    versions: Mapping[str, str]
+    max_reject_fraction: float
+    labels: Mapping[str, Any]
+    shards: Sequence[dataset_files.ShardResult]
+    num_rejected: int
+    num_skipped: int
+    num_duplicate_groups: int = -1
+    num_leaking_groups: int = 0
+    num_label_conflicts: int = 0
+
+    def to_json(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["shards"] = [s.to_json() for s in self.shards]
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "BuildResults":
+        d = dict(d)
+        d["shards"] = tuple(dataset_files.ShardResult.from_json(s) for s in d["shards"])
+        return cls(**d)
+
+    @property
+    def num_written(self) -> int:
+        return sum(s.count for s in self.shards)
+
+    def verdict(self, output: str) -> None:
+        """Raises BudgetExceeded when more inputs were rejected than the budget allows."""
+        total = self.num_written + self.num_rejected
+        if total == 0:
+            raise BudgetExceeded(f"no image was found in the input ({self.num_skipped} entries skipped); "
+                                 f"nothing was published to {output}; fix --input and rerun the build with "
+                                 "--overwrite")
+        if self.num_rejected > self.max_reject_fraction * total:
+            raise BudgetExceeded(
+                f"{self.num_rejected} of {total} inputs rejected ({100 * self.num_rejected / total:.2f}%), over the "
+                f"budget of {100 * self.max_reject_fraction:g}% (--max_reject_fraction); reasons are in "
+                f"{storage.join(staging_dir(output, self.build_id), ERRORS)}; the dataset was not published; fix or "
+                "remove those inputs (or raise --max_reject_fraction) and rerun the build with --overwrite")
+
+    def manifest(self, created: Optional[str] = None) -> Manifest:
+        """The manifest that publishes this build: its shards named inside its version folder."""
+        folder = version_folder(self.build_id)
+        shards = [dataclasses.replace(r, shard=dataclasses.replace(
+            r.shard, filename=f"{folder}/{r.shard.filename}",
+            index_file=f"{folder}/{r.shard.index_file}" if r.shard.index_file else None)) for r in self.shards]
+        return dataclasses.replace(dataset_files.build_manifest(
+            name=self.name, schema=self.schema, label_map=self.labels, seed=self.seed, parameters=self.parameters,
+            shards=shards, num_rejected=self.num_rejected, num_skipped=self.num_skipped, versions=self.versions,
+            created=created or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            num_duplicate_groups=self.num_duplicate_groups, num_leaking_groups=self.num_leaking_groups,
+            num_label_conflicts=self.num_label_conflicts),
+            version=folder)
+
+
+def _results_path(output: str, build_id: str) -> str:
+    return storage.join(staging_dir(output, build_id), RESULTS)
+
+
+def results_staged(output: str, build_id: Optional[str] = None) -> bool:
+    """Whether a build's engine finished into its staging area (its results.json is there); with
+    build_id None, whether any staged build did."""
+    ids = [build_id] if build_id else staged_builds(output)
+    return any(storage.exists(_results_path(output, i)) for i in ids)
+
+
+def read_results(output: str, build_id: Optional[str] = None) -> Optional[BuildResults]:
+    """The results of `build_id`, or (None) of the newest staged build that has them."""
+    for i in [build_id] if build_id else reversed(staged_builds(output)):
+        if storage.exists(_results_path(output, i)):
+            return BuildResults.from_json(json.loads(read_bytes(_results_path(output, i))))
+    return None
+
+
+def owns_output(output: str, build_id: str) -> bool:
+    """Whether `build_id` may still write into `output`: its lock names no other build. A writer
+    whose launcher died and whose lock another build took over must not touch anything."""
+    holder = read_lock(output)
+    return holder is None or holder.build_id == build_id
+
+
+def holds_only_reasons(output: str) -> bool:
+    """Whether `output`'s staging area holds nothing but what a build over its budget leaves there
+    (errors.jsonl, and duplicates.jsonl when it looked)."""
+    root = staging_root(output)
+    prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
+    left = {path[len(prefix):].replace(os.sep, "/").split("/", 1)[-1] for path in storage.list_tree(root)}
+    return ERRORS in left and left <= {ERRORS, DUPLICATES}
+
+
+def discard_staged_shards(output: str, results: BuildResults) -> None:
+    """Removes a failed build's staged shards and results; its errors.jsonl stays for the reasons."""
+    staging = staging_dir(output, results.build_id)
+    names = [n for r in results.shards for n in (r.filename, r.index_file, r.filename + STAGED_RECORD) if n]
+    _delete_quietly([storage.join(staging, n) for n in names + [RESULTS]])
+
+
+# The lock -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LockInfo:
+    """Who holds an output folder.
+
+    Attributes:
+      build_id: the holder's build id.
+      host: host name of the holder's launcher.
+      pid: process id of the holder's launcher.
+      started: UTC start time (ISO 8601).
+      command: what the holder runs (build, finish, or detached: a build submitted with --detached,
+        whose job runs on the cluster after its launcher exited; `finish` takes it over once
+        staging/results.json exists).
+    """
+
+    build_id: str
+    host: str
+    pid: int
+    started: str
+    command: str = "build"
+
+    def describe(self) -> str:
+        return f"build {self.build_id} ({self.command}, host {self.host}, pid {self.pid}, started {self.started})"
+
+    def is_dead_here(self) -> bool:
+        """True when the holder ran on this host and its process is gone: its lock is stale. A
+        detached build's launcher is gone by design (its job runs on), so its lock is never stale."""
+        if self.host != socket.gethostname() or self.command == DETACHED:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return _is_zombie(self.pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def new_build_id() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+
+
+@dataclasses.dataclass(frozen=True)
+class UnreadableLock(LockInfo):
+    """A lock file that holds no LockInfo this tool wrote (not JSON, fields unknown or missing, a pid
+    that is not an integer).
+
+    Attributes:
+      reason: what is wrong with it, for the message.
+    """
+
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"unreadable lock file ({self.reason})"
+
+    def is_dead_here(self) -> bool:
+        return False  # nothing says whose it is: only --break_lock takes it
+
+
+def _unreadable(reason: str) -> UnreadableLock:
+    return UnreadableLock("unknown", "unknown", -1, "unknown", "unknown", reason)
+
+
+def read_lock(output: str) -> Optional[LockInfo]:
+    path = storage.join(output, LOCK)
+    try:
+        data = json.loads(read_bytes(path))
+    except OSError:
+        return None
+    except ValueError:
+        return _unreadable("not JSON")
+    if not isinstance(data, dict):
+        return _unreadable("not a JSON object")
+    fields = {f.name: f for f in dataclasses.fields(LockInfo)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        return _unreadable(f"unknown field {unknown[0]!r}")
+    missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING]
+    if missing:
+        return _unreadable(f"it has no {missing[0]}")
+    pid = data["pid"]
+    if not isinstance(pid, int) or isinstance(pid, bool):  # a bool is an int to Python
+        shown = json.dumps(pid)
+        return _unreadable(f"its pid is {shown if len(shown) <= 40 else shown[:37] + '...'}, not an integer")
+    return LockInfo(**data)
+
+
+def _create_exclusive(path: str, data: bytes) -> bool:
+    """Creates `path` holding `data` only if it does not exist; returns False when it did."""
+    if storage.is_local(path):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+    if path.startswith("gs://"):
+        from google.api_core import exceptions as gexc
+
+        bucket, _, name = path[len("gs://"):].partition("/")
+        blob = _gcs_client().bucket(bucket).blob(name)
+        try:
+            # Generation 0 means "only if no live object has this name": GCS decides, not us.
+            blob.upload_from_string(data, content_type="application/json", if_generation_match=0)
+        except gexc.PreconditionFailed:
+            return False
+        return True
+    # Other filesystems have no create-if-absent; check then create (a narrow race, documented).
+    if storage.exists(path):
+        return False
+    with storage.create(path) as f:
+        f.write(data)
+    return True
+
+
+def _gcs_client():
+    from apache_beam.io.gcp import gcsio
+
+    return gcsio.GcsIO().client
+
+
+class OutputLock:
+    """The output folder's lock, held by one build (or `finish`) at a time.
+
+    A lock left by a killed launcher on this host (its pid is gone) is taken over with a note; one
+    held by a live process, or by another host, blocks until the user passes --break_lock.
+    """
+
+    def __init__(self, output: str, build_id: str, command: str = "build", break_lock: bool = False):
+        self._output = output
+        self._path = storage.join(output, LOCK)
+        self.info = LockInfo(build_id, socket.gethostname(), os.getpid(),
+                             datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), command)
+        self._break = break_lock
+        self._held = False
+        self.took_over: Optional[LockInfo] = None
+        self._took_over_because = ""
+
+    def acquire(self) -> "OutputLock":
+        data = json.dumps(dataclasses.asdict(self.info), sort_keys=True).encode()
+        for _ in range(3):
+            try:
+                created = _create_exclusive(self._path, data)
+            except OSError as e:
+                raise OutputError(f"cannot create the lock {self._path}: {os_reason(e)}") from None
+            if created:
+                self._held = True
+                return self
+            holder = read_lock(self._output)
+            if holder is None:
+                continue  # released between our create and our read: try again
+            dead = holder.is_dead_here()
+            detached = not dead and self._finishes_detached(holder)
+            if dead or detached or self._break:
+                log.info("taking over the lock of %s", holder.describe())
+                self.took_over = holder
+                self._took_over_because = "gone" if dead else "detached" if detached else "broken"
+                _delete_quietly([self._path])
+                continue
+            if isinstance(holder, UnreadableLock):
+                raise LockHeld(f"the lock file {self._path} is unreadable ({holder.reason}); if no build is running "
+                               f"into {self._output}, rerun with --break_lock")
+            raise LockHeld(f"{self._output} is locked by {holder.describe()}; wait for it to end, or, if no build "
+                           f"is running there any more, rerun with --break_lock")
+        if storage.is_local(self._path) and os.path.isdir(self._path):
+            raise OutputError(f"{self._path} is a folder, not a lock file; remove it (rm -r {self._path}) and rerun")
+        raise LockHeld(f"could not take the lock {self._path} after 3 tries (another build keeps taking it)")
+
+    def take_over_note(self) -> Optional[str]:
+        """What to tell the user about a lock this one replaced; None when there was none."""
+        if self.took_over is None:
+            return None
+        holder = self.took_over.describe()
+        if isinstance(self.took_over, UnreadableLock):
+            return f"broke the {holder} at your request (--break_lock)"
+        return {"gone": f"took over the lock of {holder}, whose process is no longer running",
+                "detached": f"took over the lock of {holder}, whose detached job has staged its results",
+                "broken": f"broke the lock of {holder} at your request (--break_lock)"}[self._took_over_because]
+
+    def _finishes_detached(self, holder: LockInfo) -> bool:
+        """`finish` takes over a detached build's lock once its job has staged its results."""
+        return (self.info.command == "finish" and holder.command == DETACHED
+                and results_staged(self._output))
+
+    def hand_over_to_detached_job(self) -> None:
+        """Marks the lock as held by this build's detached job (command "detached") and lets go of
+        it here: leaving the `with` block no longer removes it; `finish` takes it over later."""
+        self.info = dataclasses.replace(self.info, command=DETACHED)
+        write_bytes(self._path, json.dumps(dataclasses.asdict(self.info), sort_keys=True).encode())
+        self._held = False
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        holder = read_lock(self._output)
+        if holder is not None and holder.build_id == self.info.build_id:
+            _delete_quietly([self._path])
+        self._held = False
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def os_reason(e: BaseException) -> str:
+    """An OSError's reason without the run-dependent parts ('No space left on device')."""
+    if isinstance(e, OSError) and e.errno:
+        return os.strerror(e.errno)
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def is_no_space(e: BaseException) -> bool:
+    text = str(e)
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in text
+
+
+# The commit ------------------------------------------------------------------------------------
+
+
+def _versions_in(output: str) -> List[str]:
+    """The version folders in `output`, oldest first (their names start with the build's UTC time)."""
+    if storage.is_local(output):
+        try:
+            return sorted(e.name for e in os.scandir(output) if e.is_dir() and e.name.startswith(VERSION_PREFIX))
+        except FileNotFoundError:
+            return []
+    prefix = output.rstrip("/") + "/"
+    found = storage.list_tree(output)
+    return sorted({p[len(prefix):].split("/", 1)[0] for p in found
+                   if p[len(prefix):].startswith(VERSION_PREFIX) and "/" in p[len(prefix):]})
+
+
+def _flat_files(output: str, name: str) -> List[str]:
+    """Shard and index files lying directly in `output`: a dataset written before versions had
+    folders (or a killed build of that time)."""
+    names = set()
+    manifest_path = storage.join(output, MANIFEST)
+    if storage.exists(manifest_path):
+        try:
+            published = Manifest.loads(read_bytes(manifest_path), manifest_path)
+            if not published.version:
+                names.update(published.shard_files())
+        except ValueError as e:
+            log.warning("ignoring the unreadable previous manifest: %s", e)
+    for entry in storage.list_names(output):
+        if entry.startswith(f"{name}-") and ".tfrecord" in entry:
+            names.add(entry)
+        elif entry.startswith(f".{name}-") and entry.endswith(".tmp"):
+            names.add(entry)
+    return sorted(names)
+
+
+def _make_parent(path: str) -> None:
+    """Creates the local folder `path` goes in: a local rename, unlike a create, does not make it;
+    object stores have no folders to make."""
+    if storage.is_local(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+
+
+def _remove_empty_folders(output: str, names: Sequence[str]) -> None:
+    """Removes the local sub-folders of `names` (such as index/) that are now empty."""
+    if not storage.is_local(output):
+        return
+    for folder in sorted({os.path.dirname(n) for n in names if os.path.dirname(n)}, reverse=True):
+        try:
+            os.rmdir(os.path.join(output, folder))
+        except OSError:  # not empty, or gone
+            pass
+
+
+def _sha256_and_size(path: str) -> Tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with storage.open_read(path) as f:
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                break
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
+
+
+def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str]) -> None:
+    """Checks every file the manifest lists (at its staged path, or in place when an earlier commit
+    attempt already moved it) against the size and sha256 its writer reported.
+
+    Raises:
+      OutputError: naming the first file that differs (another process wrote over it) or is missing.
+    """
+    expected = []
+    for split in manifest.splits:
+        for shard in split.shards:
+            expected.append((shard.filename, shard.num_bytes, shard.sha256))
+            if shard.index_file and shard.index_sha256:
+                expected.append((shard.index_file, -1, shard.index_sha256))
+
+    def one(item):
+        filename, num_bytes, sha256 = item
+        path = staged.get(filename) or storage.join(output, filename)
+        try:
+            got_sha, got_size = _sha256_and_size(path)
+        except OSError as e:
+            return f"{path} cannot be read ({os_reason(e)})"
+        if (num_bytes >= 0 and got_size != num_bytes) or got_sha != sha256:
+            return (f"{path} is {got_size} bytes with sha256 {got_sha[:12]}..., but its writer reported "
+                    f"{num_bytes if num_bytes >= 0 else '?'} bytes with sha256 {sha256[:12]}...")
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for problem in pool.map(one, expected):
+            if problem:
+                raise OutputError(f"refusing to publish {output}: {problem}; another process wrote into this "
+                                  f"build's files; nothing was published; rerun with --overwrite")
+
+
+def commit(output: str, results: Optional[BuildResults] = None, keep_versions: int = 2) -> Manifest:
+    """Publishes the staged build in `output`; redoes a commit that was cut short.
+
+    Args:
+      output: the output folder (its lock must be held by the caller).
+      results: the staged build's results, already past the budget verdict; None to finish the
+        commit recorded in staging (or, if none was recorded, to commit the newest staged results).
+      keep_versions: published versions kept in `output`, this one included (at least 1): a reader
+        that loaded an older manifest can read its files until they fall out of this count.
+
+    Returns:
+      The published manifest.
+
+    Raises:
+      UnfinishedBuild: when staging holds nothing to commit, or a listed shard is neither staged
+        nor in place.
+      OutputError: when a staged file differs from what its writer reported.
+      BudgetExceeded: when finishing a build whose results are over budget.
+    """
+    if keep_versions < 1:
+        raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
+    record = None
+    if results is None:
+        for build_id in reversed(staged_builds(output)):
+            path = storage.join(staging_dir(output, build_id), COMMIT)
+            if storage.exists(path):
+                record = json.loads(read_bytes(path))
+                log.info("finishing the commit recorded in %s", path)
+                break
+        if record is None:
+            results = read_results(output)
+            if results is None:
+                raise UnfinishedBuild(f"nothing to finish in {output}: no complete build is staged in "
+                                      f"{staging_root(output)} (its pipeline did not finish); rerun "
+                                      "`imagerecords build ... --overwrite`")
+            results.verdict(output)
+    if record is not None:
+        manifest = Manifest.from_json(record["manifest"], COMMIT)
+        build_id = record["build_id"]
+    else:
+        manifest = results.manifest()
+        build_id = results.build_id
+        # From here on the commit can be redone from this record.
+        write_bytes(storage.join(staging_dir(output, build_id), COMMIT),
+                    dumps({"manifest": manifest.to_json(), "build_id": build_id}))
+    staging = staging_dir(output, build_id)
+    folder = manifest.version
+    # One listing of staging, not one existence request per shard (each is a round trip on gs://).
+    prefix = staging.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(staging) else os.sep)
+    in_staging = {path[len(prefix):].replace(os.sep, "/") for path in storage.list_tree(staging)}
+    staged = {}
+    for filename in manifest.shard_files():
+        plain = filename[len(folder) + 1:]
+        if plain in in_staging:
+            staged[filename] = storage.join(staging, plain)
+        elif not storage.exists(storage.join(output, filename)):
+            raise UnfinishedBuild(f"cannot publish {output}: {filename} is neither staged nor in place; "
+                                  "rerun `imagerecords build ... --overwrite`")
+    # 1. Every file is what its writer wrote: a late writer of another build cannot slip one in.
+    check_staged(output, manifest, staged)
+    # 2. Into the version folder, which no published manifest names yet: readers see nothing change.
+    for i, (filename, path) in enumerate(sorted(staged.items())):
+        final = storage.join(output, filename)
+        _make_parent(final)
+        storage.rename(path, final)
+        if i == 0:
+            _hooks.pause("in_commit")
+    # 3. Reports and TFDS's metadata, then the manifest: the switch to the new version.
+    for report in (ERRORS, DUPLICATES):
+        staged_report, final_report = storage.join(staging, report), storage.join(output, report)
+        if storage.exists(staged_report):
+            storage.rename(staged_report, final_report)
+        elif report == ERRORS and not storage.exists(final_report):
+            write_bytes(final_report, b"")
+        elif report == DUPLICATES and manifest.num_duplicate_groups < 0:
+            _delete_quietly([final_report])  # this build did not look: an older report would mislead
+    for filename, content in dataset_files.metadata_files(manifest):
+        write_bytes(storage.join(output, filename), content)
+    flat = _flat_files(output, manifest.name)
+    write_bytes(storage.join(output, MANIFEST), manifest.dumps())
+    # 4. Retention: the newest versions stay (a flat, pre-version dataset counts as the oldest).
+    versions = [v for v in _versions_in(output) if v != folder]
+    keep = keep_versions - 1
+    kept = versions[len(versions) - keep:] if keep else []
+    for old in versions:
+        if old not in kept:
+            _delete_version(output, old)
+    if flat and len(kept) >= keep:
+        _delete_quietly([storage.join(output, n) for n in flat])
+        _remove_empty_folders(output, flat)
+    remove_staging(output)
+    return manifest
+
+
+def _delete_version(output: str, folder: str) -> None:
+    path = storage.join(output, folder)
+    try:
+        if storage.is_local(output):
+            import shutil
+
+            shutil.rmtree(path)
+        else:
+            storage.delete_all(storage.list_tree(path))
+    except OSError as e:
+        log.warning("could not remove the old version %s: %s", path, e)

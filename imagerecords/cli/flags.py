@@ -1,0 +1,432 @@
+"""The build's command line: flags generated from BuildConfig/ImageOptions, every other flag checked
+against Beam's PipelineOptions."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import re
+import typing
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+
+from imagerecords.build import config as config_lib
+from imagerecords.format import schema
+from imagerecords.build.codec import ImageOptions
+from imagerecords.build.config import BuildConfig
+from imagerecords.build.errors import UsageError
+
+__all__ = ["LauncherFlags", "Parsed", "beam_flag_names", "build_flag_names", "check_beam_args", "check_runner",
+           "parse_args", "parser"]
+
+PROG = "imagerecords build"
+
+# Fields whose values come from a fixed set; argparse refuses anything else with the list.
+CHOICES: Dict[str, Tuple[str, ...]] = {
+    "schema": tuple(schema.PRESETS),
+    "writer": tuple(config_lib.WRITERS),
+    "label_type": tuple(config_lib.LABEL_TYPES),
+}
+
+# Fields whose dataclass type has no one-token command-line form, with the metavar shown in --help.
+# The flag stays text; config.make_config converts it (config.parse_splits).
+_TEXT_FORMS: Dict[str, str] = {
+    "splits": "NAME=FRACTION,...",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LauncherFlags:
+    """Flags that steer the launcher and are not part of BuildConfig.
+
+    Attributes:
+      config_file: the YAML preset given with --config, or None.
+      no_progress: do not print progress on local runs.
+      progress: print progress on local runs even when stderr is not a terminal (a log, a pipe).
+      verbose: keep Beam and worker logs on the terminal instead of only in the log file.
+      ignore_split_column: with --splits, reassign splits by hash although the manifest has a
+        split column.
+      break_lock: take over the output folder's lock that another build left behind.
+      detached: on a cluster runner, return once the job is submitted; `imagerecords finish OUT`
+        publishes it after the job has finished.
+      local_workers: the local engine's worker processes (0: threads in the launcher's process);
+        None picks by input size (see pipeline/local.py).
+    """
+
+    config_file: Optional[str] = None
+    no_progress: bool = False
+    progress: bool = False
+    verbose: bool = False
+    ignore_split_column: bool = False
+    break_lock: bool = False
+    detached: bool = False
+    local_workers: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Parsed:
+    """The command line, split into what the build, Beam and the launcher each need.
+
+    Attributes:
+      config: the validated build configuration (defaults < YAML preset < flags).
+      beam_args: Beam pipeline options: the preset's `beam_options:` first, then the command
+        line's (so a flag wins over the preset); every one is a flag PipelineOptions knows.
+      launcher: the launcher-only flags.
+    """
+
+    config: BuildConfig
+    beam_args: List[str]
+    launcher: LauncherFlags
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are UsageError (one line, exit code 2), not SystemExit."""
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message} (see {PROG} --help)")
+
+
+# Launcher flags: (flag, dest, help). All are on/off switches except --config.
+_LAUNCHER_SWITCHES = (
+    ("--no_progress", "no_progress", "do not print progress on local runs"),
+    ("--progress", "progress", "print progress on local runs even when stderr is not a terminal"),
+    ("--verbose", "verbose", "keep Beam and worker logs on the terminal (they always go to the build's log file)"),
+    ("--ignore_split_column", "ignore_split_column",
+     "with --splits, reassign splits by hash although the manifest has a split column"),
+    ("--break_lock", "break_lock", "take over the output folder's lock that another build left behind"),
+    ("--detached", "detached", "Flink: return once the job runs on the cluster; run `imagerecords finish OUT` "
+     "after it has finished to publish the dataset"),
+)
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    """Optional[X] -> X; anything else unchanged."""
+    if typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _is_tuple_of_str(tp: Any) -> bool:
+    return typing.get_origin(tp) is tuple and typing.get_args(tp) in ((str, Ellipsis),)
+
+
+def _tuple_of_str(text: str) -> Tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _format_default(value: Any) -> str:
+    if value is None:
+        return "not set"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FieldFlag:
+    """One build flag derived from a dataclass field."""
+
+    name: str
+    type: Any  # resolved annotation, Optional removed
+    default: Any  # dataclasses.MISSING when the field is required
+    doc: str
+
+    def argparse_kwargs(self) -> Dict[str, Any]:
+        help_text = self.doc.rstrip(".") if self.doc else self.name.replace("_", " ")
+        if self.default is dataclasses.MISSING:
+            help_text += " (required)"
+        else:
+            help_text += f" (default: {_format_default(self.default)})"
+        # Every flag defaults to None: "not given", so a YAML preset value below it is kept.
+        # argparse %-formats help text; a literal % in a docstring must not break --help.
+        kwargs: Dict[str, Any] = {"dest": self.name, "default": None, "help": help_text.replace("%", "%%")}
+        if self.type is bool:
+            kwargs["action"] = "store_true"
+            return kwargs
+        if self.name in _TEXT_FORMS:
+            kwargs["metavar"] = _TEXT_FORMS[self.name]
+        elif _is_tuple_of_str(self.type):
+            kwargs["type"] = _tuple_of_str
+            kwargs["metavar"] = "A,B,..."
+        elif self.type in (int, float):
+            kwargs["type"] = self.type
+        elif self.type is not str:
+            raise TypeError(f"flags: field {self.name!r} has type {self.type!r}, which has no command-line form; "
+                            "add it to flags._TEXT_FORMS")
+        if self.name in CHOICES:
+            kwargs["choices"] = CHOICES[self.name]
+        return kwargs
+
+
+def _field_flags() -> List[_FieldFlag]:
+    """BuildConfig's fields, with the nested ImageOptions' fields in place of `image`."""
+    out = []
+    for cls, skip in ((BuildConfig, {"image"}), (ImageOptions, set())):
+        hints = typing.get_type_hints(cls)
+        docs = config_lib.field_docs(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in skip:
+                continue
+            default = f.default
+            if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            out.append(_FieldFlag(f.name, _unwrap_optional(hints[f.name]), default, docs.get(f.name, "")))
+    names = [f.name for f in out]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise TypeError(f"flags: BuildConfig and ImageOptions both have field(s) {', '.join(repeated)}")
+    # The docstrings name other fields as `field`; on the command line they are --field.
+    field_ref = re.compile(r"`(" + "|".join(map(re.escape, names)) + r")`")
+    return [dataclasses.replace(f, doc=field_ref.sub(r"--\1", f.doc)) for f in out]
+
+
+def parser() -> argparse.ArgumentParser:
+    """Returns the parser of the build's own flags (Beam's are checked apart, see parse_args)."""
+    p = _Parser(
+        prog=PROG,
+        allow_abbrev=False,  # a prefix such as --num must not silently become --num_shards
+        description="Build a sharded TFRecord dataset from a class-folder tree or a CSV/JSONL manifest.",
+        epilog="Any other flag must be an Apache Beam pipeline option (for example --runner, --project, "
+               "--region, --temp_location, --flink_master, --direct_num_workers); an unknown flag is an "
+               "error. A local build without any Beam option runs on the local engine, without Beam; --runner "
+               "DirectRunner (or any Beam option) runs the same build on Beam, with the same bytes. "
+               "Settings are layered: defaults < the --config preset < flags.")
+    build = p.add_argument_group("build settings")
+    for flag in _field_flags():
+        build.add_argument(f"--{flag.name}", **flag.argparse_kwargs())
+    launcher = p.add_argument_group("launcher")
+    launcher.add_argument("--config", dest="config_file", metavar="FILE", default=None,
+                          help="YAML preset (see configs/): build settings and beam_options; flags override it")
+    for flag, dest, help_text in _LAUNCHER_SWITCHES:
+        launcher.add_argument(flag, dest=dest, action="store_true", help=help_text)
+    launcher.add_argument("--local_workers", type=_non_negative_int, metavar="N", default=None,
+                          help="local engine: shards are written by N worker processes (0: by threads in this "
+                               "process); default: one per core, or threads for inputs too small to repay "
+                               "starting processes")
+    return p
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
+def build_flag_names() -> List[str]:
+    """Every flag the build itself takes, as '--name'."""
+    return sorted(o for a in parser()._actions for o in a.option_strings if o.startswith("--"))
+
+
+class _BeamChecker(argparse.ArgumentParser):
+    """A parser of Beam's pipeline options whose errors are UsageError, one line naming the option."""
+
+    def error(self, message):
+        raise UsageError(f"{PROG}: Beam option: {message}")
+
+
+def _beam_parser() -> argparse.ArgumentParser:
+    """A parser holding every pipeline option Beam knows in this process, without prefix matching.
+
+    Beam hands the parser it builds for PipelineOptions.get_all_options to add_extra_args_fn, so a
+    flag passes here exactly when Beam will parse it rather than discard it.
+    """
+    from apache_beam.options.pipeline_options import PipelineOptions
+    # Runner modules that define their options outside pipeline_options.py (Dask today); an
+    # optional runner that is not installed simply contributes no flags.
+    try:
+        import apache_beam.runners.dask.dask_runner  # noqa: F401
+    except ImportError:
+        pass
+
+    beams: List[argparse.ArgumentParser] = []
+    PipelineOptions([]).get_all_options(add_extra_args_fn=beams.append)
+    # Beam's own parser expands a prefix (--num to --num_workers); a copy of its options that does not.
+    return _BeamChecker(prog=PROG, parents=beams, add_help=False, allow_abbrev=False)
+
+
+def beam_flag_names() -> List[str]:
+    """Every Beam pipeline option known in this process, as '--name'."""
+    # Beam's parser carries argparse's --help, which is the build's own flag.
+    return sorted(o for a in _beam_parser()._actions if a.dest != "help"
+                  for o in a.option_strings if o.startswith("--"))
+
+
+def _suggest(flag: str, known: Sequence[str]) -> Optional[str]:
+    underscored = flag.replace("-", "_")
+    underscored = "--" + underscored.lstrip("_")
+    if underscored in known:
+        return underscored
+    close = difflib.get_close_matches(underscored, known, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _unknown_flag_error(arg: str, where: str, known: Sequence[str]) -> UsageError:
+    flag = arg.split("=", 1)[0]
+    hint = _suggest(flag, known)
+    text = f"{where}unknown flag {flag}"
+    if hint:
+        text += f" (did you mean {hint}?)"
+    else:
+        text += f"; it is neither a build flag nor a Beam pipeline option (see {PROG} --help)"
+    return UsageError(text)
+
+
+def check_beam_args(args: Sequence[str], where: str = "") -> None:
+    """Raises UsageError unless every arg is a Beam pipeline option (with its value).
+
+    Args:
+      args: what is left after the build's own flags, e.g. ['--runner=DirectRunner',
+        '--direct_num_workers', '2'].
+      where: a prefix for the message naming the source, e.g. 'configs/x.yaml: beam_options: '.
+
+    Raises:
+      UsageError: naming the first unknown flag and the closest known build or Beam flag.
+    """
+    if not args:
+        return  # nothing to check, and no reason to import Beam (a local build may not need it)
+    beam = _beam_parser()
+    _, unknown = beam.parse_known_args(list(args))
+    if not unknown:
+        return
+    known = beam_flag_names() + build_flag_names()
+    for arg in unknown:
+        if arg.startswith("-") and arg != "--":
+            raise _unknown_flag_error(arg, where, known)
+    raise UsageError(f"{where}unexpected argument {unknown[0]!r}: values follow their flag, "
+                     f"as in --name value or --name=value (see {PROG} --help)")
+
+
+def check_runner(args: Sequence[str]) -> None:
+    """Raises UsageError when --runner (the last one given) names no runner Beam knows.
+
+    Beam takes a known runner's name in any case, with or without the 'Runner' suffix, or the
+    dotted path of a PipelineRunner subclass (imported when the pipeline runs); a mistyped short
+    name would otherwise fail only once the build has started.
+    """
+    if not any(a == "--runner" or a.startswith("--runner=") for a in args):
+        return
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    runner = getattr(_beam_parser().parse_known_args(list(args))[0], "runner", None)
+    if not isinstance(runner, str):
+        return
+    if "." in runner:
+        import importlib.util
+
+        module = runner.rsplit(".", 1)[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package is missing, or the name is malformed
+            found = False
+        if not found:
+            raise UsageError(f"--runner {runner}: no module {module} to import the runner from; give a runner "
+                             f"name ({', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}) or the dotted path of an "
+                             "installed PipelineRunner subclass")
+        return
+    known = {path.rsplit(".", 1)[-1].lower() for path in StandardOptions.ALL_KNOWN_RUNNERS} | {"pythonrpcdirectrunner"}
+    if runner.lower() in known or runner.lower() + "runner" in known:
+        return
+    names = list(StandardOptions.KNOWN_RUNNER_NAMES)
+    close = difflib.get_close_matches(runner, names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise UsageError(f"--runner {runner}: no such Beam runner{hint}; known runners: {', '.join(names)}, or the "
+                     "dotted path of a PipelineRunner subclass")
+
+
+def _preset_value(path: str, flag: _FieldFlag, value: Any) -> Any:
+    """Checks (and for lists, converts) one YAML value against its field's type."""
+    if value is None:
+        return None
+    if flag.name in _TEXT_FORMS:
+        ok = isinstance(value, (str, Mapping))
+    elif _is_tuple_of_str(flag.type):
+        if isinstance(value, str):
+            return _tuple_of_str(value)
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        value = tuple(value) if ok else value
+    elif flag.type is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif flag.type is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, flag.type)
+    if not ok:
+        kind = getattr(flag.type, "__name__", None) or _TEXT_FORMS.get(flag.name) or "a list of names"
+        raise UsageError(f"--config {path}: {flag.name} must be {kind}, got {value!r}")
+    return value
+
+
+def _load_preset(path: str) -> Tuple[Dict[str, Any], List[str]]:
+    import yaml  # only with --config
+
+    try:
+        preset, beam_args = config_lib.load_preset(path)
+    except FileNotFoundError:
+        raise UsageError(f"--config {path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"--config {path}: is a folder, not a YAML file") from None
+    except OSError as e:
+        raise UsageError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:  # unknown setting, not a mapping
+        raise UsageError(str(e)) from None
+    except yaml.YAMLError as e:
+        # The parser's message spans several lines (with a caret); its first line names the problem.
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"--config {path}: not valid YAML{where} ({first})") from None
+    check_beam_args(beam_args, where=f"--config {path}: beam_options: ")
+    flags = {f.name: f for f in _field_flags()}
+    return {k: _preset_value(path, flags[k], v) for k, v in preset.items()}, beam_args
+
+
+def parse_args(argv: Sequence[str]) -> Parsed:
+    """Parses the build's command line.
+
+    Example:
+        parsed = parse_args(["--input", "photos/", "--output", "/tmp/ds", "--num_shards", "4",
+                             "--runner=DirectRunner"])
+        parsed.config.num_shards  # 4
+        parsed.beam_args          # ['--runner=DirectRunner']
+
+    Args:
+      argv: the arguments after `imagerecords build`.
+
+    Returns:
+      Parsed(config, beam_args, launcher).
+
+    Raises:
+      UsageError: an unknown or malformed flag, a missing --config file, a bad preset, missing
+        --input/--output, or an invalid setting (BuildConfig's message).
+      SystemExit: for --help, after printing it (argparse's own behaviour).
+    """
+    known, rest = parser().parse_known_args(list(argv))
+    check_beam_args(rest)
+    values = vars(known)
+    launcher = LauncherFlags(**{f.name: values.pop(f.name) for f in dataclasses.fields(LauncherFlags)})
+    preset, preset_beam_args = ({}, [])
+    if launcher.config_file:
+        preset, preset_beam_args = _load_preset(launcher.config_file)
+    missing = [f"--{k}" for k in ("input", "output") if not (values.get(k) or preset.get(k))]
+    if missing:
+        raise UsageError(f"{PROG}: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required "
+                         f"(see {PROG} --help)")
+    try:
+        config = config_lib.make_config(preset, values)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    beam_args = list(preset_beam_args) + list(rest)
+    check_runner(beam_args)
+    return Parsed(config=config, beam_args=beam_args, launcher=launcher)

@@ -1,0 +1,210 @@
+"""`verify` and `inspect`: what a published dataset holds and whether the files agree with it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import List, Optional, Tuple
+
+from imagerecords.build import dataset_files, errors, storage
+from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError, no_manifest_hint, unfinished_hint
+from imagerecords.build.refs import has_scheme
+from imagerecords.build.storage import join, open_read
+
+
+def _read(path: str) -> bytes:
+    with open_read(path) as f:
+        return f.read()
+
+
+def _names(folder: str) -> List[str]:
+    if not has_scheme(folder):
+        try:
+            return sorted(os.listdir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    from imagerecords.build import publish
+
+    names = set(storage.list_names(folder))
+    if storage.list_tree(publish.staging_root(folder)):
+        names.add(STAGING)
+    prefix = folder.rstrip("/") + "/"
+    names.update(p[len(prefix):].split("/", 1)[0] for p in storage.list_tree(folder)
+                 if p[len(prefix):].startswith(VERSION_PREFIX) and "/" in p[len(prefix):])
+    return sorted(names)
+
+
+def _present(output: str, manifest: Manifest) -> set:
+    """Names (relative to `output`) of the files there and in the manifest's version folder."""
+    names = set(_names(output))
+    if manifest.version:
+        names.update(f"{manifest.version}/{n}" for n in _names(join(output, manifest.version)))
+    return names
+
+
+def load(output: str) -> Manifest:
+    """Reads `output`'s manifest for the command line.
+
+    Raises:
+      errors.UnfinishedBuild: no manifest, but a staging area (says how to finish or clear it).
+      errors.InputError: no manifest at all, or an unreadable one.
+    """
+    path = join(output, MANIFEST)
+    names = _names(output)
+    if MANIFEST not in names:
+        if STAGING in names:
+            raise errors.UnfinishedBuild(unfinished_hint(output))
+        raise errors.InputError(no_manifest_hint(output))
+    try:
+        return Manifest.loads(_read(path), path)
+    except ManifestError as e:
+        raise errors.InputError(str(e)) from None
+
+
+def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[str]]:
+    """Files in the folder that are not the published dataset's: (problems: unlisted shards and
+    temporary files, which a shard glob would pick up; notes: a staging area or a lock, which no
+    reader sees)."""
+    problems, notes = [], []
+    listed = set(manifest.shard_files())
+    for name in _names(output):
+        if name in listed:
+            continue
+        if name == STAGING:
+            notes.append(f"{join(output, STAGING)}: leftover staging area of an unfinished or failed build "
+                            "(remove it, or rebuild with --overwrite)")
+        elif name == LOCK:
+            from imagerecords.build import publish
+
+            holder = publish.read_lock(output)
+            state = "stale lock of" if holder and holder.is_dead_here() else "lock held by"
+            notes.append(f"{join(output, LOCK)}: {state} {holder.describe() if holder else 'an unknown build'}")
+        elif name.startswith(VERSION_PREFIX) and name != manifest.version:
+            notes.append(f"{join(output, name)}: an earlier version, kept for readers that loaded its manifest "
+                         "(--keep_versions)")
+        elif ".tfrecord" in name or name.endswith((".index", ".tmp")):
+            problems.append(f"{join(output, name)}: not listed in {MANIFEST} (not part of the published dataset)")
+    if manifest.version:
+        for name in _names(join(output, manifest.version)):
+            relative = f"{manifest.version}/{name}"
+            if relative not in listed and (".tfrecord" in name or name.endswith((".index", ".tmp"))):
+                problems.append(f"{join(output, relative)}: not listed in {MANIFEST} (not part of the published "
+                                "dataset)")
+    # A stray index file reaches no shard glob, but a reader pairing sorted index and shard lists
+    # (DALI's index_path) would read the wrong offsets with it.
+    index_folder = f"{manifest.version}/{dataset_files.INDEX_DIR}" if manifest.version else dataset_files.INDEX_DIR
+    index_dir = join(output, index_folder)
+    for name in _names(index_dir):
+        relative = f"{index_folder}/{name}"
+        if relative not in listed and not os.path.isdir(os.path.join(index_dir, name)):
+            problems.append(f"{join(output, relative)}: not listed in {MANIFEST} (an index of no published shard)")
+    return problems, notes
+
+
+def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> List[str]:
+    """Problems of one shard's index file: missing, another sha256 than the manifest's, or (given
+    the shard's frame lengths, read with --records) entries that do not match its frames."""
+    from imagerecords.format import records
+
+    path = join(output, shard.index_file)
+    try:
+        data = _read(path)
+    except OSError:  # FileNotFoundError locally; BeamIOError (an IOError) on remote filesystems
+        return [f"{path}: missing"]
+    problems = []
+    if shard.index_sha256 and hashlib.sha256(data).hexdigest() != shard.index_sha256:
+        problems.append(f"{path}: sha256 differs from the manifest")
+    if frame_lengths is None:
+        return problems
+    want, at = [], 0
+    for length in frame_lengths:
+        want.append((at, length))
+        at += length
+    try:
+        got = records.parse_index(data, path)
+    except ValueError as e:
+        return problems + [str(e)]
+    for line, (g, w) in enumerate(zip(got, want), 1):
+        if g != w:
+            problems.append(f"{path}: line {line} says offset {g[0]} length {g[1]}; record {line} of "
+                            f"{shard.filename} is at {w[0]} with {w[1]} bytes")
+            break
+    else:
+        if len(got) != len(want):
+            problems.append(f"{path}: {len(got)} entries, {shard.filename} has {len(want)} records")
+    return problems
+
+
+def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
+    """Returns (problems, notes) comparing `output` with its manifest; no problems = verified.
+
+    Problems: a shard missing, of another size or sha256 (or, with `records`, a bad CRC or count),
+    an index file missing, of another sha256 (or, with `records`, not matching its shard's frames),
+    a shard-like or index file the manifest does not list. Notes: a leftover staging
+    area or a lock in the folder (no reader sees them).
+
+    Args:
+      output: the dataset folder.
+      records: also parse every record and check both CRCs and the record counts.
+
+    Raises:
+      errors.BuildError: when there is no readable manifest.
+    """
+    from imagerecords.format.records import FRAME_OVERHEAD, CorruptRecordError, HashingReader, read_records
+
+    manifest = load(output)
+    problems = []
+    names = _present(output, manifest)
+    for split in manifest.splits:
+        for shard in split.shards:
+            path = join(output, shard.filename)
+            if shard.filename not in names:
+                problems.append(f"{path}: missing")
+                continue
+            count = 0
+            frame_lengths = None  # with records: each frame's length, to check the index against
+            with open_read(path) as f:  # streamed: a shard can be hundreds of MB
+                stream = HashingReader(f)
+                if records:
+                    try:
+                        frame_lengths = [len(r) + FRAME_OVERHEAD for r in read_records(stream, path)]
+                        count = len(frame_lengths)
+                    except CorruptRecordError as e:
+                        problems.append(str(e))
+                        count = None
+                stream.drain()
+            if stream.num_bytes != shard.num_bytes:
+                problems.append(f"{path}: {stream.num_bytes} bytes, manifest says {shard.num_bytes}")
+            elif stream.sha256() != shard.sha256:
+                problems.append(f"{path}: sha256 differs from the manifest")
+            elif records and count is not None and count != shard.count:
+                problems.append(f"{path}: {count} records, manifest says {shard.count}")
+            if shard.index_file:
+                problems.extend(_index_problems(output, shard, frame_lengths))
+    extra, notes = _folder_problems(output, manifest)
+    return problems + extra, notes
+
+
+def inspect(output: str) -> Tuple[List[str], List[str]]:
+    """Returns (lines describing the dataset, problems) from the manifest and one folder listing;
+    imports neither TensorFlow nor Beam for a local folder.
+
+    Raises:
+      errors.BuildError: when there is no readable manifest.
+    """
+    manifest = load(output)
+    names = _present(output, manifest)
+    lines = [f"{manifest.name}: schema {manifest.schema}, {len(manifest.label_names)} labels, offset "
+             f"{manifest.label_offset}, seed {manifest.seed}, built {manifest.created}"]
+    if manifest.version:
+        lines.append(f"  version: {manifest.version} (its shards: {join(output, manifest.version)})")
+    problems = []
+    for split in manifest.splits:
+        missing = [s.filename for s in split.shards if s.filename not in names]
+        lines.append(f"  {split.name}: {split.num_examples} records in {len(split.shards)} shards, "
+                     f"{split.num_bytes / 1e6:.1f} MB")
+        problems.extend(f"{join(output, m)}: missing" for m in missing)
+    lines.append(f"  rejected: {manifest.num_rejected}, skipped: {manifest.num_skipped} (see {manifest.errors_file})")
+    names_shown = ", ".join(manifest.label_names[:20]) + (" ..." if len(manifest.label_names) > 20 else "")
+    lines.append(f"  labels: {names_shown}")
+    return lines, problems

@@ -1,0 +1,668 @@
+"""The launcher: check flags and paths, take the output's lock, run the graph, decide, commit, report."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import TYPE_CHECKING, Dict, Iterator, Optional, Sequence, TextIO
+
+from imagerecords import __version__
+from imagerecords.build import _hooks, errors, publish, storage
+from imagerecords.build import refs as refs_lib
+from imagerecords.build.config import BuildConfig
+from imagerecords.format.manifest import DUPLICATES, ERRORS, LOCK, MANIFEST, STAGING, Manifest
+
+if TYPE_CHECKING:
+    from imagerecords.cli.preflight import InputInfo
+    from imagerecords.cli.flags import Parsed
+
+LOG_DIR = os.path.join(tempfile.gettempdir(), "imagerecords-logs")
+
+
+def versions() -> Dict[str, str]:
+    """Versions recorded in the manifest: a build is reproducible for equal versions."""
+    from importlib import metadata as importlib_metadata
+
+    out = {"imagerecords": __version__}
+    for label, dists in (("apache-beam", ["apache-beam"]), ("tensorflow", ["tensorflow", "tensorflow-cpu"]),
+                         ("pillow", ["pillow"]), ("numpy", ["numpy"])):
+        for dist in dists:
+            try:
+                out[label] = importlib_metadata.version(dist)
+                break
+            except importlib_metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+def _local_options(options, beam_args: Sequence[str]) -> bool:
+    """Picks DirectRunner's mode for local runs; returns whether the run is local."""
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+    runner = options.view_as(StandardOptions).runner
+    if runner is not None and "direct" not in str(runner).lower():
+        return False
+    direct = options.view_as(DirectOptions)
+    if not any(a.startswith("--direct_num_workers") for a in beam_args):
+        direct.direct_num_workers = os.cpu_count() or 1
+    if not any(a.startswith("--direct_running_mode") for a in beam_args):
+        # Worker processes. Worker threads start faster (6.6 vs 12.2 s for 16 images) but
+        # multi_threading corrupts large bundles: a 100,000-row manifest build failed with
+        # "Error decoding input stream with coder ..." / "unexpected value for null indicator"
+        # (Beam 2.62; the symptom of Beam issue 22321), where multi_processing built it in 29 s.
+        # Quick local builds run on the local engine anyway. One worker runs in memory.
+        direct.direct_running_mode = "in_memory" if direct.direct_num_workers == 1 else "multi_processing"
+    return True
+
+
+def uses_local_engine(config: BuildConfig, beam_args: Sequence[str], detached: bool = False) -> bool:
+    """Whether a build runs on the local engine (pipeline/local.py) rather than Beam.
+
+    It does when there is nothing for Beam to do: local input and output, no Beam option at all
+    (`--runner DirectRunner`, `--direct_num_workers`, a preset's beam_options all choose Beam) and
+    the default shard writer (`--writer beam` is Beam's own sink). Both engines write the same bytes.
+    """
+    return (not beam_args and not detached and config.writer == "shards"
+            and storage.is_local(config.input) and storage.is_local(config.output))
+
+
+def _claim_output(config: BuildConfig) -> int:
+    """Refuses an output folder that holds files unless --overwrite; with it, clears the staging
+    areas of killed builds (the lock is ours, so no live build owns them), except that --resume
+    keeps them to take their complete shards from. Returns the staged shards a resume can reuse."""
+    names = [n for n in storage.list_names(config.output) if n != LOCK]
+    staged = publish.staged_builds(config.output)
+    published = storage.exists(storage.join(config.output, MANIFEST))
+    if config.resume:
+        if published and not config.overwrite:
+            raise errors.OutputError(f"{config.output} holds a published dataset; pass --overwrite with --resume to "
+                                     "replace it")
+        return sum(1 for b in staged for p in storage.list_tree(publish.staging_dir(config.output, b))
+                   if p.endswith(".staged.json"))
+    if config.overwrite:
+        if staged:
+            publish.remove_staging(config.output)
+        return 0
+    if staged:
+        if publish.holds_only_reasons(config.output):
+            raise errors.OutputError(f"{config.output} holds only the reject reasons of a build that failed its "
+                                     f"budget ({STAGING}/{ERRORS}; nothing was published); rerun with --overwrite "
+                                     "to replace them")
+        if not publish.results_staged(config.output):
+            raise errors.OutputError(f"{config.output} holds the staging area of a build that failed or was stopped "
+                                     f"before its shards were all written ({STAGING}); rerun with --resume to reuse "
+                                     "its complete shards, or --overwrite to start over")
+        raise errors.OutputError(f"{config.output} holds an unfinished build in {STAGING}; rerun with --overwrite "
+                                 f"to replace it, or `imagerecords finish {config.output}` to publish it")
+    if names or published:
+        shown = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+        raise errors.OutputError(f"output folder {config.output} is not empty ({len(names)} files: {shown}); pass "
+                                 "--overwrite to replace a dataset this tool wrote there (other files are left alone)")
+    return 0
+
+
+def _read_label_map(config: BuildConfig) -> Optional[refs_lib.LabelMap]:
+    if not config.label_map:
+        return None
+    try:
+        text = publish.read_bytes(config.label_map).decode("utf-8")
+    except OSError as e:
+        raise errors.UsageError(f"--label_map {config.label_map}: {publish.os_reason(e)}") from None
+    try:
+        return refs_lib.read_label_map(text, config.label_map, config.label_offset)
+    except ValueError as e:
+        raise errors.UsageError(str(e)) from None
+
+
+class _Progress:
+    """The progress line of a local build: images done of all listed, rate, ETA, rejects so far.
+
+    Shard writers report {done, rejected, total} per shard and the shuffle reports each split's
+    image count (files in `progress_dir`); this sums them once a second. A line is printed when the
+    build starts and when it ends, whatever its length.
+    """
+
+    def __init__(self, progress_dir: str, stream: TextIO, rewrite: bool):
+        self._dir = progress_dir
+        self._stream = stream
+        self._rewrite = rewrite  # a terminal: redraw one line; otherwise one line every 10 s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._start = time.monotonic()
+        self._last_print = 0.0
+
+    def state(self) -> Dict[str, int]:
+        out = {"done": 0, "rejected": 0, "total": 0, "planned": 0}
+        for name in os.listdir(self._dir):
+            try:
+                with open(os.path.join(self._dir, name)) as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if name.endswith(".plan"):
+                out["total"] += data["count"]
+                out["planned"] += 1
+            elif name.endswith(".json"):
+                out["done"] += data["done"]
+                out["rejected"] += data.get("rejected", 0)
+        return out
+
+    def line(self, final: bool = False) -> str:
+        s = self.state()
+        elapsed = time.monotonic() - self._start
+        if not s["planned"]:
+            return f"[imagerecords] listing and planning shards ... {elapsed:.0f} s"
+        rate = s["done"] / max(elapsed, 1e-9)
+        left = s["total"] - s["done"]
+        eta = "" if final or not s["done"] else f", ETA {_duration(left / max(rate, 1e-9))}"
+        pct = 100.0 * s["done"] / max(s["total"], 1)
+        return (f"[imagerecords] {s['done']}/{s['total']} images ({pct:.0f}%), {rate:.0f} images/s{eta}, "
+                f"{s['rejected']} rejected so far, {_duration(elapsed)} elapsed")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            if self._rewrite or time.monotonic() - self._last_print >= 10:
+                self._show(self.line())
+
+    def _show(self, line: str, end: str = "") -> None:
+        self._last_print = time.monotonic()
+        if self._rewrite:
+            self._stream.write("\r" + line + "\033[K" + end)
+        else:
+            self._stream.write(line + "\n")
+        self._stream.flush()
+
+    def __enter__(self) -> "_Progress":
+        self._show(self.line())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._show(self.line(final=True), end="\n")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+@contextlib.contextmanager
+def _quiet_stderr(log_path: Optional[str]) -> Iterator[TextIO]:
+    """Sends everything written to file descriptor 2 (Beam's logs, worker processes' tracebacks,
+    TensorFlow's C++ notices) to `log_path` while the pipeline runs; yields a stream that still
+    reaches the terminal, for progress. With log_path None nothing is redirected."""
+    if log_path is None:
+        yield sys.stderr
+        return
+    import logging
+
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    log_file = open(log_path, "ab", buffering=0)
+    terminal = os.fdopen(os.dup(saved), "w", buffering=1)
+    root = logging.getLogger()
+    handler = logging.StreamHandler(open(log_path, "a", buffering=1))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handlers = root.handlers[:]
+    level = root.level
+    root.handlers = [handler]
+    root.setLevel(logging.INFO)
+    os.dup2(log_file.fileno(), 2)
+    try:
+        yield terminal
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        root.handlers = handlers
+        root.setLevel(level)
+        handler.stream.close()
+        log_file.close()
+        terminal.close()
+
+
+def _failure(e: BaseException, config: BuildConfig, log_path: Optional[str]) -> errors.BuildError:
+    """Turns an exception from the runner into one line."""
+    if publish.is_no_space(e):
+        return errors.OutputError(f"no space left on device while writing {config.output}; the published dataset "
+                                  "(if any) is untouched; free space and rerun with --overwrite")
+    from concurrent.futures.process import BrokenProcessPool  # here: it imports multiprocessing
+
+    where = f"; full log: {log_path}" if log_path else ""
+    if isinstance(e, BrokenProcessPool):  # the local engine lost a worker (SIGKILL, OOM killer)
+        return errors.PipelineFailed("a worker process of the local engine ended abruptly (killed by a signal, or "
+                                     "by the system when memory ran out); nothing was published; rerun, or build "
+                                     f"in this process with --local_workers 0{where}")
+    text = str(e).strip().splitlines()
+    # The runner wraps the worker's exception; its last line names it ("ValueError: ...").
+    detail = next((line.strip() for line in reversed(text) if line.strip()), type(e).__name__)
+    return errors.PipelineFailed(f"the pipeline failed ({type(e).__name__}): {detail[:300]}; nothing was "
+                                 f"published{where}")
+
+
+def _flink_rest(options) -> str:
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions
+
+    master = options.view_as(FlinkRunnerOptions).flink_master.strip().rstrip("/")
+    return master if "://" in master else "http://" + master
+
+
+def _check_detached(options) -> None:
+    """--detached: a Flink cluster whose SDK workers run on the cluster, so nothing needs this process."""
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, PortableOptions, StandardOptions
+
+    runner = str(options.view_as(StandardOptions).runner or "")
+    master = options.view_as(FlinkRunnerOptions).flink_master or ""
+    if "flink" not in runner.lower() or master in ("", "[local]", "[auto]"):
+        raise errors.UsageError("--detached needs --runner=FlinkRunner and --flink_master=HOST:PORT of a Flink cluster")
+    environment = (options.view_as(PortableOptions).environment_type or "").upper()
+    if environment in ("", "LOOPBACK"):
+        raise errors.UsageError("--detached needs SDK workers on the cluster (--environment_type=EXTERNAL, PROCESS or "
+                                "DOCKER); with LOOPBACK they run inside this process")
+
+
+def _wait_until_on_flink(options, result, timeout: float = 600.0) -> str:
+    """Returns the Flink job id of a just-submitted build once the cluster lists the job. Beam's job
+    server (a child of this process, stopped when it exits) submits asynchronously; the job runs on
+    without it. Matched by the job name (--job_name, set here when not given)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    name = options.view_as(GoogleCloudOptions).job_name
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result.state in ("FAILED", "CANCELLED", "DONE"):
+            result.wait_until_finish()  # raises the job's error, reported by the caller in one line
+        try:
+            with urllib.request.urlopen(_flink_rest(options) + "/jobs/overview", timeout=10) as response:
+                jobs = json.load(response)["jobs"]
+        except (urllib.error.URLError, OSError, ValueError):
+            jobs = []
+        for job in jobs:
+            if job.get("name") == name:
+                return job["jid"]
+        time.sleep(1.0)
+    raise errors.PipelineFailed(f"--detached: Flink at {_flink_rest(options)} did not list job {name} within "
+                                f"{timeout:.0f} s of the submit")
+
+
+def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
+    """Builds a dataset from command-line style arguments and publishes it.
+
+    Example:
+        from imagerecords.cli.launcher import run
+        manifest = run(["--input", "photos/", "--output", "/tmp/ds", "--splits", "train=0.9,validation=0.1"])
+        print(manifest.split("train").num_examples)
+
+    Any flag the build does not know must be one of Beam's pipeline options, so the same call runs
+    on Flink (--runner=FlinkRunner --flink_master=...) or Dataflow (--runner=DataflowRunner ...).
+    A local build without Beam options runs on the local engine (pipeline/local.py, no Beam);
+    --runner=DirectRunner runs the same build on Beam's DirectRunner, one worker thread per core.
+    Both write the same bytes.
+
+    Returns:
+      The published manifest, or None when --template_location only staged a Dataflow template.
+
+    Raises:
+      errors.BuildError: an expected failure, one line (see README, "When things go wrong");
+        errors.Interrupted for SIGINT, SIGTERM and SIGHUP.
+    """
+    from imagerecords.cli import flags, preflight
+
+    parsed = flags.parse_args(sys.argv[1:] if argv is None else argv)
+    config = parsed.config
+    if config.writer == "beam" and config.write_index:
+        raise errors.UsageError("--write_index needs --writer shards (the Beam sink reports no record offsets)")
+    if config.writer == "beam" and config.resume:
+        raise errors.UsageError("--resume needs --writer shards (the Beam sink's shards have no fingerprints)")
+    input_info = preflight.check_input(config, ignore_split_column=parsed.launcher.ignore_split_column)
+    created = preflight.check_output(config)
+    try:
+        return _build(parsed, input_info)
+    except errors.BuildError:
+        preflight.remove_created_output(created)  # only a folder that nothing was written into
+        raise
+
+
+def _build(parsed: "Parsed", input_info: "InputInfo") -> Optional[Manifest]:
+    """run() from a checked input and output on: engine, lock, graph, verdict, commit, summary."""
+    config = parsed.config
+    label_map = _read_label_map(config)
+    engine = _Engine(config, parsed)
+    build_id = publish.new_build_id()
+    engine.name_job(build_id)
+    log_path = None if parsed.launcher.verbose else os.path.join(LOG_DIR, f"{build_id}.log")
+    start = time.monotonic()
+    stage = _Stage()
+    with _signals_as_interrupts(), publish.OutputLock(config.output, build_id,
+                                                      break_lock=parsed.launcher.break_lock) as lock:
+        try:
+            if lock.took_over:
+                print(f"imagerecords build: note: {lock.take_over_note()}", file=sys.stderr)
+            reusable = _claim_output(config)
+            if config.resume:
+                print(f"imagerecords build: resuming: {reusable} staged shards of earlier builds can be reused if "
+                      "their fingerprints match", file=sys.stderr)
+            stage.now = "engine"
+            engine.run(build_id=build_id, label_map=label_map, csv_header=input_info.header, log_path=log_path)
+            if engine.handed_off(lock, build_id):
+                return None
+            stage.now = "verdict"
+            results = _verdict(config, build_id)
+            if config.resume:
+                print(f"imagerecords build: resumed: {_reused_count(config.output, build_id, results)} of "
+                      f"{len(results.shards)} shards reused", file=sys.stderr)
+            _hooks.pause("before_commit")
+            stage.now = "commit"
+            manifest = _commit(config, results)
+            stage.now = "done"
+        except KeyboardInterrupt as e:
+            raise _interrupted(e, stage.now, config, build_id) from None
+    if log_path and os.path.exists(log_path):
+        os.remove(log_path)
+    print_summary(manifest, config.output, time.monotonic() - start, engine=engine.description)
+    return manifest
+
+
+class _Stage:
+    """Where the build is, for the message a signal gets: engine, verdict, commit or done."""
+
+    now = "lock"
+
+
+def _verdict(config: BuildConfig, build_id: str) -> publish.BuildResults:
+    results = publish.read_results(config.output, build_id)
+    if results is None:
+        raise errors.PipelineFailed(f"the pipeline ended without writing its results to {STAGING}; nothing was "
+                                    "published")
+    try:
+        results.verdict(config.output)
+    except errors.BudgetExceeded:
+        publish.discard_staged_shards(config.output, results)  # errors.jsonl stays, for the reasons
+        raise
+    return results
+
+
+def _commit(config: BuildConfig, results: publish.BuildResults) -> Manifest:
+    try:
+        return publish.commit(config.output, results, keep_versions=config.keep_versions)
+    except OSError as e:
+        if publish.is_no_space(e):
+            raise _failure(e, config, None) from None
+        raise
+
+
+def _reused_count(output: str, build_id: str, results: publish.BuildResults) -> int:
+    """Shards of this build that an earlier build wrote (their StagedShard record says which build)."""
+    from imagerecords.build import stages
+
+    staging = publish.staging_dir(output, build_id)
+    count = 0
+    for r in results.shards:
+        try:
+            record = json.loads(publish.read_bytes(storage.join(staging, r.filename + stages.STAGED_SUFFIX)))
+        except (OSError, ValueError):
+            continue
+        count += record.get("reused", False)
+    return count
+
+
+def _interrupted(e: KeyboardInterrupt, stage: str, config: BuildConfig, build_id: str) -> errors.Interrupted:
+    """The one line for a build stopped by a signal, saying what is left and the command that mends it."""
+    import signal
+
+    signum = getattr(e, "signum", signal.SIGINT)
+    what = f"stopped by {signal.Signals(signum).name}"
+    out = config.output
+    if stage == "commit":
+        return errors.Interrupted(f"{what} during the commit: {out} still publishes its previous dataset (if any) "
+                                  f"unchanged; run `imagerecords finish {out}` to publish this build", signum)
+    if stage == "done":
+        return errors.Interrupted(f"{what} after the commit: {out} is published", signum)
+    staged = 0
+    if publish.staged_builds(out):
+        staged = sum(1 for p in storage.list_tree(publish.staging_dir(out, build_id)) if p.endswith(".staged.json"))
+    resume = (f"; {staged} complete shards are staged: rerun the same command with --resume to reuse them"
+              if staged else "; rerun the same command")
+    return errors.Interrupted(f"{what}; nothing was published and {out} is as it was{resume}", signum)
+
+
+# The signal that stopped this build, if one did: a runner that ran the shard writer in this thread
+# (DirectRunner in memory) hands the Stopped it raised back wrapped in its own error.
+_SIGNALLED: list = []
+
+
+@contextlib.contextmanager
+def _signals_as_interrupts() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a scheduler, `timeout`, a closed terminal) stop the build as Ctrl-C does:
+    shard writers are cancelled, worker processes ended, the lock released. The first one raises
+    errors.Stopped; later ones are ignored, so the cleanup it starts runs to the end."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = _SIGNALLED
+    fired.clear()
+
+    def stop(signum, _frame):
+        if fired:
+            return
+        fired.append(signum)
+        raise errors.Stopped(signum)
+
+    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def _end_child_processes() -> None:
+    """Ends every process this one started, and theirs (Beam's SDK workers and job servers): SIGTERM,
+    then SIGKILL for those still alive after a few seconds. Linux only (it reads /proc)."""
+    import signal
+
+    children = _descendants(os.getpid())
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and any(_alive(p) for p in children):
+        time.sleep(0.05)
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _descendants(root: int) -> list:
+    parents = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat") as f:
+                        parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                found.append(pid)
+                frontier.append(pid)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    from imagerecords.build.publish import _is_zombie
+
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return not _is_zombie(pid)
+
+
+class _Engine:
+    """Runs the build's stages: on the local engine (no Beam) or as a Beam pipeline, with the runner
+    specifics (DirectRunner modes, Flink detached submits, Dataflow templates) kept here."""
+
+    def __init__(self, config: BuildConfig, parsed):
+        self.config = config
+        self.parsed = parsed
+        self.local_engine = uses_local_engine(config, parsed.beam_args, parsed.launcher.detached)
+        if parsed.launcher.local_workers is not None and not self.local_engine:
+            raise errors.UsageError("--local_workers is for the local engine (local paths, no Beam options); on Beam "
+                                    "use the runner's options (--direct_num_workers, ...)")
+        self.options = self.template = self.flink_job = None
+        self.description = ""
+        self.local = True
+        if not self.local_engine:
+            from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+            self.options = PipelineOptions(parsed.beam_args)
+            self.local = _local_options(self.options, parsed.beam_args)
+            if parsed.launcher.detached:
+                _check_detached(self.options)
+            self.template = self.options.view_as(GoogleCloudOptions).template_location
+
+    def name_job(self, build_id: str) -> None:
+        if self.parsed.launcher.detached:
+            from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+            cloud = self.options.view_as(GoogleCloudOptions)
+            if not cloud.job_name:
+                cloud.job_name = f"imagerecords-{build_id.lower()}"
+
+    def run(self, *, build_id: str, label_map, csv_header, log_path: Optional[str]) -> None:
+        config, launcher = self.config, self.parsed.launcher
+        # Progress is for people: shown when stderr is a terminal, in logs and pipes only if asked.
+        on_terminal = sys.stderr.isatty()
+        # The local engine's writers report it; a Beam pipeline has its runner's own UI for that.
+        show_progress = self.local_engine and not launcher.no_progress and (on_terminal or launcher.progress)
+        progress_dir = tempfile.mkdtemp(prefix="imagerecords-progress-") if show_progress else None
+        graph_args = dict(build_id=build_id, versions=versions(), label_map=label_map, csv_header=csv_header)
+        try:
+            with _quiet_stderr(log_path) as terminal:
+                progress = _Progress(progress_dir, terminal, on_terminal) if progress_dir else contextlib.nullcontext()
+                try:
+                    with progress:
+                        self._run_stages(graph_args, progress_dir)
+                except KeyboardInterrupt:
+                    if not self.local_engine:
+                        _end_child_processes()
+                    raise
+                except Exception as e:  # the runner's wrapper of a worker error: reported in one line
+                    if _SIGNALLED:
+                        if not self.local_engine:
+                            _end_child_processes()
+                        raise errors.Stopped(_SIGNALLED[0]) from None
+                    raise _failure(e, config, log_path) from None
+        finally:
+            if progress_dir:
+                shutil.rmtree(progress_dir, ignore_errors=True)
+
+    def _run_stages(self, graph_args, progress_dir: Optional[str]) -> None:
+        if self.local_engine:
+            from imagerecords.build.engines import local as local_lib
+
+            _, workers = local_lib.build(self.config, workers=self.parsed.launcher.local_workers,
+                                         progress_dir=progress_dir, **graph_args)
+            self.description = f"local engine, {workers} worker processes" if workers else "local engine, in-process"
+            return
+        import apache_beam as beam
+
+        from imagerecords.build.engines.beam.graph import build_pipeline
+
+        p = beam.Pipeline(options=self.options)
+        build_pipeline(p, self.config, **graph_args)
+        result = p.run()
+        if self.parsed.launcher.detached:
+            self.flink_job = _wait_until_on_flink(self.options, result)
+        else:
+            result.wait_until_finish()
+        self.description = _runner(self.options)
+
+    def handed_off(self, lock: publish.OutputLock, build_id: str) -> bool:
+        """A detached Flink job or a Dataflow template publishes later, through `finish`."""
+        output = self.config.output
+        if self.parsed.launcher.detached:
+            lock.hand_over_to_detached_job()
+            print(f"imagerecords: submitted build {build_id} as Flink job {self.flink_job}; follow it in the Flink UI "
+                  f"or REST API ({_flink_rest(self.options)}/jobs/{self.flink_job}); when it is FINISHED, publish "
+                  f"the dataset with `imagerecords finish {output}`")
+            return True
+        if self.template:
+            print(f"imagerecords: wrote the Dataflow template {self.template}; nothing was built yet. When its job "
+                  f"has run, publish the dataset with `imagerecords finish {output}`")
+            return True
+        return False
+
+
+def finish(output: str, break_lock: bool = False) -> Manifest:
+    """Publishes the build staged in `output` (a build whose launcher was not there at the end, or
+    a commit cut short). Same lock and commit as a build.
+
+    Raises:
+      errors.BuildError: nothing to finish, over budget, or the lock is held.
+    """
+    if storage.exists(storage.join(output, MANIFEST)) and not publish.staged_builds(output):
+        raise errors.UnfinishedBuild(f"nothing to finish: {output} is published and has no staging area")
+    with publish.OutputLock(output, publish.new_build_id(), command="finish", break_lock=break_lock) as lock:
+        if lock.took_over:
+            print(f"imagerecords finish: note: {lock.take_over_note()}", file=sys.stderr)
+        return publish.commit(output)
+
+
+def _runner(options) -> str:
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    runner = options.view_as(StandardOptions).runner or "DirectRunner"
+    return runner if isinstance(runner, str) else type(runner).__name__
+
+
+def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, engine: str = "",
+                  built: bool = True) -> None:
+    """Prints what was published; `built` False for `finish`, which only commits (no image rate)."""
+    stream = stream or sys.stdout  # looked up per call: a caller's redirect_stdout applies
+    stream.write(f"imagerecords: wrote {output}\n")
+    for split in manifest.splits:
+        stream.write(f"  {split.name:<12} {split.num_examples:>9} records  {len(split.shards):>5} shards  "
+                     f"{split.num_bytes / 1e6:>10.1f} MB\n")
+    stream.write(f"  rejected     {manifest.num_rejected:>9} (see {ERRORS})\n")
+    if manifest.num_skipped:
+        stream.write(f"  skipped      {manifest.num_skipped:>9} (not images of a class; see {ERRORS})\n")
+    if manifest.num_duplicate_groups > 0:
+        leaks = f", {manifest.num_leaking_groups} across splits" if manifest.num_leaking_groups else ""
+        stream.write(f"  duplicates   {manifest.num_duplicate_groups:>9} groups of identical files{leaks} "
+                     f"(see {DUPLICATES})\n")
+    if manifest.num_label_conflicts > 0:
+        stream.write(f"  label conflicts {manifest.num_label_conflicts:>6} groups of identical files with different "
+                     f"labels (see {DUPLICATES})\n")
+    if not built:
+        stream.write(f"  {seconds:.1f} s to publish the staged build\n")
+        return
+    on = f" ({engine})" if engine else ""
+    stream.write(f"  {seconds:.1f} s, {manifest.num_examples / max(seconds, 1e-9):.1f} images/s{on}\n")

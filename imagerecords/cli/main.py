@@ -1,0 +1,171 @@
+"""The `imagerecords` command: build, verify, inspect and demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import warnings
+from typing import List, Optional, Sequence
+
+USAGE = """imagerecords COMMAND [ARGS]
+
+commands:
+  build    build a sharded TFRecord dataset (imagerecords build --help)
+  finish   publish a build whose launcher did not commit it (a Dataflow template, a cut commit)
+  verify   check the shards against manifest.json (--records: every record's CRC too)
+  inspect  print a dataset's splits, shards and labels
+  report   write an HTML page showing a dataset: sample images per class, histograms, rejects
+  demo     generate a small image tree and build it (the README's first command)
+
+Exit codes: 0 ok, 1 the build failed or verify found problems, 2 bad usage, 3 input problem,
+4 output problem, 5 output locked (by another build, or an unreadable lock file), 6 reject budget
+exceeded, 7 unfinished build.
+"""
+
+
+def verify(output: str, records: bool = False) -> List[str]:
+    """Returns the problems found comparing `output` with its manifest (none = [])."""
+    from imagerecords.cli import inspection
+
+    return inspection.verify(output, records)[0]
+
+
+def _demo(argv: Sequence[str]) -> int:
+    from imagerecords.build import example_images
+    from imagerecords.cli.launcher import run
+
+    p = argparse.ArgumentParser(prog="imagerecords demo", description="Generate example images and build them.")
+    p.add_argument("output", nargs="?", default="example_output", help="folder for images/ and dataset/ (default: example_output)")
+    known, beam_args = p.parse_known_args(argv)
+    images = os.path.join(known.output, "images")
+    dataset = os.path.join(known.output, "dataset")
+    example_images.write_tree(images, per_class=16, broken=True)
+    print(f"imagerecords demo: wrote {sum(1 for _ in _walk(images))} example images (one deliberately truncated) to {images}")
+    run(["--input", images, "--output", dataset, "--splits", "train=0.75,validation=0.25", "--overwrite",
+         "--max_reject_fraction", "0.05", *beam_args])
+    print(f"read it back:  python -c \"from imagerecords import reader; print(reader.load_info('{dataset}'))\"")
+    return 0
+
+
+def _walk(root: str):
+    for dirpath, _, files in os.walk(root):
+        yield from (os.path.join(dirpath, f) for f in files)
+
+
+def _quiet_libraries() -> None:
+    """Keeps library start-up chatter off the user's terminal: TensorFlow's C++ info logs and the
+    Google client libraries' FutureWarnings about Python and grpcio support dates, which Beam's
+    GCP extras trigger on import. Real warnings and errors still show."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.")
+    # Local worker processes inherit this (their warnings cannot be filtered by module here).
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    # The local job service relays every worker's start-up notices at WARNING; errors still show.
+    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
+
+
+def _one_folder(command: str, rest: Sequence[str], flags: Sequence[str] = ()) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"imagerecords {command}")
+    p.add_argument("output", help="the dataset folder (local or gs://...)")
+    for flag in flags:
+        p.add_argument(flag, action="store_true")
+    return p.parse_args(rest)
+
+
+# Commands that run Beam, and what the `build` extra installs for them (import name: distribution).
+_BUILDER_COMMANDS = ("build", "demo", "verify", "finish")
+_BUILDER_MODULES = {"apache_beam": "apache-beam", "PIL": "pillow", "yaml": "pyyaml"}
+
+
+def _missing_builder_extra(command: str) -> Optional[str]:
+    """The one line to print when `command` needs the builder extra and it is not installed (the
+    reader-only install has neither Beam nor Pillow); None when all is there."""
+    import importlib.util
+
+    if command not in _BUILDER_COMMANDS:
+        return None
+    missing = [dist for module, dist in _BUILDER_MODULES.items() if importlib.util.find_spec(module) is None]
+    if not missing:
+        return None
+    return (f"imagerecords {command} needs the builder extra ({', '.join(missing)} not installed): "
+            "pip install 'imagerecords[build]' (or 'imagerecords[gcp]' for gs://)")
+
+
+def _command(command: str, rest: Sequence[str]) -> int:
+    missing = _missing_builder_extra(command)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 1
+    if command == "build":
+        from imagerecords.cli.launcher import run
+
+        run(rest)
+        return 0
+    if command == "finish":
+        from imagerecords.cli.launcher import finish, print_summary
+
+        args = _one_folder(command, rest, ["--break_lock"])
+        start = time.monotonic()
+        manifest = finish(args.output, args.break_lock)
+        print_summary(manifest, args.output, time.monotonic() - start, built=False)
+        return 0
+    if command == "verify":
+        from imagerecords.cli import inspection
+
+        args = _one_folder(command, rest, ["--records"])
+        problems, notes = inspection.verify(args.output, args.records)
+        for problem in problems:
+            print(problem)
+        for note in notes:
+            print(f"note: {note}")
+        print("ok" if not problems else f"{len(problems)} problem(s)")
+        return 1 if problems else 0
+    if command == "inspect":
+        from imagerecords.cli import inspection
+
+        args = _one_folder(command, rest)
+        lines, problems = inspection.inspect(args.output)
+        print("\n".join(lines))
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 1 if problems else 0
+    if command == "report":
+        from imagerecords.cli import report
+        from imagerecords.cli import inspection
+
+        return report.main(rest, load_manifest=inspection.load)
+    if command == "demo":
+        return _demo(rest)
+    print(f"imagerecords: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    _quiet_libraries()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from imagerecords import __version__
+
+        print(f"imagerecords {__version__}")
+        return 0
+    from imagerecords.build import errors
+
+    command, rest = argv[0], argv[1:]
+    try:
+        return _command(command, rest)
+    except errors.Interrupted as e:
+        print(f"imagerecords {command}: {e}", file=sys.stderr)
+        return e.exit_code
+    except errors.BuildError as e:
+        print(f"imagerecords {command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", 2)
+        print(f"imagerecords {command}: interrupted", file=sys.stderr)
+        return 128 + signum

@@ -1,0 +1,254 @@
+"""manifest.json as a typed contract: what the builder publishes and every reader of it relies on."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+MANIFEST = "manifest.json"
+ERRORS = "errors.jsonl"
+DUPLICATES = "duplicates.jsonl"
+# Version 2: seed/name/schema are no longer repeated under `parameters`; `num_skipped` was added.
+# Version 1 manifests still read (the missing fields take their defaults).
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+# Names inside an output folder that belong to the publish protocol (imagerecords.build.publish). They
+# live here, in a module without Beam or TensorFlow, so the reader can name them in its errors.
+STAGING = ".imagerecords-staging"  # one folder per build inside, named by its build id
+# Each published build's shards live in a folder of their own, `v-<build id>`: a rebuild never
+# writes over a file that a loaded manifest points at.
+VERSION_PREFIX = "v-"
+LOCK = ".imagerecords.lock"
+
+
+class ManifestError(ValueError):
+    """manifest.json is not a manifest this version can read; the message names the file and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """One shard file of a split.
+
+    Attributes:
+      index: shard number within the split.
+      filename: file name relative to the dataset folder.
+      count: records in the shard.
+      num_bytes: file size in bytes.
+      sha256: hex digest of the file.
+      labels: ((label id, records with it), ...) sorted by id; ids include the label offset.
+      passthrough: records whose image bytes are the source file unchanged.
+      index_file: path (relative to the dataset folder) of the shard's tfrecord2idx index file
+        (one "offset frame_length" line per record), when one was written.
+      index_sha256: hex digest of the index file.
+    """
+
+    index: int
+    filename: str
+    count: int
+    num_bytes: int
+    sha256: str
+    labels: Tuple[Tuple[int, int], ...] = ()
+    passthrough: int = 0
+    index_file: Optional[str] = None
+    index_sha256: Optional[str] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        out = {"index": self.index, "filename": self.filename, "count": self.count, "num_bytes": self.num_bytes,
+               "sha256": self.sha256, "labels": {str(k): v for k, v in self.labels}, "passthrough": self.passthrough}
+        if self.index_file:
+            out["index_file"] = self.index_file
+        if self.index_sha256:
+            out["index_sha256"] = self.index_sha256
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Shard":
+        return cls(index=int(d["index"]), filename=str(d["filename"]), count=int(d["count"]),
+                   num_bytes=int(d["num_bytes"]), sha256=str(d["sha256"]),
+                   labels=tuple(sorted((int(k), int(v)) for k, v in dict(d.get("labels") or {}).items())),
+                   passthrough=int(d.get("passthrough", 0)), index_file=d.get("index_file"),
+                   index_sha256=d.get("index_sha256"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """One split and its shards, in shard order.
+
+    Attributes:
+      name: split name.
+      shards: the split's shards sorted by index.
+    """
+
+    name: str
+    shards: Tuple[Shard, ...]
+
+    @property
+    def num_examples(self) -> int:
+        return sum(s.count for s in self.shards)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(s.num_bytes for s in self.shards)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"num_examples": self.num_examples, "num_bytes": self.num_bytes,
+                "shards": [s.to_json() for s in self.shards]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A published dataset: everything a reader needs and what the build was made from.
+
+    Attributes:
+      name: dataset name, the shard file prefix.
+      schema: example schema preset (imagerecords.format.schema.PRESETS).
+      label_names: class name of stored label id `i + label_offset` at position i.
+      label_offset: added to every label id.
+      integer_labels: True when the source labels were integers.
+      seed: the shuffle seed.
+      parameters: the build settings (BuildConfig.to_json(), paths excluded).
+      splits: the splits sorted by name.
+      num_rejected: inputs that did not become records (rows of errors.jsonl, skipped ones excluded).
+      num_skipped: entries that were not images of a class (rows of errors.jsonl marked skipped).
+      versions: versions of imagerecords and the libraries that shaped the bytes.
+      created: UTC build time, the only field that differs between two identical builds.
+      errors_file: the file holding the rejected and skipped rows.
+      num_duplicate_groups: groups of written images whose source files hold identical bytes
+        (rows of duplicates.jsonl; -1 when the build did not look).
+      num_leaking_groups: those of them that span more than one split.
+      num_label_conflicts: those of them whose members carry different labels (the same image
+        under two classes; 0 in manifests written before it was counted).
+      version: the folder (relative to the dataset folder) holding this build's shards and index
+        files, named after its build id; None for datasets written before versions had folders
+        (their files lie directly in the dataset folder).
+    """
+
+    name: str
+    schema: str
+    label_names: Tuple[str, ...]
+    label_offset: int
+    integer_labels: bool
+    seed: int
+    parameters: Mapping[str, Any]
+    splits: Tuple[Split, ...]
+    num_rejected: int
+    num_skipped: int = 0
+    versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    created: Optional[str] = None
+    errors_file: str = ERRORS
+    num_duplicate_groups: int = -1
+    num_leaking_groups: int = 0
+    num_label_conflicts: int = 0
+    version: Optional[str] = None
+
+    @property
+    def num_examples(self) -> int:
+        return sum(s.num_examples for s in self.splits)
+
+    def split(self, name: str) -> Split:
+        for s in self.splits:
+            if s.name == name:
+                return s
+        raise KeyError(f"no split {name!r}; the splits are {', '.join(s.name for s in self.splits) or '(none)'}")
+
+    @property
+    def split_names(self) -> Tuple[str, ...]:
+        return tuple(s.name for s in self.splits)
+
+    def shard_files(self) -> Tuple[str, ...]:
+        """Every file name the dataset lists: shards and their index files."""
+        names = []
+        for split in self.splits:
+            for shard in split.shards:
+                names.append(shard.filename)
+                if shard.index_file:
+                    names.append(shard.index_file)
+        return tuple(names)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "name": self.name,
+            "schema": self.schema,
+            "label_names": list(self.label_names),
+            "label_offset": self.label_offset,
+            "integer_labels": self.integer_labels,
+            "seed": self.seed,
+            "parameters": dict(self.parameters),
+            "splits": {s.name: s.to_json() for s in self.splits},
+            "num_rejected": self.num_rejected,
+            "num_skipped": self.num_skipped,
+            "errors_file": self.errors_file,
+            "versions": dict(self.versions),
+            "created": self.created,
+            "num_duplicate_groups": self.num_duplicate_groups,
+            "num_leaking_groups": self.num_leaking_groups,
+            "num_label_conflicts": self.num_label_conflicts,
+            **({"version": self.version} if self.version else {}),
+        }
+
+    def dumps(self) -> bytes:
+        """The manifest.json bytes: sorted keys, so equal manifests give equal bytes."""
+        return dumps(self.to_json())
+
+    @classmethod
+    def from_json(cls, d: Any, source: str = MANIFEST) -> "Manifest":
+        """Reads a parsed manifest.json.
+
+        Raises:
+          ManifestError: naming `source` and the missing or malformed field, or an unknown version.
+        """
+        if not isinstance(d, Mapping):
+            raise ManifestError(f"{source}: not a JSON object")
+        version = d.get("format_version")
+        if version not in READABLE_VERSIONS:
+            raise ManifestError(f"{source}: format_version {version!r}; this imagerecords reads "
+                                f"{', '.join(map(str, READABLE_VERSIONS))}")
+        try:
+            splits = tuple(
+                Split(name, tuple(sorted((Shard.from_json(s) for s in entry["shards"]), key=lambda s: s.index)))
+                for name, entry in sorted(dict(d["splits"]).items()))
+            return cls(name=str(d["name"]), schema=str(d["schema"]), label_names=tuple(map(str, d["label_names"])),
+                       label_offset=int(d.get("label_offset", 0)), integer_labels=bool(d.get("integer_labels", False)),
+                       seed=int(d.get("seed", 0)), parameters=dict(d.get("parameters") or {}), splits=splits,
+                       num_rejected=int(d.get("num_rejected", 0)), num_skipped=int(d.get("num_skipped", 0)),
+                       versions=dict(d.get("versions") or {}), created=d.get("created"),
+                       errors_file=str(d.get("errors_file", ERRORS)),
+                       num_duplicate_groups=int(d.get("num_duplicate_groups", -1)),
+                       num_leaking_groups=int(d.get("num_leaking_groups", 0)),
+                       num_label_conflicts=int(d.get("num_label_conflicts", 0)),
+                       version=d.get("version") or None)
+        except KeyError as e:
+            raise ManifestError(f"{source}: missing field {e.args[0]!r}") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ManifestError(f"{source}: malformed ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def loads(cls, data: bytes, source: str = MANIFEST) -> "Manifest":
+        """Parses manifest.json bytes.
+
+        Raises:
+          ManifestError: naming `source` when the bytes are not JSON or not a readable manifest.
+        """
+        try:
+            parsed = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise ManifestError(f"{source}: not valid JSON ({e})") from None
+        return cls.from_json(parsed, source)
+
+
+def dumps(obj: object) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def unfinished_hint(folder: str) -> str:
+    """The one line every reader prints for a folder that has a staging area but no manifest."""
+    return (f"{folder} holds no published dataset: an unfinished build is in {folder.rstrip('/')}/{STAGING}; "
+            f"run `imagerecords finish {folder}` to publish it if its shards were all written, or rerun "
+            "`imagerecords build ... --overwrite` to rebuild (or delete the folder)")
+
+
+def no_manifest_hint(folder: str) -> str:
+    return (f"{folder} holds no published imagerecords dataset (no {MANIFEST}; the builder writes it last)")
