@@ -306,7 +306,7 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
     """Builds a dataset from command-line style arguments and publishes it.
 
     Example:
-        from imagerecords.cli.launcher import run
+        from imagerecords import run
         manifest = run(["--input", "photos/", "--output", "/tmp/ds", "--splits", "train=0.9,validation=0.1"])
         print(manifest.split("train").num_examples)
 
