@@ -15,7 +15,7 @@ import pytest
 from conftest import published_version, build, manifest_without_time, shard_files
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
 from imagerecords.cli import main as cli
-from imagerecords.cli.launcher import uses_local_engine
+from imagerecords.build.engines import uses_local_engine
 
 SPLITS = "train=0.7,validation=0.3"
 

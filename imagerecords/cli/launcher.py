@@ -1,4 +1,4 @@
-"""The launcher: check flags and paths, take the output's lock, run the graph, decide, commit, report."""
+"""The launcher: parse, check, lock, run the engine, decide the budget, commit, summarise."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Dict, Iterator, Optional, Sequence, TextIO
 
 from imagerecords import __version__
-from imagerecords.build import _hooks, errors, publish, storage
+from imagerecords.build import _hooks, engines, errors, publish, storage
 from imagerecords.build import refs as refs_lib
 from imagerecords.build.config import BuildConfig
 from imagerecords.format.manifest import DUPLICATES, ERRORS, LOCK, MANIFEST, STAGING, Manifest
@@ -39,37 +39,6 @@ def versions() -> Dict[str, str]:
             except importlib_metadata.PackageNotFoundError:
                 continue
     return out
-
-
-def _local_options(options, beam_args: Sequence[str]) -> bool:
-    """Picks DirectRunner's mode for local runs; returns whether the run is local."""
-    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
-
-    runner = options.view_as(StandardOptions).runner
-    if runner is not None and "direct" not in str(runner).lower():
-        return False
-    direct = options.view_as(DirectOptions)
-    if not any(a.startswith("--direct_num_workers") for a in beam_args):
-        direct.direct_num_workers = os.cpu_count() or 1
-    if not any(a.startswith("--direct_running_mode") for a in beam_args):
-        # Worker processes. Worker threads start faster (6.6 vs 12.2 s for 16 images) but
-        # multi_threading corrupts large bundles: a 100,000-row manifest build failed with
-        # "Error decoding input stream with coder ..." / "unexpected value for null indicator"
-        # (Beam 2.62; the symptom of Beam issue 22321), where multi_processing built it in 29 s.
-        # Quick local builds run on the local engine anyway. One worker runs in memory.
-        direct.direct_running_mode = "in_memory" if direct.direct_num_workers == 1 else "multi_processing"
-    return True
-
-
-def uses_local_engine(config: BuildConfig, beam_args: Sequence[str], detached: bool = False) -> bool:
-    """Whether a build runs on the local engine (pipeline/local.py) rather than Beam.
-
-    It does when there is nothing for Beam to do: local input and output, no Beam option at all
-    (`--runner DirectRunner`, `--direct_num_workers`, a preset's beam_options all choose Beam) and
-    the default shard writer (`--writer beam` is Beam's own sink). Both engines write the same bytes.
-    """
-    return (not beam_args and not detached and config.writer == "shards"
-            and storage.is_local(config.input) and storage.is_local(config.output))
 
 
 def _claim_output(config: BuildConfig) -> int:
@@ -253,55 +222,6 @@ def _failure(e: BaseException, config: BuildConfig, log_path: Optional[str]) -> 
                                  f"published{where}")
 
 
-def _flink_rest(options) -> str:
-    from apache_beam.options.pipeline_options import FlinkRunnerOptions
-
-    master = options.view_as(FlinkRunnerOptions).flink_master.strip().rstrip("/")
-    return master if "://" in master else "http://" + master
-
-
-def _check_detached(options) -> None:
-    """--detached: a Flink cluster whose SDK workers run on the cluster, so nothing needs this process."""
-    from apache_beam.options.pipeline_options import FlinkRunnerOptions, PortableOptions, StandardOptions
-
-    runner = str(options.view_as(StandardOptions).runner or "")
-    master = options.view_as(FlinkRunnerOptions).flink_master or ""
-    if "flink" not in runner.lower() or master in ("", "[local]", "[auto]"):
-        raise errors.UsageError("--detached needs --runner=FlinkRunner and --flink_master=HOST:PORT of a Flink cluster")
-    environment = (options.view_as(PortableOptions).environment_type or "").upper()
-    if environment in ("", "LOOPBACK"):
-        raise errors.UsageError("--detached needs SDK workers on the cluster (--environment_type=EXTERNAL, PROCESS or "
-                                "DOCKER); with LOOPBACK they run inside this process")
-
-
-def _wait_until_on_flink(options, result, timeout: float = 600.0) -> str:
-    """Returns the Flink job id of a just-submitted build once the cluster lists the job. Beam's job
-    server (a child of this process, stopped when it exits) submits asynchronously; the job runs on
-    without it. Matched by the job name (--job_name, set here when not given)."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    from apache_beam.options.pipeline_options import GoogleCloudOptions
-
-    name = options.view_as(GoogleCloudOptions).job_name
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result.state in ("FAILED", "CANCELLED", "DONE"):
-            result.wait_until_finish()  # raises the job's error, reported by the caller in one line
-        try:
-            with urllib.request.urlopen(_flink_rest(options) + "/jobs/overview", timeout=10) as response:
-                jobs = json.load(response)["jobs"]
-        except (urllib.error.URLError, OSError, ValueError):
-            jobs = []
-        for job in jobs:
-            if job.get("name") == name:
-                return job["jid"]
-        time.sleep(1.0)
-    raise errors.PipelineFailed(f"--detached: Flink at {_flink_rest(options)} did not list job {name} within "
-                                f"{timeout:.0f} s of the submit")
-
-
 def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
     """Builds a dataset from command-line style arguments and publishes it.
 
@@ -341,10 +261,11 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
 
 
 def _build(parsed: "Parsed", input_info: "InputInfo") -> Optional[Manifest]:
-    """run() from a checked input and output on: engine, lock, graph, verdict, commit, summary."""
+    """run() from a checked input and output on: engine, lock, stages, verdict, commit, summary."""
     config = parsed.config
     label_map = _read_label_map(config)
-    engine = _Engine(config, parsed)
+    engine = engines.choose(config, parsed.beam_args, detached=parsed.launcher.detached,
+                            local_workers=parsed.launcher.local_workers)
     build_id = publish.new_build_id()
     engine.name_job(build_id)
     log_path = None if parsed.launcher.verbose else os.path.join(LOG_DIR, f"{build_id}.log")
@@ -360,8 +281,11 @@ def _build(parsed: "Parsed", input_info: "InputInfo") -> Optional[Manifest]:
                 print(f"imagerecords build: resuming: {reusable} staged shards of earlier builds can be reused if "
                       "their fingerprints match", file=sys.stderr)
             stage.now = "engine"
-            engine.run(build_id=build_id, label_map=label_map, csv_header=input_info.header, log_path=log_path)
-            if engine.handed_off(lock, build_id):
+            _run_engine(engine, parsed, build_id=build_id, label_map=label_map, csv_header=input_info.header,
+                        log_path=log_path)
+            handed_off = engine.handoff(lock)
+            if handed_off:
+                print(handed_off)
                 return None
             stage.now = "verdict"
             results = _verdict(config, build_id)
@@ -378,6 +302,35 @@ def _build(parsed: "Parsed", input_info: "InputInfo") -> Optional[Manifest]:
         os.remove(log_path)
     print_summary(manifest, config.output, time.monotonic() - start, engine=engine.description)
     return manifest
+
+
+def _run_engine(engine: engines.Engine, parsed, *, build_id: str, label_map, csv_header,
+                log_path: Optional[str]) -> None:
+    """Runs the engine with Beam's and the workers' logs in `log_path` and, for the local engine, the
+    progress line on the terminal; a runner's error becomes one line, a signal stays a signal."""
+    launcher = parsed.launcher
+    # Progress is for people: shown when stderr is a terminal, in logs and pipes only if asked.
+    on_terminal = sys.stderr.isatty()
+    show_progress = engine.reports_progress and not launcher.no_progress and (on_terminal or launcher.progress)
+    progress_dir = tempfile.mkdtemp(prefix="imagerecords-progress-") if show_progress else None
+    try:
+        with _quiet_stderr(log_path) as terminal:
+            progress = _Progress(progress_dir, terminal, on_terminal) if progress_dir else contextlib.nullcontext()
+            try:
+                with progress:
+                    engine.run(build_id=build_id, versions=versions(), label_map=label_map, csv_header=csv_header,
+                               progress_dir=progress_dir)
+            except KeyboardInterrupt:
+                engine.stop()
+                raise
+            except Exception as e:  # the runner's wrapper of a worker error: reported in one line
+                if _SIGNALLED:
+                    engine.stop()
+                    raise errors.Stopped(_SIGNALLED[0]) from None
+                raise _failure(e, parsed.config, log_path) from None
+    finally:
+        if progress_dir:
+            shutil.rmtree(progress_dir, ignore_errors=True)
 
 
 class _Stage:
@@ -475,152 +428,6 @@ def _signals_as_interrupts() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _end_child_processes() -> None:
-    """Ends every process this one started, and theirs (Beam's SDK workers and job servers): SIGTERM,
-    then SIGKILL for those still alive after a few seconds. Linux only (it reads /proc)."""
-    import signal
-
-    children = _descendants(os.getpid())
-    for pid in children:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline and any(_alive(p) for p in children):
-        time.sleep(0.05)
-    for pid in children:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    for pid in children:
-        with contextlib.suppress(OSError):
-            os.waitpid(pid, os.WNOHANG)
-
-
-def _descendants(root: int) -> list:
-    parents = {}
-    with contextlib.suppress(OSError):
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    with open(f"/proc/{name}/stat") as f:
-                        parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-    found, frontier = [], [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in found:
-                found.append(pid)
-                frontier.append(pid)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    from imagerecords.build.publish import _is_zombie
-
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return not _is_zombie(pid)
-
-
-class _Engine:
-    """Runs the build's stages: on the local engine (no Beam) or as a Beam pipeline, with the runner
-    specifics (DirectRunner modes, Flink detached submits, Dataflow templates) kept here."""
-
-    def __init__(self, config: BuildConfig, parsed):
-        self.config = config
-        self.parsed = parsed
-        self.local_engine = uses_local_engine(config, parsed.beam_args, parsed.launcher.detached)
-        if parsed.launcher.local_workers is not None and not self.local_engine:
-            raise errors.UsageError("--local_workers is for the local engine (local paths, no Beam options); on Beam "
-                                    "use the runner's options (--direct_num_workers, ...)")
-        self.options = self.template = self.flink_job = None
-        self.description = ""
-        self.local = True
-        if not self.local_engine:
-            from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
-
-            self.options = PipelineOptions(parsed.beam_args)
-            self.local = _local_options(self.options, parsed.beam_args)
-            if parsed.launcher.detached:
-                _check_detached(self.options)
-            self.template = self.options.view_as(GoogleCloudOptions).template_location
-
-    def name_job(self, build_id: str) -> None:
-        if self.parsed.launcher.detached:
-            from apache_beam.options.pipeline_options import GoogleCloudOptions
-
-            cloud = self.options.view_as(GoogleCloudOptions)
-            if not cloud.job_name:
-                cloud.job_name = f"imagerecords-{build_id.lower()}"
-
-    def run(self, *, build_id: str, label_map, csv_header, log_path: Optional[str]) -> None:
-        config, launcher = self.config, self.parsed.launcher
-        # Progress is for people: shown when stderr is a terminal, in logs and pipes only if asked.
-        on_terminal = sys.stderr.isatty()
-        # The local engine's writers report it; a Beam pipeline has its runner's own UI for that.
-        show_progress = self.local_engine and not launcher.no_progress and (on_terminal or launcher.progress)
-        progress_dir = tempfile.mkdtemp(prefix="imagerecords-progress-") if show_progress else None
-        graph_args = dict(build_id=build_id, versions=versions(), label_map=label_map, csv_header=csv_header)
-        try:
-            with _quiet_stderr(log_path) as terminal:
-                progress = _Progress(progress_dir, terminal, on_terminal) if progress_dir else contextlib.nullcontext()
-                try:
-                    with progress:
-                        self._run_stages(graph_args, progress_dir)
-                except KeyboardInterrupt:
-                    if not self.local_engine:
-                        _end_child_processes()
-                    raise
-                except Exception as e:  # the runner's wrapper of a worker error: reported in one line
-                    if _SIGNALLED:
-                        if not self.local_engine:
-                            _end_child_processes()
-                        raise errors.Stopped(_SIGNALLED[0]) from None
-                    raise _failure(e, config, log_path) from None
-        finally:
-            if progress_dir:
-                shutil.rmtree(progress_dir, ignore_errors=True)
-
-    def _run_stages(self, graph_args, progress_dir: Optional[str]) -> None:
-        if self.local_engine:
-            from imagerecords.build.engines import local as local_lib
-
-            _, workers = local_lib.build(self.config, workers=self.parsed.launcher.local_workers,
-                                         progress_dir=progress_dir, **graph_args)
-            self.description = f"local engine, {workers} worker processes" if workers else "local engine, in-process"
-            return
-        import apache_beam as beam
-
-        from imagerecords.build.engines.beam.graph import build_pipeline
-
-        p = beam.Pipeline(options=self.options)
-        build_pipeline(p, self.config, **graph_args)
-        result = p.run()
-        if self.parsed.launcher.detached:
-            self.flink_job = _wait_until_on_flink(self.options, result)
-        else:
-            result.wait_until_finish()
-        self.description = _runner(self.options)
-
-    def handed_off(self, lock: publish.OutputLock, build_id: str) -> bool:
-        """A detached Flink job or a Dataflow template publishes later, through `finish`."""
-        output = self.config.output
-        if self.parsed.launcher.detached:
-            lock.hand_over_to_detached_job()
-            print(f"imagerecords: submitted build {build_id} as Flink job {self.flink_job}; follow it in the Flink UI "
-                  f"or REST API ({_flink_rest(self.options)}/jobs/{self.flink_job}); when it is FINISHED, publish "
-                  f"the dataset with `imagerecords finish {output}`")
-            return True
-        if self.template:
-            print(f"imagerecords: wrote the Dataflow template {self.template}; nothing was built yet. When its job "
-                  f"has run, publish the dataset with `imagerecords finish {output}`")
-            return True
-        return False
-
-
 def finish(output: str, break_lock: bool = False) -> Manifest:
     """Publishes the build staged in `output` (a build whose launcher was not there at the end, or
     a commit cut short). Same lock and commit as a build.
@@ -634,13 +441,6 @@ def finish(output: str, break_lock: bool = False) -> Manifest:
         if lock.took_over:
             print(f"imagerecords finish: note: {lock.take_over_note()}", file=sys.stderr)
         return publish.commit(output)
-
-
-def _runner(options) -> str:
-    from apache_beam.options.pipeline_options import StandardOptions
-
-    runner = options.view_as(StandardOptions).runner or "DirectRunner"
-    return runner if isinstance(runner, str) else type(runner).__name__
 
 
 def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, engine: str = "",

@@ -455,3 +455,29 @@ def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, proces
                    parameters=config.to_json(), versions=dict(versions),
                    max_reject_fraction=config.max_reject_fraction))
     return results_written, workers
+
+
+class LocalEngine:
+    """The local engine as the launcher runs it (see imagerecords.build.engines.Engine)."""
+
+    reports_progress = True
+
+    def __init__(self, config: BuildConfig, workers: Optional[int] = None):
+        self.config = config
+        self.workers = workers
+        self.description = "local engine"
+
+    def name_job(self, build_id: str) -> None:
+        pass
+
+    def run(self, *, build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap],
+            csv_header: Optional[str], progress_dir: Optional[str]) -> None:
+        _, used = build(self.config, build_id=build_id, versions=versions, label_map=label_map, csv_header=csv_header,
+                        progress_dir=progress_dir, workers=self.workers)
+        self.description = f"local engine, {used} worker processes" if used else "local engine, in-process"
+
+    def stop(self) -> None:
+        pass  # build() ends its workers itself, on any way out
+
+    def handoff(self, lock) -> Optional[str]:
+        return None
