@@ -320,7 +320,7 @@ def _die_with_launcher(launcher: int) -> None:
 
 
 # After a cancel, how long shard writers get to stop at their next image before they are killed.
-STOP_GRACE_S = 3.0
+STOP_GRACE_S = 2.0
 
 
 def end_workers(pool) -> None:
