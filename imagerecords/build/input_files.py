@@ -10,6 +10,7 @@ import stat as stat_lib
 from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from imagerecords.build import refs as refs_lib
+from imagerecords.format.paths import has_scheme
 from imagerecords.build.refs import ImageRef, Rejected
 
 __all__ = [
@@ -304,7 +305,7 @@ def read_limited(uri: str, max_bytes: Optional[int] = None,
       Refused: the file is not a regular file or is over the limit; the message is the reason.
       OSError: the file cannot be read (Beam's BeamIOError is an IOError).
     """
-    if refs_lib.has_scheme(uri):
+    if has_scheme(uri):
         with (open_uri or _open_uri)(uri) as f:
             data = f.read() if max_bytes is None else f.read(max_bytes + 1)
         if max_bytes is not None and len(data) > max_bytes:

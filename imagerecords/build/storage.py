@@ -11,7 +11,7 @@ import os
 import shutil
 from typing import BinaryIO, List, Optional
 
-from imagerecords.build.refs import has_scheme
+from imagerecords.format.paths import has_scheme, join  # join: re-exported as the builder's one path join
 
 __all__ = ["is_local", "join", "open_read", "open_if_exists", "create", "rename", "exists", "delete", "delete_all",
            "list_names", "list_tree"]
@@ -31,13 +31,6 @@ def _uncompressed():
 
 def is_local(path: str) -> bool:
     return not has_scheme(path)
-
-
-def join(folder: str, *names: str) -> str:
-    """`folder`/`names`: os.path.join locally, '/'-joined for a URI."""
-    if is_local(folder):
-        return os.path.join(folder, *names)
-    return "/".join([folder.rstrip("/"), *names])
 
 
 def open_read(uri: str) -> BinaryIO:

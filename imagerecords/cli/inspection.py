@@ -8,7 +8,7 @@ from typing import List, Optional, Tuple
 
 from imagerecords.build import dataset_files, errors, storage
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError, no_manifest_hint, unfinished_hint
-from imagerecords.build.refs import has_scheme
+from imagerecords.format.paths import has_scheme
 from imagerecords.build.storage import join, open_read
 
 
