@@ -13,8 +13,8 @@ from typing import BinaryIO, List, Optional
 
 from imagerecords.format.paths import has_scheme, join  # join: re-exported as the builder's one path join
 
-__all__ = ["is_local", "join", "open_read", "open_if_exists", "create", "rename", "exists", "delete", "delete_all",
-           "list_names", "list_tree"]
+__all__ = ["is_local", "join", "open_read", "read_bytes", "open_if_exists", "create", "rename", "exists", "delete",
+           "delete_all", "list_names", "list_tree"]
 
 
 def _filesystems():
@@ -38,6 +38,12 @@ def open_read(uri: str) -> BinaryIO:
     if is_local(uri):
         return open(uri, "rb")
     return _filesystems().open(uri, compression_type=_uncompressed())
+
+
+def read_bytes(uri: str) -> bytes:
+    """The whole file, for the small ones read at once (manifests, records, locks, label maps)."""
+    with open_read(uri) as f:
+        return f.read()
 
 
 def open_if_exists(uri: str) -> Optional[BinaryIO]:

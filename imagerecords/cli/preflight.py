@@ -12,7 +12,7 @@ import posixpath
 import secrets
 from typing import IO, Iterator, List, Optional, Sequence, Tuple
 
-from imagerecords.build import codec
+from imagerecords.build import codec, storage
 from imagerecords.build import refs as refs_lib
 from imagerecords.format.paths import has_scheme
 from imagerecords.build.config import BuildConfig
@@ -79,7 +79,7 @@ def _open_input(path: str) -> Iterator[IO[bytes]]:
         if not found or found[0].path.rstrip("/") != path.rstrip("/"):
             raise InputError(f"--input {path}: no such file")
         try:
-            f = FileSystems.open(path)
+            f = storage.open_read(path)
         except (BeamIOError, OSError) as e:
             raise InputError(f"--input {path}: cannot read it ({_first_line(e)})") from None
     else:
@@ -87,7 +87,7 @@ def _open_input(path: str) -> Iterator[IO[bytes]]:
             raise InputError(f"--input {path}: is a folder named like a manifest; give the .csv/.jsonl file, "
                              "or rename the folder")
         try:
-            f = open(path, "rb")
+            f = storage.open_read(path)
         except FileNotFoundError:
             raise InputError(f"--input {path}: no such file") from None
         except OSError as e:

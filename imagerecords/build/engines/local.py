@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from imagerecords.build import input_files, planning, publish, shard_writer, stages
+from imagerecords.build import input_files, planning, publish, shard_writer, stages, storage
 from imagerecords.build import refs as refs_lib
 from imagerecords.build.config import BuildConfig
 from imagerecords.build.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
@@ -48,7 +48,7 @@ def _manifest_lines(path: str, csv: bool, start: int = 0, end: Optional[int] = N
     one trailing '\\r' dropped, a CSV's header line skipped (stages.manifest_row decodes them).
     With `start`/`end` (byte offsets at line starts, from _line_ranges), only the lines that start
     in [start, end)."""
-    with open(path, "rb") as f:
+    with storage.open_read(path) as f:
         if start:
             f.seek(start)
         elif csv:
@@ -72,7 +72,7 @@ def _line_ranges(path: str, csv: bool, parts: int) -> List[Tuple[int, Optional[i
     """Cuts the manifest into at most `parts` byte ranges that begin at line starts (after a CSV's
     header): together they hold every line once, in order."""
     size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with storage.open_read(path) as f:
         first = len(f.readline()) if csv else 0
         starts = [first]
         for i in range(1, parts):
