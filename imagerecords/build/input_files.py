@@ -267,9 +267,8 @@ def _read_whole(f: BinaryIO, size: int, max_bytes: Optional[int]) -> bytes:
     """Reads an unbuffered file to its end, at most max_bytes + 1 bytes.
 
     The first read asks for the stat-ed size plus one byte, not for the limit: a read of n bytes
-    allocates n bytes first, and allocating the 64 MB limit for every 90 KB image cost ~90 us per
-    image (three times the read itself). A file that grew since the stat is read on to its end or
-    to the limit.
+    allocates n bytes first, and the limit is far larger than a typical image. A file that grew
+    since the stat is read on to its end or to the limit.
     """
     cap = None if max_bytes is None else max_bytes + 1
     parts: List[bytes] = []

@@ -1,7 +1,7 @@
 """Files on local disk or on any Beam filesystem (gs://, s3://, ...), behind one small API.
 
 Local paths are served by `os` directly, so a local build, `verify`, `inspect` and `report` never
-import Beam (about 1.6 s of start-up); a URI goes through Beam's FileSystems, imported on first use.
+pay Beam's import; a URI goes through Beam's FileSystems, imported on first use.
 Both sides raise OSError (Beam's BeamIOError is one) for a failed operation.
 """
 
