@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from imagerecords.format import schema
 from imagerecords.build.codec import ImageOptions
+from imagerecords.build import storage
 from imagerecords.build.refs import ManifestColumns
 
 WRITERS = ("shards", "beam")
@@ -224,8 +225,7 @@ def load_preset(path: str) -> Tuple[Dict[str, Any], List[str]]:
     """
     import yaml  # only for config files: a build without one never imports it
 
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
+    data = yaml.safe_load(storage.read_bytes(path).decode("utf-8")) or {}
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: a preset must be a mapping of settings")
     beam = data.pop("beam_options", None) or {}

@@ -10,6 +10,7 @@ import stat as stat_lib
 from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from imagerecords.build import refs as refs_lib
+from imagerecords.format.paths import has_scheme
 from imagerecords.build.refs import ImageRef, Rejected
 
 __all__ = [
@@ -266,9 +267,8 @@ def _read_whole(f: BinaryIO, size: int, max_bytes: Optional[int]) -> bytes:
     """Reads an unbuffered file to its end, at most max_bytes + 1 bytes.
 
     The first read asks for the stat-ed size plus one byte, not for the limit: a read of n bytes
-    allocates n bytes first, and allocating the 64 MB limit for every 90 KB image cost ~90 us per
-    image (three times the read itself). A file that grew since the stat is read on to its end or
-    to the limit.
+    allocates n bytes first, and the limit is far larger than a typical image. A file that grew
+    since the stat is read on to its end or to the limit.
     """
     cap = None if max_bytes is None else max_bytes + 1
     parts: List[bytes] = []
@@ -304,7 +304,7 @@ def read_limited(uri: str, max_bytes: Optional[int] = None,
       Refused: the file is not a regular file or is over the limit; the message is the reason.
       OSError: the file cannot be read (Beam's BeamIOError is an IOError).
     """
-    if refs_lib.has_scheme(uri):
+    if has_scheme(uri):
         with (open_uri or _open_uri)(uri) as f:
             data = f.read() if max_bytes is None else f.read(max_bytes + 1)
         if max_bytes is not None and len(data) > max_bytes:

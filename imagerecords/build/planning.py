@@ -8,8 +8,7 @@ counts, then sort only the hashes of the buckets that hold a boundary.
 Cost, n images in S shards per split: one pass that keeps 2**BUCKET_BITS counters per split
 (512 KiB at most), then a sort of the ≤ S-1 boundary buckets, each about n / 2**BUCKET_BITS hashes:
 14M images (ImageNet-21k) → ~214 hashes a bucket; 1B images in 5,000 shards → ~15,300 hashes a
-bucket, 76M hashes (8 B each) spread over up to 4,999 groups. The sorted-list plan this replaces
-held every hash of a split on one worker: 14M → ~0.5 GB as Python ints, 1B → ~40 GB.
+bucket, 76M hashes (8 B each) spread over up to 4,999 groups; no worker holds a split's hashes.
 """
 
 from __future__ import annotations

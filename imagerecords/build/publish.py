@@ -72,11 +72,6 @@ def staged_builds(output: str) -> List[str]:
     return sorted(i for i in ids if i and not i.startswith("."))
 
 
-def read_bytes(uri: str) -> bytes:
-    with storage.open_read(uri) as f:
-        return f.read()
-
-
 def write_bytes(uri: str, data: Union[bytes, Iterable[bytes]]) -> None:
     """Writes a file through a temporary name and a rename, so readers never see half of it; the
     temporary file does not outlive a failed write. `data` may be the bytes, or pieces of them
@@ -210,7 +205,7 @@ def read_results(output: str, build_id: Optional[str] = None) -> Optional[BuildR
     """The results of `build_id`, or (None) of the newest staged build that has them."""
     for i in [build_id] if build_id else reversed(staged_builds(output)):
         if storage.exists(_results_path(output, i)):
-            return BuildResults.from_json(json.loads(read_bytes(_results_path(output, i))))
+            return BuildResults.from_json(json.loads(storage.read_bytes(_results_path(output, i))))
     return None
 
 
@@ -314,7 +309,7 @@ def _unreadable(reason: str) -> UnreadableLock:
 def read_lock(output: str) -> Optional[LockInfo]:
     path = storage.join(output, LOCK)
     try:
-        data = json.loads(read_bytes(path))
+        data = json.loads(storage.read_bytes(path))
     except OSError:
         return None
     except ValueError:
@@ -490,7 +485,7 @@ def _flat_files(output: str, name: str) -> List[str]:
     manifest_path = storage.join(output, MANIFEST)
     if storage.exists(manifest_path):
         try:
-            published = Manifest.loads(read_bytes(manifest_path), manifest_path)
+            published = Manifest.loads(storage.read_bytes(manifest_path), manifest_path)
             if not published.version:
                 names.update(published.shard_files())
         except ValueError as e:
@@ -593,7 +588,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         for build_id in reversed(staged_builds(output)):
             path = storage.join(staging_dir(output, build_id), COMMIT)
             if storage.exists(path):
-                record = json.loads(read_bytes(path))
+                record = json.loads(storage.read_bytes(path))
                 log.info("finishing the commit recorded in %s", path)
                 break
         if record is None:

@@ -322,7 +322,7 @@ def _reuse_staged(output: str, build_id: str, filename: str, fingerprint: str) -
         if not storage.exists(record_path):  # asked first: a missing object's read fails late on gs://
             continue
         try:
-            record = json.loads(publish.read_bytes(record_path))
+            record = json.loads(storage.read_bytes(record_path))
         except (OSError, ValueError):
             continue
         if record.get("fingerprint") != fingerprint:

@@ -1,7 +1,7 @@
 """Files on local disk or on any Beam filesystem (gs://, s3://, ...), behind one small API.
 
 Local paths are served by `os` directly, so a local build, `verify`, `inspect` and `report` never
-import Beam (about 1.6 s of start-up); a URI goes through Beam's FileSystems, imported on first use.
+pay Beam's import; a URI goes through Beam's FileSystems, imported on first use.
 Both sides raise OSError (Beam's BeamIOError is one) for a failed operation.
 """
 
@@ -11,10 +11,10 @@ import os
 import shutil
 from typing import BinaryIO, List, Optional
 
-from imagerecords.build.refs import has_scheme
+from imagerecords.format.paths import has_scheme, join  # join: re-exported as the builder's one path join
 
-__all__ = ["is_local", "join", "open_read", "open_if_exists", "create", "rename", "exists", "delete", "delete_all",
-           "list_names", "list_tree"]
+__all__ = ["is_local", "join", "open_read", "read_bytes", "open_if_exists", "create", "rename", "exists", "delete",
+           "delete_all", "list_names", "list_tree"]
 
 
 def _filesystems():
@@ -33,18 +33,17 @@ def is_local(path: str) -> bool:
     return not has_scheme(path)
 
 
-def join(folder: str, *names: str) -> str:
-    """`folder`/`names`: os.path.join locally, '/'-joined for a URI."""
-    if is_local(folder):
-        return os.path.join(folder, *names)
-    return "/".join([folder.rstrip("/"), *names])
-
-
 def open_read(uri: str) -> BinaryIO:
     """Opens a file for reading as bytes, never decompressing (a .gz name is not a hint here)."""
     if is_local(uri):
         return open(uri, "rb")
     return _filesystems().open(uri, compression_type=_uncompressed())
+
+
+def read_bytes(uri: str) -> bytes:
+    """The whole file, for the small ones read at once (manifests, records, locks, label maps)."""
+    with open_read(uri) as f:
+        return f.read()
 
 
 def open_if_exists(uri: str) -> Optional[BinaryIO]:

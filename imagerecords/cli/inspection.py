@@ -8,13 +8,8 @@ from typing import List, Optional, Tuple
 
 from imagerecords.build import dataset_files, errors, storage
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError, no_manifest_hint, unfinished_hint
-from imagerecords.build.refs import has_scheme
+from imagerecords.format.paths import has_scheme
 from imagerecords.build.storage import join, open_read
-
-
-def _read(path: str) -> bytes:
-    with open_read(path) as f:
-        return f.read()
 
 
 def _names(folder: str) -> List[str]:
@@ -56,7 +51,7 @@ def load(output: str) -> Manifest:
             raise errors.UnfinishedBuild(unfinished_hint(output))
         raise errors.InputError(no_manifest_hint(output))
     try:
-        return Manifest.loads(_read(path), path)
+        return Manifest.loads(storage.read_bytes(path), path)
     except ManifestError as e:
         raise errors.InputError(str(e)) from None
 
@@ -108,7 +103,7 @@ def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> L
 
     path = join(output, shard.index_file)
     try:
-        data = _read(path)
+        data = storage.read_bytes(path)
     except OSError:  # FileNotFoundError locally; BeamIOError (an IOError) on remote filesystems
         return [f"{path}: missing"]
     problems = []

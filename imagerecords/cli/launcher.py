@@ -80,7 +80,7 @@ def _read_label_map(config: BuildConfig) -> Optional[refs_lib.LabelMap]:
     if not config.label_map:
         return None
     try:
-        text = publish.read_bytes(config.label_map).decode("utf-8")
+        text = storage.read_bytes(config.label_map).decode("utf-8")
     except OSError as e:
         raise errors.UsageError(f"--label_map {config.label_map}: {publish.os_reason(e)}") from None
     try:
@@ -110,8 +110,7 @@ class _Progress:
         out = {"done": 0, "rejected": 0, "total": 0, "planned": 0}
         for name in os.listdir(self._dir):
             try:
-                with open(os.path.join(self._dir, name)) as f:
-                    data = json.load(f)
+                data = json.loads(storage.read_bytes(os.path.join(self._dir, name)))
             except (OSError, ValueError):
                 continue
             if name.endswith(".plan"):
@@ -369,7 +368,7 @@ def _reused_count(output: str, build_id: str, results: publish.BuildResults) -> 
     count = 0
     for r in results.shards:
         try:
-            record = json.loads(publish.read_bytes(storage.join(staging, r.filename + stages.STAGED_SUFFIX)))
+            record = json.loads(storage.read_bytes(storage.join(staging, r.filename + stages.STAGED_SUFFIX)))
         except (OSError, ValueError):
             continue
         count += record.get("reused", False)

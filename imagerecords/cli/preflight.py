@@ -12,8 +12,9 @@ import posixpath
 import secrets
 from typing import IO, Iterator, List, Optional, Sequence, Tuple
 
-from imagerecords.build import codec
+from imagerecords.build import codec, storage
 from imagerecords.build import refs as refs_lib
+from imagerecords.format.paths import has_scheme
 from imagerecords.build.config import BuildConfig
 from imagerecords.build.errors import InputError, OutputError, UsageError
 
@@ -67,7 +68,7 @@ def _first_line(message: object) -> str:
 @contextlib.contextmanager
 def _open_input(path: str) -> Iterator[IO[bytes]]:
     """Opens a manifest for reading, turning every failure into an InputError naming it."""
-    if refs_lib.has_scheme(path):
+    if has_scheme(path):
         from apache_beam.io.filesystem import BeamIOError
         from apache_beam.io.filesystems import FileSystems
 
@@ -78,7 +79,7 @@ def _open_input(path: str) -> Iterator[IO[bytes]]:
         if not found or found[0].path.rstrip("/") != path.rstrip("/"):
             raise InputError(f"--input {path}: no such file")
         try:
-            f = FileSystems.open(path)
+            f = storage.open_read(path)
         except (BeamIOError, OSError) as e:
             raise InputError(f"--input {path}: cannot read it ({_first_line(e)})") from None
     else:
@@ -86,7 +87,7 @@ def _open_input(path: str) -> Iterator[IO[bytes]]:
             raise InputError(f"--input {path}: is a folder named like a manifest; give the .csv/.jsonl file, "
                              "or rename the folder")
         try:
-            f = open(path, "rb")
+            f = storage.open_read(path)
         except FileNotFoundError:
             raise InputError(f"--input {path}: no such file") from None
         except OSError as e:
@@ -206,7 +207,7 @@ def _root_images(files: Sequence[str]) -> List[str]:
 
 def _parent(path: str) -> Optional[str]:
     """The folder above a local or URI folder, or None at a filesystem or bucket root."""
-    if refs_lib.has_scheme(path):
+    if has_scheme(path):
         scheme, _, rest = path.partition("://")
         rest = rest.strip("/")
         return f"{scheme}://{rest.rsplit('/', 1)[0]}" if "/" in rest else None
@@ -345,7 +346,7 @@ def check_input(config: BuildConfig, *, ignore_split_column: bool = False) -> In
     path = config.input
     kind = _manifest_kind(path)
     if kind is None:
-        if refs_lib.has_scheme(path):
+        if has_scheme(path):
             _check_remote_folder(path)
         else:
             _check_local_folder(path)
@@ -367,7 +368,7 @@ def _normalize_uri(uri: str) -> str:
 def _check_not_in_input(config: BuildConfig, output: str, remote: bool) -> None:
     """Refuses an output folder that is the folder input or inside it (the next build would list
     the dataset's files as images of a class)."""
-    if _manifest_kind(config.input) is not None or refs_lib.has_scheme(config.input) != remote:
+    if _manifest_kind(config.input) is not None or has_scheme(config.input) != remote:
         return
     if remote:
         out, inp, sep = _normalize_uri(output), _normalize_uri(config.input), "/"
@@ -485,7 +486,7 @@ def check_output(config: BuildConfig) -> Optional[str]:
     Raises:
       OutputError: naming the output folder and the reason (the OS's, for a failed write).
     """
-    if refs_lib.has_scheme(config.output):
+    if has_scheme(config.output):
         _check_remote_output(config)
         return None
     return _check_local_output(config)

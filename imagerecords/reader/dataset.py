@@ -141,9 +141,7 @@ def make_dataset(
         records = records.cache("" if config.cache is True else config.cache)
     records = records.repeat(None if r.repeat == -1 else r.repeat)
     if r.shuffle_buffer > 0:
-        # The first batch waits until the buffer is full. A buffer over one epoch would only re-read
-        # the same records (a 200-record split and the 10,000 default re-read it 50 times before
-        # the first batch), so it holds at most one epoch of this host.
+        # At most one epoch of this host: the first batch waits for a full buffer, and more only re-reads records.
         buffer = max(min(r.shuffle_buffer, plan.records_per_epoch), 1)
         records = records.shuffle(buffer, seed=_derive(seed, host, "buffer"), reshuffle_each_iteration=True)
 

@@ -10,6 +10,7 @@ from typing import Dict, List, Mapping, Tuple, Union
 import tensorflow as tf
 
 from imagerecords.format import schema
+from imagerecords.format.paths import has_scheme, join
 from imagerecords.format.manifest import MANIFEST, STAGING, Manifest, no_manifest_hint, unfinished_hint
 
 
@@ -114,13 +115,6 @@ class DatasetInfo:
         return "\n".join(lines)
 
 
-def join(root: str, name: str) -> str:
-    """Joins a file name onto a local or URL-style (gs://) folder."""
-    if "://" in root:
-        return posixpath.join(root, name)
-    return tf.io.gfile.join(root, name)
-
-
 def load_info(path: Union[str, "DatasetInfo"]) -> DatasetInfo:
     """Reads `path`/manifest.json (local or gs://) into a DatasetInfo.
 
@@ -176,7 +170,7 @@ def missing_files(split: SplitInfo) -> List[str]:
     folders: Dict[str, set] = {}
     missing = []
     for path in split.files:
-        folder, name = posixpath.split(path) if "://" in path else os.path.split(path)
+        folder, name = posixpath.split(path) if has_scheme(path) else os.path.split(path)
         if folder not in folders:
             try:
                 folders[folder] = {n.rstrip("/") for n in tf.io.gfile.listdir(folder)}

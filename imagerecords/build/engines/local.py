@@ -1,12 +1,11 @@
 """The local engine: a local build's stages run on this machine without Beam.
 
 A local build (local input and output, no Beam option on the command line) runs here by default:
-it starts in well under a second where Beam's DirectRunner takes seconds (importing Beam alone is
-~1.6 s), holds each reference once (under 1 KiB an image instead of DirectRunner's 4-6 KiB of
-per-element buffering), and writes shards in one worker process per core, so the Python parts of
-each image (container parsing, the Example, framing) do not queue for one interpreter's GIL.
+it never imports Beam, holds each reference once (no per-element buffering), and writes shards
+in one worker process per core, so the Python parts of each image (container parsing, the
+Example, framing) do not queue for one interpreter's GIL (figures: README, Benchmarks).
 `--runner DirectRunner`, or any Beam option, runs the same build as a Beam pipeline
-(pipeline/graph.py) instead.
+(engines/beam/graph.py) instead.
 
 Both engines call the same stage functions (imagerecords/build/stages.py) and the same shard planning,
 so their shards, index files, errors.jsonl and duplicates.jsonl are byte-identical (tested); only
@@ -35,7 +34,7 @@ import threading
 import time
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from imagerecords.build import input_files, planning, publish, shard_writer, stages
+from imagerecords.build import input_files, planning, publish, shard_writer, stages, storage
 from imagerecords.build import refs as refs_lib
 from imagerecords.build.config import BuildConfig
 from imagerecords.build.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
@@ -48,7 +47,7 @@ def _manifest_lines(path: str, csv: bool, start: int = 0, end: Optional[int] = N
     one trailing '\\r' dropped, a CSV's header line skipped (stages.manifest_row decodes them).
     With `start`/`end` (byte offsets at line starts, from _line_ranges), only the lines that start
     in [start, end)."""
-    with open(path, "rb") as f:
+    with storage.open_read(path) as f:
         if start:
             f.seek(start)
         elif csv:
@@ -72,7 +71,7 @@ def _line_ranges(path: str, csv: bool, parts: int) -> List[Tuple[int, Optional[i
     """Cuts the manifest into at most `parts` byte ranges that begin at line starts (after a CSV's
     header): together they hold every line once, in order."""
     size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with storage.open_read(path) as f:
         first = len(f.readline()) if csv else 0
         starts = [first]
         for i in range(1, parts):
@@ -190,8 +189,7 @@ class _Contents:
     """Each written image's (key, split, uri, label name) by its content digest, for the duplicate check.
 
     A digest seen once keeps its member bare; a digest seen again gets a list, appended to in
-    place. (A new list per repeat made this quadratic: one file listed under 100,000 keys, as a
-    scraped dataset's placeholder image can be, took 50 s here; now 0.03 s.)
+    place, so one file under 100,000 keys (a scraped dataset's placeholder image) stays linear.
     """
 
     def __init__(self):
@@ -344,10 +342,9 @@ def _write_in_worker(key: ShardKey, members: List[Tuple[int, ImageRef]], labels:
 def _fork_workers(workers: int, writer: stages.ShardWriter, progress_dir: Optional[str]):
     """Starts `workers` forked worker processes now, before the build lists anything: a worker
     forked later would share the launcher's pages holding every ref, and each page the launcher
-    then touches (a refcount, while pickling a shard's refs) would be copied, once per worker;
-    measured, that cost 1.7 KiB per image on 2 workers where the launcher holds 0.7. Forking is
-    cheap (no new interpreter, nothing imported again), so it is done even if the input turns out
-    too small to use them. Elsewhere than Linux workers are spawned (the caller needs a
+    then touches (a refcount, while pickling a shard's refs) would be copied, once per worker
+    (README, Scale). Forking is cheap (no new interpreter, nothing imported again), so it is done
+    even if the input turns out too small to use them. Elsewhere than Linux workers are spawned (the caller needs a
     `__main__` guard)."""
     ctx = multiprocessing.get_context("fork" if _fork_available() else "spawn")
     cancel = ctx.Event()
@@ -398,8 +395,7 @@ def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, proces
             refs.append(pair)
     if label_map is None:
         label_map = refs_lib.vocabulary(sorted({r.label for _, r in refs}), config.label_type, config.label_offset)
-    # Assigned in place: each listed ref is freed as its assigned one takes its slot, so no ref is
-    # held twice (measured: 10 MB less at 100,000 rows).
+    # Assigned in place: each listed ref is freed as its assigned one takes its slot (no ref held twice).
     splits = tuple(config.splits) if config.splits else None
     kept = 0
     for h, ref in refs:

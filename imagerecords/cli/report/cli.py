@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence
 
 from imagerecords.build import errors
 from imagerecords.format.manifest import Manifest, Split
-from imagerecords.build.refs import has_scheme
+from imagerecords.format.paths import has_scheme
 from imagerecords.cli.report.extras import read_extras
 from imagerecords.cli.report.render import render
 from imagerecords.cli.report.sample import label_ids, sample_split

@@ -10,9 +10,8 @@ import collections
 from typing import Iterable, Sequence, Union
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 
-from imagerecords.build import codec, publish, shard_writer
+from imagerecords.build import codec, publish, shard_writer, storage
 from imagerecords.format import records, schema
 from imagerecords.format.manifest import Shard
 from imagerecords.build.dataset_files import ShardResult
@@ -43,7 +42,7 @@ def _summarize(path: str, split: str, preset: str) -> ShardResult:
     label_key = schema.keys(preset).label
     histogram = collections.Counter()
     count = 0
-    with FileSystems.open(path) as f:
+    with storage.open_read(path) as f:
         stream = records.HashingReader(f)
         for record in records.read_records(stream, path):
             histogram[schema.read_int64(record, label_key)] += 1
@@ -96,7 +95,7 @@ class WriteWithBeamSink(beam.PTransform):
         )
         results = []
         for split in self._splits:
-            prefix = FileSystems.join(self._output, f"{self._name}-{split}.tfrecord")
+            prefix = storage.join(self._output, f"{self._name}-{split}.tfrecord")
             files = (
                 encoded.records
                 | f"Only[{split}]" >> beam.Filter(lambda kv, s=split: kv[0] == s)

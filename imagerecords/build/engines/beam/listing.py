@@ -10,6 +10,7 @@ from apache_beam.io.filesystem import FileMetadata
 from apache_beam.metrics import Metrics
 
 from imagerecords.build import refs as refs_lib
+from imagerecords.format.paths import has_scheme
 from imagerecords.build import input_files, stages
 from imagerecords.build.refs import ImageRef, ManifestColumns, Rejected, is_manifest
 from imagerecords.build.engines.beam.common import METRICS_NAMESPACE, REJECTED
@@ -121,7 +122,7 @@ class ListImages(beam.PTransform):
         self._max_file_bytes = max_file_bytes
 
     def expand(self, pbegin):
-        if refs_lib.has_scheme(self._root):
+        if has_scheme(self._root):
             return (
                 pbegin
                 | "Root" >> beam.Create([self._root])

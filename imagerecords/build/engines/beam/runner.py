@@ -81,7 +81,7 @@ def _direct_defaults(options, beam_args: Sequence[str]) -> None:
     if not any(a.startswith("--direct_num_workers") for a in beam_args):
         direct.direct_num_workers = os.cpu_count() or 1
     if not any(a.startswith("--direct_running_mode") for a in beam_args):
-        # multi_threading corrupts large bundles on Beam 2.62 (see README, "Running"); processes do not.
+        # Processes, not multi_threading, which corrupts large bundles (README, "Running").
         direct.direct_running_mode = "in_memory" if direct.direct_num_workers == 1 else "multi_processing"
 
 
