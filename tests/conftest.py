@@ -96,3 +96,17 @@ def image_tree(tmp_path_factory):
     root = tmp_path_factory.mktemp("tree") / "images"
     files = example_images.write_tree(str(root), per_class=10, broken=True)
     return root, files
+
+
+def tree_with_twins(image_tree, folder):
+    """A copy of image_tree in `folder` with one circle image also under square (a label conflict)
+    and one square image twice under square (a plain duplicate); returns (tree, the circle's name)."""
+    import shutil
+
+    root, files = image_tree
+    tree = folder / "tree"
+    shutil.copytree(root, tree)
+    circle = files["circle"][0]
+    shutil.copy(tree / "circle" / circle, tree / "square" / "copy_of_a_circle.jpg")  # one image, two classes
+    shutil.copy(tree / "square" / files["square"][1], tree / "square" / "again.jpg")  # a plain duplicate
+    return tree, circle

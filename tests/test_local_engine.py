@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import published_version, build, manifest_without_time, shard_files
+from conftest import published_version, build, manifest_without_time, shard_files, tree_with_twins
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
 from imagerecords.cli import main as cli
 from imagerecords.build.engines import uses_local_engine
@@ -53,12 +53,7 @@ def assert_engines_agree(inp, tmp_path, *args):
 
 
 def test_folder_build_with_splits_index_reencode_and_duplicates(image_tree, tmp_path, capsys):
-    root, files = image_tree
-    tree = tmp_path / "tree"
-    shutil.copytree(root, tree)
-    circle = files["circle"][0]
-    shutil.copy(tree / "circle" / circle, tree / "square" / "copy_of_a_circle.jpg")  # one image, two classes
-    shutil.copy(tree / "square" / files["square"][1], tree / "square" / "again.jpg")  # a plain duplicate
+    tree, circle = tree_with_twins(image_tree, tmp_path)
     (tree / "README.txt").write_text("a root-level file: a skipped row")
     manifest = assert_engines_agree(tree, tmp_path, "--splits", SPLITS, "--num_shards", 3, "--write_index",
                                     "--reencode", "--max_side", 32, "--max_reject_fraction", 0.05)

@@ -20,7 +20,7 @@ from html.parser import HTMLParser
 import pytest
 from PIL import Image, ImageStat
 
-from conftest import build, shard_files, skip_unless_ci
+from conftest import build, shard_files, skip_unless_ci, tree_with_twins
 from imagerecords.cli import report
 from imagerecords.format import schema
 from imagerecords.format.manifest import Manifest
@@ -325,12 +325,7 @@ def test_duplicates_absent_then_shown(page, dataset, tmp_path):
 def test_label_conflicts_section_lists_the_same_image_under_two_classes(image_tree, page, tmp_path):
     _, p = page
     assert p.one("data-conflicts")["data-conflicts"] == "0" and not p.rows["conflicts"]
-    root, files = image_tree
-    tree = tmp_path / "tree"
-    shutil.copytree(root, tree)
-    circle = files["circle"][0]
-    shutil.copy(tree / "circle" / circle, tree / "square" / "twin.jpg")  # one image, two classes
-    shutil.copy(tree / "square" / files["square"][1], tree / "square" / "again.jpg")  # a plain duplicate
+    tree, circle = tree_with_twins(image_tree, tmp_path)
     out = tmp_path / "out"
     manifest = build(tree, out, "--max_reject_fraction", "0.1")
     assert (manifest.num_duplicate_groups, manifest.num_label_conflicts) == (2, 1)
@@ -341,7 +336,7 @@ def test_label_conflicts_section_lists_the_same_image_under_two_classes(image_tr
         content = [row for row in map(json.loads, f) if row["conflict"]][0]["content"]
     assert q.one("data-conflict") == {"data-conflict": content}
     assert q.rows["conflicts"][1:] == [
-        [content[:16], "circle, square", "2", f"circle/{circle} · circle · train | square/twin.jpg · square · train"]]
+        [content[:16], "circle, square", "2", f"circle/{circle} · circle · train | square/copy_of_a_circle.jpg · square · train"]]
     assert "#conflicts" in q.urls and "manifest.json counts" not in open(tmp_path / "r.html").read()
 
 
