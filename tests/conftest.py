@@ -61,6 +61,7 @@ def without_version(manifest):
     and the version folder (the build id) in `version` and in every shard and index path."""
     m = json.loads(json.dumps(manifest))
     m.pop("created", None)
+    m.pop("previous_versions", None)
     version = m.pop("version", None)
     if version:
         for split in m["splits"].values():

@@ -90,8 +90,11 @@ def snapshot(folder, masked=False):
 
 
 def without_created(manifest_bytes):
+    """A manifest without what a rebuild over an older dataset changes beside its data: the time,
+    and the earlier versions it keeps for readers."""
     m = json.loads(manifest_bytes)
     m.pop("created")
+    m.pop("previous_versions", None)
     return m
 
 

@@ -266,3 +266,18 @@ def test_write_bytes_leaves_no_temporary_file_when_the_write_fails(tmp_path):
     with pytest.raises(Exception):
         publish.write_bytes(str(target), b"{}")
     assert sorted(os.listdir(tmp_path)) == ["features.json"]
+
+
+def test_retention_follows_the_order_of_publication_not_of_names_or_clocks(tmp_path):
+    """Build ids start with the time, but clocks differ between hosts and two builds can start
+    within one tick: the versions kept are those the manifests published last, in that order."""
+    out = tmp_path / "out"
+    ids = ["20261201T000009Z-zzzzzz", "20261201T000001Z-aaaaaa", "20261201T000005Z-mmmmmm"]
+    published = []
+    for build_id in ids:
+        results = _results(shards=[("train", 0, build_id.encode())], build_id=build_id)
+        _stage(out, results)
+        published.append(publish.commit(str(out), results).version)
+    manifest = Manifest.loads((out / MANIFEST).read_bytes())
+    assert manifest.version == published[2] and manifest.previous_versions == (published[1],)
+    assert sorted(n for n in os.listdir(out) if n.startswith("v-")) == sorted(published[1:])

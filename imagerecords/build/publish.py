@@ -34,7 +34,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from imagerecords.build import _hooks, dataset_files, storage
 from imagerecords.build.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
-from imagerecords.format.manifest import DUPLICATES, ERRORS, LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, dumps
+from imagerecords.format.manifest import (DUPLICATES, ERRORS, FLAT_LAYOUT, LOCK, MANIFEST, STAGING, VERSION_PREFIX,
+                                          Manifest, dumps)
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +282,8 @@ def _is_zombie(pid: int) -> bool:
 
 
 def new_build_id() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    # Microseconds: two builds of one folder within a second still sort in the order they started.
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + "-" + uuid.uuid4().hex[:6]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -478,6 +480,21 @@ def _versions_in(output: str) -> List[str]:
                    if p[len(prefix):].startswith(VERSION_PREFIX) and "/" in p[len(prefix):]})
 
 
+def _kept_versions(output: str, keep: int) -> Tuple[str, ...]:
+    """The `keep` versions published most recently before this commit, newest first: the one the
+    folder's manifest names, then those it kept (the order of publication, not of names or clocks)."""
+    path = storage.join(output, MANIFEST)
+    if keep < 1 or not storage.exists(path):
+        return ()
+    try:
+        published = Manifest.loads(storage.read_bytes(path), path)
+    except ValueError as e:
+        log.warning("ignoring the unreadable previous manifest: %s", e)
+        return ()
+    chain = [published.version or FLAT_LAYOUT] + [v for v in published.previous_versions if v != published.version]
+    return tuple(chain[:keep])
+
+
 def _flat_files(output: str, name: str) -> List[str]:
     """Shard and index files lying directly in `output`: a dataset written before versions had
     folders (or a killed build of that time)."""
@@ -602,7 +619,8 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         manifest = Manifest.from_json(record["manifest"], COMMIT)
         build_id = record["build_id"]
     else:
-        manifest = results.manifest()
+        manifest = dataclasses.replace(results.manifest(),
+                                       previous_versions=_kept_versions(output, keep_versions - 1))
         build_id = results.build_id
         # From here on the commit can be redone from this record.
         write_bytes(storage.join(staging_dir(output, build_id), COMMIT),
@@ -642,14 +660,13 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         write_bytes(storage.join(output, filename), content)
     flat = _flat_files(output, manifest.name)
     write_bytes(storage.join(output, MANIFEST), manifest.dumps())
-    # 4. Retention: the newest versions stay (a flat, pre-version dataset counts as the oldest).
-    versions = [v for v in _versions_in(output) if v != folder]
-    keep = keep_versions - 1
-    kept = versions[len(versions) - keep:] if keep else []
-    for old in versions:
-        if old not in kept:
+    # 4. Retention: the versions this manifest keeps stay; every other version folder goes (older
+    # ones, and any a cut commit left unpublished), and the flat files unless they are kept.
+    kept = set(manifest.previous_versions)
+    for old in _versions_in(output):
+        if old != folder and old not in kept:
             _delete_version(output, old)
-    if flat and len(kept) >= keep:
+    if flat and FLAT_LAYOUT not in kept:
         _delete_quietly([storage.join(output, n) for n in flat])
         _remove_empty_folders(output, flat)
     remove_staging(output)

@@ -20,6 +20,7 @@ STAGING = ".imagerecords-staging"  # one folder per build inside, named by its b
 # Each published build's shards live in a folder of their own, `v-<build id>`: a rebuild never
 # writes over a file that a loaded manifest points at.
 VERSION_PREFIX = "v-"
+FLAT_LAYOUT = "."  # in previous_versions: a dataset whose shards lie directly in the folder
 LOCK = ".imagerecords.lock"
 
 
@@ -123,6 +124,9 @@ class Manifest:
       version: the folder (relative to the dataset folder) holding this build's shards and index
         files, named after its build id; None for datasets written before versions had folders
         (their files lie directly in the dataset folder).
+      previous_versions: the earlier versions kept beside this one for readers that loaded their
+        manifests, newest first, in the order they were published (FLAT_LAYOUT for a dataset whose
+        files lie directly in the folder); the next build's retention counts from this list.
     """
 
     name: str
@@ -142,6 +146,7 @@ class Manifest:
     num_leaking_groups: int = 0
     num_label_conflicts: int = 0
     version: Optional[str] = None
+    previous_versions: Tuple[str, ...] = ()
 
     @property
     def num_examples(self) -> int:
@@ -187,6 +192,7 @@ class Manifest:
             "num_leaking_groups": self.num_leaking_groups,
             "num_label_conflicts": self.num_label_conflicts,
             **({"version": self.version} if self.version else {}),
+            **({"previous_versions": list(self.previous_versions)} if self.previous_versions else {}),
         }
 
     def dumps(self) -> bytes:
@@ -219,7 +225,8 @@ class Manifest:
                        num_duplicate_groups=int(d.get("num_duplicate_groups", -1)),
                        num_leaking_groups=int(d.get("num_leaking_groups", 0)),
                        num_label_conflicts=int(d.get("num_label_conflicts", 0)),
-                       version=d.get("version") or None)
+                       version=d.get("version") or None,
+                       previous_versions=tuple(map(str, d.get("previous_versions") or ())))
         except KeyError as e:
             raise ManifestError(f"{source}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as e:
