@@ -276,7 +276,7 @@ def test_retention_follows_the_order_of_publication_not_of_names_or_clocks(tmp_p
     published = []
     for build_id in ids:
         results = _results(shards=[("train", 0, build_id.encode())], build_id=build_id)
-        _stage(out, results)
+        _stage(out, results, [build_id.encode()])
         published.append(publish.commit(str(out), results).version)
     manifest = Manifest.loads((out / MANIFEST).read_bytes())
     assert manifest.version == published[2] and manifest.previous_versions == (published[1],)
