@@ -1,6 +1,7 @@
 """Unit tests of the image codec with real Pillow encode/decode."""
 
 import io
+import re
 import struct
 import zlib
 
@@ -166,3 +167,27 @@ def test_options_are_validated():
     with pytest.raises(ValueError, match="max_file_mb must be a number of megabytes > 0, got 0"):
         codec.ImageOptions(max_file_mb=0)
     assert codec.ImageOptions(max_file_mb=0.5).max_file_bytes == 500_000
+
+
+def _tiff(array, mode):
+    out = io.BytesIO()
+    Image.fromarray(array, mode).save(out, format="TIFF")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("values,reason", [
+    (np.linspace(0, 1, 64, dtype=np.float32).reshape(8, 8), "a floating-point image (values 0..1)"),
+    (np.full((8, 8), 300.5, np.float32), "a floating-point image (values 300.5..300.5)"),
+    (np.array([[np.nan, 1.0]], np.float32), "with NaN or infinity"),
+])
+def test_a_float_image_that_8_bits_would_change_is_refused_not_clipped(values, reason):
+    with pytest.raises(codec.ImageError, match=re.escape(reason) + r".*scale it to 8 or 16 bits first"):
+        codec.prepare_image(_tiff(values, "F"))
+
+
+def test_a_float_image_of_8_bit_values_keeps_them_and_a_wide_int_image_is_refused():
+    gradient = np.arange(64, dtype=np.float32).reshape(8, 8) * 4  # 0..252, whole numbers
+    out = np.asarray(Image.open(io.BytesIO(codec.prepare_image(_tiff(gradient, "F")).jpeg)).convert("L"))
+    assert np.abs(out.astype(int) - gradient.astype(int)).max() <= 3  # JPEG's error, not a clip
+    with pytest.raises(codec.ImageError, match=r"32-bit integer image with values 70000..70000, outside 0..65535"):
+        codec.prepare_image(_tiff(np.full((4, 4), 70000, np.int32), "I"))

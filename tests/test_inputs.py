@@ -425,3 +425,27 @@ def test_a_class_folder_with_a_newline_in_its_name_is_rows(tmp_path):
     assert (out / "label.labels.txt").read_text() == "ok\n"
     (row,) = map(json.loads, (out / "errors.jsonl").read_text().splitlines())
     assert (row["key"], row["stage"], row["reason"]) == ("two\nlines/c.jpg", "label", reason)
+
+
+def test_float_tiffs_of_values_0_to_1_are_rejected_rows_not_clipped_images(tmp_path):
+    """Mode-F TIFFs holding 0..1 (what scientific and normalised images hold) became JPEGs of 0 and 1
+    out of 255 with 'rejected 0'. Now each is a row naming the value range, counted against the
+    budget; 8-bit images beside them are written as usual."""
+    from conftest import build
+    from imagerecords.build.errors import BudgetExceeded
+
+    root = tmp_path / "tree"
+    rng = np.random.default_rng(0)
+    for label in ("a", "b"):
+        (root / label).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(rng.random((16, 16), dtype=np.float32), "F").save(root / label / f"f{i}.tif")
+            write_image(root / label / f"ok{i}.jpg", i)
+    with pytest.raises(BudgetExceeded, match="6 of 12 inputs rejected"):
+        build(root, tmp_path / "strict")
+    manifest = build(root, tmp_path / "out", "--max_reject_fraction", "0.5")
+    assert manifest.num_examples == 6 and manifest.num_rejected == 6
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "errors.jsonl")]
+    assert sorted(r["key"] for r in rows) == [f"{c}/f{i}.tif" for c in "ab" for i in range(3)]
+    assert all(r["reason"].startswith("a floating-point image (values 0.") and "scale it to 8 or 16 bits first"
+               in r["reason"] for r in rows), rows[0]["reason"]

@@ -239,11 +239,23 @@ def _to_rgb(img: Image.Image) -> Image.Image:
         import numpy as np  # only these rare modes need it; most builds never import NumPy
     if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
         # 16-bit greyscale (PNG, TIFF): keep the top 8 bits. Pillow's own convert clips at 255.
-        arr = np.asarray(img, dtype=np.uint32)
-        return Image.fromarray((np.clip(arr, 0, 65535) >> 8).astype(np.uint8), "L").convert("RGB")
+        arr = np.asarray(img, dtype=np.int64)
+        if arr.size and (arr.min() < 0 or arr.max() > 65535):
+            raise ImageError(f"a 32-bit integer image with values {arr.min()}..{arr.max()}, outside 0..65535: "
+                             "8-bit storage would clip them; convert it to 8 or 16 bits first")
+        return Image.fromarray((arr >> 8).astype(np.uint8), "L").convert("RGB")
     if mode == "F":
         arr = np.asarray(img, dtype=np.float32)
-        return Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), "L").convert("RGB")
+        # Only a float image that holds 8-bit values already keeps them; any other would be
+        # clipped or rounded (0..1 data would become 0 and 1), so it is refused, never changed.
+        if not np.isfinite(arr).all() or (arr.size and (arr.min() < 0 or arr.max() > 255)) \
+                or not np.array_equal(arr, np.rint(arr)):
+            finite = arr[np.isfinite(arr)]
+            span = f"{float(finite.min()):.4g}..{float(finite.max()):.4g}" if finite.size else "none finite"
+            extra = "" if finite.size == arr.size else ", with NaN or infinity"
+            raise ImageError(f"a floating-point image (values {span}{extra}): 8-bit storage would clip or round "
+                             "them; scale it to 8 or 16 bits first (float images cannot be stored yet)")
+        return Image.fromarray(arr.astype(np.uint8), "L").convert("RGB")
     if mode == "P" and "transparency" in img.info:
         img = img.convert("RGBA")
         mode = "RGBA"
