@@ -270,10 +270,10 @@ class LockInfo:
             return True
         except PermissionError:
             return False
-        return _is_zombie(self.pid)
+        return is_zombie(self.pid)
 
 
-def _is_zombie(pid: int) -> bool:
+def is_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
@@ -480,33 +480,31 @@ def _versions_in(output: str) -> List[str]:
                    if p[len(prefix):].startswith(VERSION_PREFIX) and "/" in p[len(prefix):]})
 
 
-def _kept_versions(output: str, keep: int) -> Tuple[str, ...]:
-    """The `keep` versions published most recently before this commit, newest first: the one the
-    folder's manifest names, then those it kept (the order of publication, not of names or clocks)."""
+def _published(output: str) -> Optional[Manifest]:
+    """The manifest `output` publishes now, or None (none, or unreadable: a warning says so)."""
     path = storage.join(output, MANIFEST)
-    if keep < 1 or not storage.exists(path):
-        return ()
+    if not storage.exists(path):
+        return None
     try:
-        published = Manifest.loads(storage.read_bytes(path), path)
+        return Manifest.loads(storage.read_bytes(path), path)
     except ValueError as e:
         log.warning("ignoring the unreadable previous manifest: %s", e)
+        return None
+
+
+def _kept_versions(published: Optional[Manifest], keep: int) -> Tuple[str, ...]:
+    """The `keep` versions published most recently before this commit, newest first: the one the
+    folder's manifest names, then those it kept (the order of publication, not of names or clocks)."""
+    if keep < 1 or published is None:
         return ()
     chain = [published.version or FLAT_LAYOUT] + [v for v in published.previous_versions if v != published.version]
     return tuple(chain[:keep])
 
 
-def _flat_files(output: str, name: str) -> List[str]:
+def _flat_files(output: str, name: str, published: Optional[Manifest]) -> List[str]:
     """Shard and index files lying directly in `output`: a dataset written before versions had
     folders (or a killed build of that time)."""
-    names = set()
-    manifest_path = storage.join(output, MANIFEST)
-    if storage.exists(manifest_path):
-        try:
-            published = Manifest.loads(storage.read_bytes(manifest_path), manifest_path)
-            if not published.version:
-                names.update(published.shard_files())
-        except ValueError as e:
-            log.warning("ignoring the unreadable previous manifest: %s", e)
+    names = set(published.shard_files()) if published is not None and not published.version else set()
     for entry in storage.list_names(output):
         if entry.startswith(f"{name}-") and ".tfrecord" in entry:
             names.add(entry)
@@ -601,6 +599,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     if keep_versions < 1:
         raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
     record = None
+    published = _published(output)  # read once: the retention and the flat files both need it
     if results is None:
         for build_id in reversed(staged_builds(output)):
             path = storage.join(staging_dir(output, build_id), COMMIT)
@@ -620,7 +619,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         build_id = record["build_id"]
     else:
         manifest = dataclasses.replace(results.manifest(),
-                                       previous_versions=_kept_versions(output, keep_versions - 1))
+                                       previous_versions=_kept_versions(published, keep_versions - 1))
         build_id = results.build_id
         # From here on the commit can be redone from this record.
         write_bytes(storage.join(staging_dir(output, build_id), COMMIT),
@@ -658,7 +657,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
             _delete_quietly([final_report])  # this build did not look: an older report would mislead
     for filename, content in dataset_files.metadata_files(manifest):
         write_bytes(storage.join(output, filename), content)
-    flat = _flat_files(output, manifest.name)
+    flat = _flat_files(output, manifest.name, published)
     write_bytes(storage.join(output, MANIFEST), manifest.dumps())
     # 4. Retention: the versions this manifest keeps stay; every other version folder goes (older
     # ones, and any a cut commit left unpublished), and the flat files unless they are kept.

@@ -186,8 +186,9 @@ class ShardWriter:
       options: how images are decoded, resized and encoded.
       write_index: also write each shard's tfrecord2idx index.
       contents: keep each written record's source digest (for the duplicate check).
-      resume: take a shard from an earlier build's staging area when it staged one with the same
-        fingerprint (moved, not rewritten).
+      resume_from: the earlier builds (ids, newest first) whose staging areas a resumed build takes
+        shards from when they staged one with the same fingerprint (moved, not rewritten); listed
+        once, when the writer is made, not once per shard.
     """
 
     output: str
@@ -197,14 +198,16 @@ class ShardWriter:
     options: codec.ImageOptions
     write_index: bool = False
     contents: bool = True
-    resume: bool = False
+    resume_from: Tuple[str, ...] = ()
 
     @classmethod
     def of(cls, config, build_id: str) -> "ShardWriter":
         """The writer of `config` (a BuildConfig) for build `build_id`."""
+        earlier = tuple(b for b in reversed(publish.staged_builds(config.output)) if b != build_id) if config.resume \
+            else ()
         return cls(output=config.output, build_id=build_id, name=config.name, preset=config.schema,
                    options=config.image, write_index=config.write_index, contents=not config.skip_duplicate_check,
-                   resume=config.resume)
+                   resume_from=earlier)
 
     def write(self, shard: Tuple[str, int, int], refs: Sequence[ImageRef], labels: LabelMap, *,
               read_bytes: Callable[[str], bytes], executor: Optional[concurrent.futures.Executor] = None,
@@ -226,8 +229,8 @@ class ShardWriter:
         staging = publish.staging_dir(self.output, self.build_id)
         fingerprint = shard_fingerprint(shard, refs, name=self.name, preset=self.preset, labels=labels,
                                         options=self.options, write_index=self.write_index, contents=self.contents)
-        if self.resume:
-            reused = _reuse_staged(self.output, self.build_id, filename, fingerprint)
+        if self.resume_from:
+            reused = _reuse_staged(self.output, self.build_id, self.resume_from, filename, fingerprint)
             if reused is not None:
                 if observe:
                     observe(filename, len(refs), len(reused.rejected), len(refs))
@@ -311,12 +314,11 @@ def _pillow_version() -> str:
         return ""
 
 
-def _reuse_staged(output: str, build_id: str, filename: str, fingerprint: str) -> Optional["StagedShard"]:
-    """Moves `filename` (and its index and record) from another build's staging area into this
-    build's when that build staged it with the same fingerprint; returns what it recorded."""
-    for other in reversed(publish.staged_builds(output)):
-        if other == build_id:
-            continue
+def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: str, fingerprint: str
+                  ) -> Optional["StagedShard"]:
+    """Moves `filename` (and its index and record) from the staging area of one of the `earlier`
+    builds into this build's when it staged it with the same fingerprint; returns what it recorded."""
+    for other in earlier:
         source = publish.staging_dir(output, other)
         record_path = storage.join(source, filename + STAGED_SUFFIX)
         if not storage.exists(record_path):  # asked first: a missing object's read fails late on gs://

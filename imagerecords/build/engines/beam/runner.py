@@ -181,8 +181,10 @@ def _descendants(root: int) -> List[int]:
 
 
 def _alive(pid: int) -> bool:
+    from imagerecords.build.publish import is_zombie
+
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        os.kill(pid, 0)
+    except OSError:
         return False
+    return not is_zombie(pid)
