@@ -277,15 +277,12 @@ class ShardWriter:
         written = ([(digest, (r.key, r.split, r.uri, names[r.label_id - offset])) for digest, r in stats.contents]
                    if self.contents else [])
         out = StagedShard(result, duplicates + rejected, written, stats.passthrough)
-        publish.write_bytes(storage.join(staging, filename + STAGED_SUFFIX), publish.dumps(
+        publish.write_bytes(storage.join(staging, filename + publish.STAGED_RECORD), publish.dumps(
             {"fingerprint": fingerprint, "staged": out.to_json()}))
         _hooks.pause("mid_shards")
         return out
 
 
-# What a writer records beside each staged shard: its fingerprint and its StagedShard, so a resumed
-# build can take the shard over without reading it.
-STAGED_SUFFIX = publish.STAGED_RECORD
 
 
 def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, name: str, preset: str,
@@ -320,7 +317,7 @@ def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: 
     builds into this build's when it staged it with the same fingerprint; returns what it recorded."""
     for other in earlier:
         source = publish.staging_dir(output, other)
-        record_path = storage.join(source, filename + STAGED_SUFFIX)
+        record_path = storage.join(source, filename + publish.STAGED_RECORD)
         if not storage.exists(record_path):  # asked first: a missing object's read fails late on gs://
             continue
         try:
@@ -335,12 +332,12 @@ def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: 
         if not all(storage.exists(storage.join(source, n)) for n in moves):
             continue
         target = publish.staging_dir(output, build_id)
-        for n in moves + [filename + STAGED_SUFFIX]:
+        for n in moves + [filename + publish.STAGED_RECORD]:
             destination = storage.join(target, n)
             if storage.is_local(destination):
                 os.makedirs(os.path.dirname(destination), exist_ok=True)
             storage.rename(storage.join(source, n), destination)
-        publish.write_bytes(storage.join(target, filename + STAGED_SUFFIX), publish.dumps(
+        publish.write_bytes(storage.join(target, filename + publish.STAGED_RECORD), publish.dumps(
             {"fingerprint": fingerprint, "staged": record["staged"], "reused": True}))
         return staged
     return None

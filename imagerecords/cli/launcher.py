@@ -53,7 +53,7 @@ def _claim_output(config: BuildConfig) -> int:
             raise errors.OutputError(f"{config.output} holds a published dataset; pass --overwrite with --resume to "
                                      "replace it")
         return sum(1 for b in staged for p in storage.list_tree(publish.staging_dir(config.output, b))
-                   if p.endswith(".staged.json"))
+                   if p.endswith(publish.STAGED_RECORD))
     if config.overwrite:
         if staged:
             publish.remove_staging(config.output)
@@ -361,14 +361,12 @@ def _commit(config: BuildConfig, results: publish.BuildResults) -> Manifest:
 
 
 def _reused_count(output: str, build_id: str, results: publish.BuildResults) -> int:
-    """Shards of this build that an earlier build wrote (their StagedShard record says which build)."""
-    from imagerecords.build import stages
-
+    """Shards of this build that an earlier build wrote (their staged record says so)."""
     staging = publish.staging_dir(output, build_id)
     count = 0
     for r in results.shards:
         try:
-            record = json.loads(storage.read_bytes(storage.join(staging, r.filename + stages.STAGED_SUFFIX)))
+            record = json.loads(storage.read_bytes(storage.join(staging, r.filename + publish.STAGED_RECORD)))
         except (OSError, ValueError):
             continue
         count += record.get("reused", False)
@@ -389,7 +387,7 @@ def _interrupted(e: KeyboardInterrupt, stage: str, config: BuildConfig, build_id
         return errors.Interrupted(f"{what} after the commit: {out} is published", signum)
     staged = 0
     if publish.staged_builds(out):
-        staged = sum(1 for p in storage.list_tree(publish.staging_dir(out, build_id)) if p.endswith(".staged.json"))
+        staged = sum(1 for p in storage.list_tree(publish.staging_dir(out, build_id)) if p.endswith(publish.STAGED_RECORD))
     resume = (f"; {staged} complete shards are staged: rerun the same command with --resume to reuse them"
               if staged else "; rerun the same command")
     return errors.Interrupted(f"{what}; nothing was published and {out} is as it was{resume}", signum)
