@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import Any, Collection, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Collection, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 PRESETS = ("tfds", "tf-models")
 
@@ -72,6 +72,7 @@ def make_example(
     filename: str,
     height: int,
     width: int,
+    extra: Optional[Mapping[str, bytes]] = None,
 ) -> bytes:
     """Builds one serialized tf.train.Example.
 
@@ -86,6 +87,7 @@ def make_example(
       filename: source file name (a path relative to the input root, or the key).
       height: image height in pixels.
       width: image width in pixels.
+      extra: {key: serialized tf.train.Feature} of the declared features (imagerecords.format.features).
 
     Returns:
       The serialized Example.
@@ -101,21 +103,29 @@ def make_example(
         small[k.image_format] = _bytes_feature(b"JPEG")
     if k.label_text:
         small[k.label_text] = _bytes_feature(label_text.encode("utf-8"))
+    if extra:
+        small.update(extra)  # the spec refuses names the preset takes (features.check_names)
+    return example_of(small, k.image, image)
+
+
+def example_of(small: Mapping[str, bytes], large_key: Optional[str] = None, large: bytes = b"") -> bytes:
+    """Serializes an Example of {key: serialized Feature} plus, optionally, one large bytes value.
+    """
     # Example{features=1: Features{feature=1: map<string, Feature>}}; a map is a repeated entry
     # message {key=1, value=2}; entries are written in key order, so equal inputs give equal bytes.
     # The image is the only large value: its entry is written as headers around the bytes, so they
     # are copied once (into the final join) instead of once per nesting level.
     parts: List[bytes] = []
-    for name in sorted([*small, k.image]):
-        if name != k.image:
+    for name in sorted([*small, *([large_key] if large_key is not None else [])]):
+        if name != large_key:
             parts.append(_field(1, _field(1, name.encode("utf-8")) + _field(2, small[name])))
             continue
-        value_header = _header(1, len(image))  # BytesList.value
-        list_header = _header(1, len(value_header) + len(image))  # Feature.bytes_list
-        feature_len = len(list_header) + len(value_header) + len(image)
+        value_header = _header(1, len(large))  # BytesList.value
+        list_header = _header(1, len(value_header) + len(large))  # Feature.bytes_list
+        feature_len = len(list_header) + len(value_header) + len(large)
         key_and_value_header = _field(1, name.encode("utf-8")) + _header(2, feature_len)  # entry key, value
         entry_header = _header(1, len(key_and_value_header) + feature_len)  # Features.feature entry
-        parts += [entry_header, key_and_value_header, list_header, value_header, image]
+        parts += [entry_header, key_and_value_header, list_header, value_header, large]
     return b"".join([_header(1, sum(map(len, parts))), *parts])
 
 
@@ -155,6 +165,19 @@ def _bytes_feature(value: bytes) -> bytes:
 
 def _int64_feature(value: int) -> bytes:
     return _field(3, _field(1, _varint(value)))  # Feature{int64_list=3: Int64List{packed value=1}}
+
+
+bytes_feature = _bytes_feature
+
+
+def int64_list_feature(values: Sequence[int]) -> bytes:
+    """Feature{int64_list}: packed varints, as TensorFlow writes them; an empty list has no field."""
+    return _field(3, _field(1, b"".join(map(_varint, values))) if values else b"")
+
+
+def float_list_feature(packed_le_float32: bytes) -> bytes:
+    """Feature{float_list} from the values already packed as little-endian float32."""
+    return _field(2, _field(1, packed_le_float32) if packed_le_float32 else b"")
 
 
 def parse_spec(preset: str) -> dict:

@@ -1,0 +1,358 @@
+"""Declared features: the typed contract of what a record holds beyond the image and its class.
+
+One spec drives both sides. The builder checks and encodes each value with `encode` (no TensorFlow,
+deterministic bytes); manifest.json records the spec (`to_json`); the reader parses and decodes by
+it (imagerecords.reader.features), and TFDS's features.json is made from it (`tfds_feature`).
+
+Kinds, by `dtype`:
+  image       a path column, read and stored like the main image (`encoding` png, keep or jpeg;
+              `channels` 1, 3 or 4; 8- and 16-bit greyscale kept as they are under png and keep).
+  class_list  several class names (or ids) per row: Int64List of ids; vocabulary `names`, given or
+              the sorted names seen in the build.
+  string      UTF-8 text (a caption, an id): one BytesList value.
+  uint8 int32 int64 float16 float32 float64 bool
+              a numeric tensor of `shape` (`[]` a scalar; `null` a variable dimension, at most one):
+              `encoding: list` stores Int64List/FloatList, `encoding: bytes` stores the raw
+              little-endian bytes (what `x.tobytes()` gives and `tf.io.decode_raw` reads). Bytes by
+              default for more than one dimension and for float64 (FloatList is float32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+NUMERIC = ("uint8", "int32", "int64", "float16", "float32", "float64", "bool")
+KINDS = ("image", "class_list", "string") + NUMERIC
+IMAGE_ENCODINGS = ("png", "keep", "jpeg")
+TENSOR_ENCODINGS = ("list", "bytes")
+# Keys the builder writes itself (the schema presets' keys): a declared feature may not take them.
+_INT_RANGE = {"uint8": (0, 255), "int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1), "bool": (0, 1)}
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
+
+
+class SpecError(ValueError):
+    """A feature declaration that cannot be used; the message names the feature."""
+
+
+class ValueProblem(ValueError):
+    """A row's value that does not fit its feature; the message names the feature (a rejected row)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    """One declared feature.
+
+    Attributes:
+      name: the stored key, and the column that feeds it unless `column` says otherwise.
+      dtype: one of KINDS.
+      shape: dimensions of a numeric tensor, None for a variable one; () for a scalar.
+      encoding: png/keep/jpeg for an image; list/bytes for a tensor; '' otherwise.
+      column: the input column ('' = name).
+      names: the vocabulary of a class_list ('' names when it is taken from the data).
+      channels: an image's channel count.
+      allow_nan: whether a float tensor may hold NaN or infinities.
+    """
+
+    name: str
+    dtype: str
+    shape: Tuple[Optional[int], ...] = ()
+    encoding: str = ""
+    column: str = ""
+    names: Tuple[str, ...] = ()
+    channels: int = 0
+    allow_nan: bool = False
+
+    @property
+    def source(self) -> str:
+        return self.column or self.name
+
+    @property
+    def numeric(self) -> bool:
+        return self.dtype in NUMERIC
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"dtype": self.dtype}
+        if self.numeric:
+            out["shape"] = list(self.shape)
+        if self.encoding:
+            out["encoding"] = self.encoding
+        if self.column and self.column != self.name:
+            out["column"] = self.column
+        if self.dtype == "class_list":
+            out["names"] = list(self.names)
+        if self.dtype == "image":
+            out["channels"] = self.channels
+        if self.allow_nan:
+            out["allow_nan"] = True
+        return out
+
+
+def from_json(name: str, d: Mapping[str, Any]) -> Feature:
+    """Reads one declaration: a config file's entry, a flag's parse, or manifest.json's record.
+
+    Raises:
+      SpecError: naming the feature and what is wrong with it.
+    """
+    if not isinstance(d, Mapping):
+        raise SpecError(f"feature {name!r}: expected a mapping such as {{dtype: float32, shape: [4]}}, got {d!r}")
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise SpecError(f"feature {name!r}: a name is letters, digits, '_', '.', '/' or '-', not starting with a digit")
+    unknown = sorted(set(d) - {"dtype", "shape", "encoding", "column", "names", "channels", "allow_nan"})
+    if unknown:
+        raise SpecError(f"feature {name!r}: unknown key(s) {', '.join(unknown)}")
+    dtype = d.get("dtype")
+    if dtype not in KINDS:
+        raise SpecError(f"feature {name!r}: dtype {dtype!r} is not one of {', '.join(KINDS)}")
+    shape = _shape(name, d.get("shape", []))
+    if dtype not in NUMERIC and "shape" in d:
+        raise SpecError(f"feature {name!r}: a {dtype} feature takes no shape")
+    encoding = d.get("encoding", "")
+    if dtype == "image":
+        encoding = encoding or "png"
+        if encoding not in IMAGE_ENCODINGS:
+            raise SpecError(f"feature {name!r}: image encoding {encoding!r} is not one of {', '.join(IMAGE_ENCODINGS)}")
+    elif dtype in NUMERIC:
+        encoding = encoding or ("bytes" if len(shape) > 1 or dtype == "float64" else "list")
+        if encoding not in TENSOR_ENCODINGS:
+            raise SpecError(f"feature {name!r}: tensor encoding {encoding!r} is not one of {', '.join(TENSOR_ENCODINGS)}")
+        if encoding == "list" and dtype == "float64":
+            raise SpecError(f"feature {name!r}: float64 as a list would be rounded to float32 (FloatList); "
+                            "use encoding: bytes")
+    elif encoding:
+        raise SpecError(f"feature {name!r}: a {dtype} feature takes no encoding")
+    channels = d.get("channels", 0)
+    if dtype == "image":
+        channels = channels or 1
+        if channels not in (1, 3, 4):
+            raise SpecError(f"feature {name!r}: channels must be 1, 3 or 4, got {channels!r}")
+    elif "channels" in d:
+        raise SpecError(f"feature {name!r}: only an image feature takes channels")
+    names = d.get("names", [])
+    if dtype != "class_list" and "names" in d:
+        raise SpecError(f"feature {name!r}: only a class_list feature takes names")
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise SpecError(f"feature {name!r}: names must be a list of class names")
+    if len(set(names)) != len(names):
+        raise SpecError(f"feature {name!r}: a class name repeats in names")
+    column = d.get("column", "")
+    if not isinstance(column, str):
+        raise SpecError(f"feature {name!r}: column must be a column name, got {column!r}")
+    allow_nan = d.get("allow_nan", False)
+    if allow_nan not in (True, False) or (allow_nan and dtype not in ("float16", "float32", "float64")):
+        raise SpecError(f"feature {name!r}: allow_nan is true or false, and only for float tensors")
+    return Feature(name, dtype, shape, encoding, column, tuple(names), channels, allow_nan)
+
+
+def _shape(name: str, raw: Any) -> Tuple[Optional[int], ...]:
+    if not isinstance(raw, (list, tuple)):
+        raise SpecError(f"feature {name!r}: shape must be a list such as [], [4] or [null, 4], got {raw!r}")
+    dims: List[Optional[int]] = []
+    for dim in raw:
+        if dim is None or dim == -1:
+            dims.append(None)
+        elif isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0:
+            dims.append(dim)
+        else:
+            raise SpecError(f"feature {name!r}: dimension {dim!r} is not a size or null")
+    if dims.count(None) > 1:
+        raise SpecError(f"feature {name!r}: at most one dimension may be variable (null), got {raw!r}")
+    return tuple(dims)
+
+
+def parse_declarations(raw: Any, what: str = "features") -> Tuple[Feature, ...]:
+    """Reads a config file's `features:` mapping {name: declaration}, in name order."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{what}: expected a mapping of feature name to declaration")
+    return tuple(from_json(name, raw[name]) for name in sorted(raw))
+
+
+_FLAG_RE = re.compile(r"\s*([^=\s]+)\s*=\s*([a-z0-9_]+)\s*(?:\[([^\]]*)\])?\s*(?::\s*(\w+))?\s*")
+
+
+def parse_flag(text: str) -> Feature:
+    """Reads `--feature NAME=DTYPE[DIMS][:ENCODING]`: `boxes=float32[?,4]`, `tags=class_list`,
+    `score=float32`, `mask=image:png`, `x=float32[28,28]:bytes`; `?` is a variable dimension."""
+    match = _FLAG_RE.fullmatch(text)
+    if not match:
+        raise SpecError(f"--feature {text!r}: expected NAME=DTYPE[DIMS][:ENCODING], such as boxes=float32[?,4]")
+    name, dtype, dims, encoding = match.groups()
+    d: Dict[str, Any] = {"dtype": dtype}
+    if dims is not None:
+        parts = [p.strip() for p in dims.split(",") if p.strip()]
+        try:
+            d["shape"] = [None if p in ("?", "null", "None") else int(p) for p in parts]
+        except ValueError:
+            raise SpecError(f"--feature {text!r}: dimension sizes are integers or ?") from None
+    if encoding:
+        d["encoding"] = encoding
+    return from_json(name, d)
+
+
+def specs_to_json(features: Sequence[Feature]) -> Dict[str, Dict[str, Any]]:
+    return {f.name: f.to_json() for f in sorted(features, key=lambda f: f.name)}
+
+
+def specs_from_json(d: Mapping[str, Mapping[str, Any]]) -> Tuple[Feature, ...]:
+    return tuple(from_json(name, d[name]) for name in sorted(d))
+
+
+# Values --------------------------------------------------------------------------------------
+
+
+def check(feature: Feature, value: Any) -> Any:
+    """Returns the value of one row as the feature stores it (a nested list of numbers, a string,
+    a list of class names or ids, an image path), or raises ValueProblem naming the feature.
+
+    CSV cells are text: a numeric or class_list feature reads them as JSON (`[[0, 0, 4, 4]]`, `1.5`).
+    """
+    name = feature.name
+    if value is None or value == "":
+        if feature.numeric and None in feature.shape and feature.shape[0] is None and value == "":
+            value = []
+        else:
+            raise ValueProblem(f"feature {name!r}: the row has no value in column {feature.source!r}")
+    if feature.dtype == "image":
+        if not isinstance(value, str):
+            raise ValueProblem(f"feature {name!r}: expected a path to an image file, got {_short(value)}")
+        return value
+    if feature.dtype == "string":
+        if not isinstance(value, str):
+            raise ValueProblem(f"feature {name!r}: expected text, got {_short(value)}")
+        return value
+    if isinstance(value, str) and (feature.numeric or feature.dtype == "class_list"):
+        value = _from_text(feature, value)
+    if feature.dtype == "class_list":
+        if not isinstance(value, list) or not all(isinstance(v, str) or _is_int(v) for v in value):
+            raise ValueProblem(f"feature {name!r}: expected a list of class names or ids, got {_short(value)}")
+        if value and len({type(v) for v in value}) > 1:
+            raise ValueProblem(f"feature {name!r}: mixes class names and ids: {_short(value)}")
+        for v in value:
+            if _is_int(v) and v < 0:
+                raise ValueProblem(f"feature {name!r}: class id {v} is negative")
+            if isinstance(v, str) and feature.names and v not in feature.names:
+                raise ValueProblem(f"feature {name!r}: class {v!r} is not one of its declared names")
+        return list(value)
+    return _check_tensor(feature, value)
+
+
+def _from_text(feature: Feature, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        if feature.dtype == "class_list":
+            return [part for part in text.split("|") if part]
+        raise ValueProblem(f"feature {feature.name!r}: {_short(text)} is not a number or a JSON list") from None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_tensor(feature: Feature, value: Any) -> "np.ndarray":
+    """The value as an array of the feature's dtype and shape, or ValueProblem naming the feature."""
+    import numpy as np
+
+    name, dtype = feature.name, feature.dtype
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError):  # numpy refuses ragged nesting
+        raise ValueProblem(f"feature {name!r}: {_short(value)} is a ragged list, not a tensor") from None
+    if arr.size == 0 and feature.shape and feature.shape[0] is None and arr.ndim == 1:
+        if all(d is not None for d in feature.shape[1:]):
+            arr = arr.reshape((0, *feature.shape[1:]))  # [] for [null, 4]: no boxes
+    if arr.dtype.kind not in "biuf" and arr.size:
+        raise ValueProblem(f"feature {name!r}: {_short(value)} is not a number or a list of numbers ({dtype})")
+    dims = arr.shape
+    if len(dims) != len(feature.shape) or any(d is not None and d != n for d, n in zip(feature.shape, dims)):
+        want = "[" + ", ".join("?" if d is None else str(d) for d in feature.shape) + "]"
+        raise ValueProblem(f"feature {name!r}: shape [{', '.join(map(str, dims))}] does not fit the declared {want}")
+    if arr.size == 0:
+        return np.zeros(dims, dtype=_numpy_dtype(dtype))
+    if dtype == "bool":
+        if arr.dtype.kind != "b" and not np.isin(arr, (0, 1)).all():
+            raise ValueProblem(f"feature {name!r}: {_short(value)} holds values other than true/false or 0/1")
+    elif dtype in _INT_RANGE:
+        if arr.dtype.kind == "f":
+            raise ValueProblem(f"feature {name!r}: {_short(value)} holds non-integers; {dtype} takes integers")
+        low, high = _INT_RANGE[dtype]
+        if int(arr.min()) < low or int(arr.max()) > high:
+            raise ValueProblem(f"feature {name!r}: {_short(value)} is outside {dtype}'s range {low}..{high}")
+    else:
+        if arr.dtype.kind == "b":
+            raise ValueProblem(f"feature {name!r}: {_short(value)} is a bool, not a number ({dtype})")
+        if not feature.allow_nan and not np.isfinite(arr.astype(np.float64)).all():
+            raise ValueProblem(f"feature {name!r}: {_short(value)} is not finite; declare allow_nan: true to store it")
+        if not feature.allow_nan and not np.isfinite(arr.astype(_numpy_dtype(dtype))).all():
+            raise ValueProblem(f"feature {name!r}: {_short(value)} is outside {dtype}'s range")
+    return arr.astype(_numpy_dtype(dtype))
+
+
+def _numpy_dtype(dtype: str) -> str:
+    return _NUMPY[dtype]
+
+
+_NUMPY = {"bool": "bool", "uint8": "u1", "int32": "<i4", "int64": "<i8", "float16": "<f2", "float32": "<f4",
+          "float64": "<f8"}
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# Encoding: the tf.train.Feature message of a checked value ---------------------------------
+
+
+def encode(feature: Feature, value: Any, vocabulary: Optional[Mapping[str, int]] = None) -> bytes:
+    """Returns the serialized tf.train.Feature of a value `check` accepted (not of an image: the
+    codec prepares those, and `bytes_feature` wraps them).
+
+    Args:
+      vocabulary: class name -> id of a class_list feature whose values are names.
+    """
+    from imagerecords.format import schema
+
+    if feature.dtype == "string":
+        return schema.bytes_feature(value.encode("utf-8"))
+    if feature.dtype == "class_list":
+        if value and isinstance(value[0], str):
+            if vocabulary is None:
+                raise ValueError(f"feature {feature.name!r}: no vocabulary to map class names to ids")
+            value = [vocabulary[v] for v in value]
+        return schema.int64_list_feature(value)
+    if feature.encoding == "bytes":
+        return schema.bytes_feature(value.tobytes())
+    if feature.dtype in ("float16", "float32"):
+        return schema.float_list_feature(value.astype("<f4").ravel().tobytes())
+    return schema.int64_list_feature([int(v) for v in value.ravel().tolist()])
+
+
+def vocabulary_of(names: Sequence[str]) -> Dict[str, int]:
+    return {name: i for i, name in enumerate(names)}
+
+
+def tfds_feature(feature: Feature) -> Dict[str, Any]:
+    """TFDS's features.json entry for the feature (what tfds.builder_from_directory decodes by)."""
+    prefix = "tensorflow_datasets.core.features."
+    if feature.dtype == "image":
+        return {"pythonClassName": prefix + "image_feature.Image",
+                "image": {"dtype": "uint8" if feature.encoding == "jpeg" else "uint16" if False else "uint8",
+                          "encodingFormat": "jpeg" if feature.encoding == "jpeg" else "png",
+                          "shape": {"dimensions": ["-1", "-1", str(feature.channels)]}}}
+    if feature.dtype == "string":
+        return {"pythonClassName": prefix + "text_feature.Text", "text": {}}
+    if feature.dtype == "class_list":
+        return {"pythonClassName": prefix + "sequence_feature.Sequence",
+                "sequence": {"feature": {"pythonClassName": prefix + "class_label_feature.ClassLabel",
+                                         "classLabel": {"numClasses": str(len(feature.names))}},
+                             "length": "-1"}}
+    shape = {"dimensions": [str(-1 if d is None else d) for d in feature.shape]} if feature.shape else {}
+    return {"pythonClassName": prefix + "tensor_feature.Tensor",
+            "tensor": {"dtype": feature.dtype, "encoding": "bytes" if feature.encoding == "bytes" else "none",
+                       "shape": shape}}
