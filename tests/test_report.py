@@ -322,6 +322,24 @@ def test_duplicates_absent_then_shown(page, dataset, tmp_path):
     assert table[2][1:] == ["2", "square/x.jpg · train | square/y.jpg · train"]
 
 
+def test_build_settings_list_each_field_once(page, dataset, tmp_path):
+    _, p = page
+    names = [row[0] for row in p.rows["parameters"][1:]]
+    assert [n for n, c in collections.Counter(names).items() if c > 1] == []
+    assert dict(p.rows["parameters"][1:])["label_offset"] == "0"
+    assert "parameters.label_offset" not in names
+    # A build setting that disagrees with the top-level field is shown, under its full name.
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset[0], copy)
+    doc = json.loads((copy / "manifest.json").read_text())
+    assert doc["parameters"]["label_offset"] == doc["label_offset"] == 0
+    doc["parameters"]["label_offset"] = 1
+    (copy / "manifest.json").write_text(json.dumps(doc))
+    q = Page(open(write_report(copy, tmp_path / "r.html", per_class=1), encoding="utf-8").read())
+    rows = dict(q.rows["parameters"][1:])
+    assert (rows["label_offset"], rows["parameters.label_offset"]) == ("0", "1")
+
+
 def test_label_conflicts_section_lists_the_same_image_under_two_classes(image_tree, page, tmp_path):
     _, p = page
     assert p.one("data-conflicts")["data-conflicts"] == "0" and not p.rows["conflicts"]

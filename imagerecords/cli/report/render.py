@@ -271,9 +271,14 @@ def _conflict_row(row: Mapping[str, Any]) -> str:
 def _build(m: Manifest) -> List[str]:
     top = [("name", m.name), ("schema", m.schema), ("seed", m.seed), ("label_offset", m.label_offset),
            ("integer_labels", m.integer_labels), ("created", m.created)]
+    shown = dict(top)
+    # The build settings repeat some top-level fields (label_offset; name, seed, schema in version 1):
+    # list each once, and a repeat only when it disagrees, under its full name.
+    params = [(k if k not in shown else f"parameters.{k}", v) for k, v in _flatten(m.parameters)
+              if k not in shown or v != shown[k]]
     return ['<h2 id="build">Build</h2><p class=src>From manifest.json.</p>',
             table(["setting", "value"], [[_e(k), f"<code>{_e(json.dumps(v))}</code>"]
-                                         for k, v in top + _flatten(m.parameters)], attrs=" id=parameters"),
+                                         for k, v in top + params], attrs=" id=parameters"),
             "<h3>Versions</h3>",
             table(["package", "version"], [[_e(k), _e(v)] for k, v in sorted(m.versions.items())],
                   attrs=" id=versions")]
