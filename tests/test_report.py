@@ -322,6 +322,14 @@ def test_duplicates_absent_then_shown(page, dataset, tmp_path):
     assert table[2][1:] == ["2", "square/x.jpg · train | square/y.jpg · train"]
 
 
+def test_no_duplicates_is_one_line_not_an_empty_table(page, dataset):
+    text, p = page
+    assert (dataset[0] / report.DUPLICATES).read_bytes() == b""  # the build looked and found none
+    assert p.one("data-duplicates") == {"data-duplicates": "0", "data-leaks": "0"}
+    assert "dups" not in p.rows  # no table, not even its header row
+    assert "No duplicate content" in text
+
+
 def test_build_settings_list_each_field_once(page, dataset, tmp_path):
     _, p = page
     names = [row[0] for row in p.rows["parameters"][1:]]

@@ -206,6 +206,10 @@ def _duplicates(extras: Extras) -> List[str]:
         return s + [f"<p data-duplicates=absent>No {DUPLICATES} in the dataset folder: this build reported no "
                     "duplicate content (or did not check for it).</p>"]
     dups = extras.duplicates
+    if not dups:
+        return s + [f"<p data-duplicates=0 data-leaks=0>No duplicate content: the build compared the bytes of "
+                    f"every input and found no two alike ({DUPLICATES} holds no groups).</p>"
+                    ] + _bad_duplicate_lines(extras)
     cross = [row for row in dups if len({str(mb.get("split", "")) for mb in _members(row)}) > 1]
     s.append(f'<p data-duplicates="{len(dups)}" data-leaks="{len(cross)}">{len(dups)} groups of identical '
              f'content, {sum(len(r["members"]) for r in dups)} inputs; <b>{len(cross)} groups span splits</b> '
@@ -217,9 +221,13 @@ def _duplicates(extras: Extras) -> List[str]:
     s.append("</table>")
     if len(dups) > _DUPLICATE_GROUPS_SHOWN:
         s.append(f"<p>First {_DUPLICATE_GROUPS_SHOWN} groups shown (cross-split ones first).</p>")
-    if extras.bad_duplicate_lines:
-        s.append(f"<p class=warn>{extras.bad_duplicate_lines} lines of {DUPLICATES} are not rows.</p>")
-    return s
+    return s + _bad_duplicate_lines(extras)
+
+
+def _bad_duplicate_lines(extras: Extras) -> List[str]:
+    if not extras.bad_duplicate_lines:
+        return []
+    return [f"<p class=warn>{extras.bad_duplicate_lines} lines of {DUPLICATES} are not rows.</p>"]
 
 
 def _duplicate_row(row: Mapping[str, Any], leak: bool) -> str:
