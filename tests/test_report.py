@@ -266,7 +266,9 @@ def test_size_histograms_count_the_records_read(page, dataset, records_by_split)
         for low, high, n in bins:
             assert n == sum(low <= v <= high for v in vals), (name, low, high)
     common = {r[0]: int(r[1]) for r in p.rows["common-sizes"][1:]}
-    assert common == {f"{h} × {w}": n for (h, w), n in collections.Counter((r[3], r[4]) for r in train).items()}
+    assert common == {f"{h} × {w}": n for (h, w), n in collections.Counter((r[3], r[4]) for r in train).items()
+                      if n > 1}
+    assert common  # the fixture's images share one size
 
 
 def test_shard_sizes_match_the_manifest_and_the_files(page, dataset):
@@ -328,6 +330,36 @@ def test_no_duplicates_is_one_line_not_an_empty_table(page, dataset):
     assert p.one("data-duplicates") == {"data-duplicates": "0", "data-leaks": "0"}
     assert "dups" not in p.rows  # no table, not even its header row
     assert "No duplicate content" in text
+
+
+def _sized_tree(root, sizes):
+    """JPEGs of the given (width, height) under two classes, written with Pillow."""
+    for i, size in enumerate(sizes):
+        folder = root / ("ab"[i % 2])
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", size, (30 * i % 256, 120, 200)).save(folder / f"{i:02d}.jpg", quality=90)
+    return root
+
+
+def test_sizes_that_all_differ_are_one_line_with_their_range(tmp_path):
+    sizes = [(30 + 5 * i, 20 + 3 * i) for i in range(6)]  # (width, height), no two alike
+    build(_sized_tree(tmp_path / "tree", sizes), tmp_path / "out")
+    q = Page(open(write_report(tmp_path / "out", tmp_path / "r.html", per_class=1), encoding="utf-8").read())
+    assert "common-sizes" not in q.rows  # not a table of six 1s
+    assert q.one("data-sizes-differ") == {"data-sizes-differ": "6"}
+    text = open(tmp_path / "r.html", encoding="utf-8").read()
+    assert "All 6 sizes differ: height 20–35 px, width 30–55 px" in text
+    heights = sorted(int(a["data-low"]) for a, _ in q.bars if a.get("data-hist") == "height" and a["data-value"] != "0")
+    assert heights == sorted(h for _, h in sizes)
+
+
+def test_common_sizes_list_only_shared_sizes(tmp_path):
+    sizes = [(48, 40)] * 4 + [(30, 20), (31, 21)]
+    build(_sized_tree(tmp_path / "tree", sizes), tmp_path / "out")
+    q = Page(open(write_report(tmp_path / "out", tmp_path / "r.html", per_class=1), encoding="utf-8").read())
+    assert q.rows["common-sizes"] == [["height × width", "records"], ["40 × 48", "4"]]
+    assert q.one("data-sizes-once") == {"data-sizes-once": "2"}
+    assert not any("data-sizes-differ" in a for a in q.data)
 
 
 def test_build_settings_list_each_field_once(page, dataset, tmp_path):

@@ -13,6 +13,7 @@ from imagerecords.cli.report.markup import bars_svg, escape as _e, histogram_svg
 from imagerecords.cli.report.sample import THUMB_SIDE, Sample, Thumb, label_counts, label_ids
 
 _DUPLICATE_GROUPS_SHOWN = 50
+_COMMON_SIZES_SHOWN = 10
 _SHARD_BARS_MAX = 64  # above this many shards a split's shard sizes are shown as a histogram
 
 _CSS = """
@@ -144,18 +145,39 @@ def _sizes(m: Manifest, sample: Optional[Sample]) -> List[str]:
         return s + ["<p>No records read.</p>"]
     n = len(sample.sizes)
     scope = "the whole split" if n == m.split(sample.split).num_examples else "a sample; --sample sets its size"
-    common = collections.Counter(sample.sizes).most_common(10)
     return s + [
         f'<p class=src data-sample="{n}">From the records read: the first {n} records of split '
         f'<b>{_e(sample.split)}</b> in shard order ({scope}), '
         'the height and width features and the length of the stored JPEG bytes.</p>',
         "<h3>Most common sizes (height × width)</h3>",
-        table(["height × width", "records"], [[f"{h} × {w}", c] for (h, w), c in common], numeric=(1,),
-              attrs=" id=common-sizes"),
+        *_common_sizes(sample.sizes),
         "<h3>Height (px)</h3>" + histogram_svg("height", [h for h, _ in sample.sizes]),
         "<h3>Width (px)</h3>" + histogram_svg("width", [w for _, w in sample.sizes]),
         "<h3>Stored image bytes</h3>" + histogram_svg("bytes", sample.image_bytes, human),
     ]
+
+
+def _common_sizes(sizes: Sequence[Tuple[int, int]]) -> List[str]:
+    """The (height, width) pairs that several records share; a table of 1s would say nothing."""
+    counts = collections.Counter(sizes)
+    if len(sizes) > 1 and len(counts) == len(sizes):
+        heights, widths = [h for h, _ in sizes], [w for _, w in sizes]
+        return [f'<p data-sizes-differ="{len(sizes)}">All {len(sizes)} sizes differ: height '
+                f'{_span(heights)} px, width {_span(widths)} px (their spread is in the histograms below).</p>']
+    shared = [(hw, c) for hw, c in counts.most_common() if c > 1 or len(sizes) == 1]
+    s = [table(["height × width", "records"], [[f"{h} × {w}", c] for (h, w), c in shared[:_COMMON_SIZES_SHOWN]],
+               numeric=(1,), attrs=" id=common-sizes")]
+    if len(shared) > _COMMON_SIZES_SHOWN:
+        s.append(f"<p>The {_COMMON_SIZES_SHOWN} most common of {len(shared)} shared sizes shown.</p>")
+    once = len(counts) - len(shared)
+    if once:
+        s.append(f'<p data-sizes-once="{once}">Sizes that only one record read has: {once} (not listed).</p>')
+    return s
+
+
+def _span(values: Sequence[int]) -> str:
+    low, high = min(values), max(values)
+    return f"{low}" if low == high else f"{low}–{high}"
 
 
 def _shards(m: Manifest) -> List[str]:
