@@ -22,6 +22,8 @@ from PIL import Image, ImageStat
 
 from conftest import build, shard_files, skip_unless_ci, tree_with_twins
 from imagerecords.cli import report
+from imagerecords.cli.report.markup import BAR_WIDTH
+from imagerecords.cli.report.sample import label_counts
 from imagerecords.format import schema
 from imagerecords.format.manifest import Manifest
 from imagerecords.cli import inspection
@@ -43,7 +45,7 @@ class Page(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.imgs = []          # attrs of every <img>, with the enclosing section's data-class
         self.urls = []          # every src and href value
-        self.bars = []          # (attrs of a <g data-value>, its value <text>)
+        self.bars = []          # (attrs of a <g data-value> plus its rect's rect-width, its value <text>)
         self.rows = collections.defaultdict(list)  # table class/id -> [[cell text]]
         self.data = []          # attrs of every element with a data-* attribute
         self.tags = collections.Counter()
@@ -68,7 +70,9 @@ class Page(HTMLParser):
         elif tag == "img":
             self.imgs.append(dict(a, section=self._section))
         elif tag == "g" and "data-value" in a:
-            self._bar = [a, ""]
+            self._bar = [dict(a), ""]
+        elif tag == "rect" and self._bar is not None:
+            self._bar[0]["rect-width"] = int(a["width"])
         elif tag == "text" and self._bar is not None and a.get("class") == "value":
             self._in_value = True
         elif tag == "table":
@@ -330,6 +334,21 @@ def test_no_duplicates_is_one_line_not_an_empty_table(page, dataset):
     assert p.one("data-duplicates") == {"data-duplicates": "0", "data-leaks": "0"}
     assert "dups" not in p.rows  # no table, not even its header row
     assert "No duplicate content" in text
+
+
+def test_label_bars_of_every_split_share_one_scale(page, dataset):
+    _, p = page
+    _, manifest = dataset
+    counts = {sp.name: label_counts(sp) for sp in manifest.splits}
+    top = max(n for c in counts.values() for n in c.values())
+    bars = [(a["data-split"], int(a["data-value"]), a["rect-width"]) for a, _ in p.bars if "data-label" in a]
+    assert {split for split, _, _ in bars} == {"train", "validation"}
+    for split, value, width in bars:
+        assert width == (max(1, round(BAR_WIDTH * value / top)) if value else 2), (split, value)
+    assert int(p.one("data-label-scale")["data-label-scale"]) == top  # the page says what a full bar is
+    widest = {split: max(w for sp, _, w in bars if sp == split) for split in counts}
+    smaller = min(counts, key=lambda sp: max(counts[sp].values()))
+    assert max(counts[smaller].values()) < top and widest[smaller] < BAR_WIDTH  # not stretched to its own maximum
 
 
 def _sized_tree(root, sizes):

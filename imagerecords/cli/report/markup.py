@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-from typing import Any, Mapping, Sequence, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from imagerecords.cli.report.sample import histogram
 
@@ -30,14 +30,19 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Sequenc
     return f"<table{attrs}><tr>{head}</tr>{body}</table>"
 
 
-def bars_svg(rows: Sequence[Tuple[str, int, Mapping[str, Any]]], value_text=str, label_width: int = 180) -> str:
+BAR_WIDTH = 420  # px, the bar of the largest value (of `top` when given)
+
+
+def bars_svg(rows: Sequence[Tuple[str, int, Mapping[str, Any]]], value_text=str, label_width: int = 180,
+             top: Optional[int] = None) -> str:
     """A horizontal bar chart as inline SVG: one row per (label, value, data attributes).
 
     Each row is a <g> carrying its data attributes and data-value, with the value as its <text>,
-    so the numbers can be read back from the page.
+    so the numbers can be read back from the page. `top` is the value drawn full width (default
+    the largest of `rows`): charts given the same `top` can be compared bar for bar.
     """
-    row_h, bar_w, text_w = 16, 420, 110
-    top = max((v for _, v, _ in rows), default=0) or 1
+    row_h, bar_w, text_w = 16, BAR_WIDTH, 110
+    top = (top if top is not None else max((v for _, v, _ in rows), default=0)) or 1
     parts = [f'<svg width="{label_width + bar_w + text_w}" height="{row_h * len(rows) + 4}" role="img">']
     for i, (label, value, attrs) in enumerate(rows):
         y = i * row_h + 2

@@ -129,13 +129,15 @@ def _figure(t: Thumb, class_name: str) -> str:
 
 
 def _labels(m: Manifest) -> List[str]:
+    counts = {sp.name: label_counts(sp) for sp in m.splits}
+    top = max((n for c in counts.values() for n in c.values()), default=0)
     s = ['<h2 id="labels">Labels per split</h2><p class=src>From manifest.json (the sum of each shard\'s '
-         'label histogram). Red: a class with no record in the split.</p>']
+         f'label histogram). Every split is drawn to one scale: a full bar is <b data-label-scale="{top}">{top}'
+         '</b> records, the largest class of any split. Red: a class with no record in the split.</p>']
     for sp in m.splits:
-        counts = label_counts(sp)
         s.append(f"<h3>{_e(sp.name)} ({sp.num_examples} records)</h3>")
-        s.append(bars_svg([(f"{label} {_label_name(m, label)}", counts.get(label, 0),
-                            {"split": sp.name, "label": label}) for label in label_ids(m)]))
+        s.append(bars_svg([(f"{label} {_label_name(m, label)}", counts[sp.name].get(label, 0),
+                            {"split": sp.name, "label": label}) for label in label_ids(m)], top=top))
     return s
 
 
