@@ -399,6 +399,28 @@ def test_build_settings_list_each_field_once(page, dataset, tmp_path):
     assert (rows["label_offset"], rows["parameters.label_offset"]) == ("0", "1")
 
 
+def test_declared_features_are_listed(page, dataset, tmp_path):
+    _, p = page
+    assert p.one("data-features") == {"data-features": "absent"} and "features" not in p.rows
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset[0], copy)
+    doc = json.loads((copy / "manifest.json").read_text())
+    doc["features"] = {"image": {"dtype": "uint8", "shape": [None, None, 3], "encoding": "jpeg"},
+                       "label": {"dtype": "int64", "shape": []}, "odd": "int64"}
+    (copy / "manifest.json").write_text(json.dumps(doc))
+    q = Page(open(write_report(copy, tmp_path / "r.html", per_class=1), encoding="utf-8").read())
+    assert q.one("data-features") == {"data-features": "3"}
+    assert q.rows["features"] == [["name", "dtype", "shape", "encoding"],
+                                  ["image", "uint8", "[null, null, 3]", "jpeg"], ["label", "int64", "[]", "—"],
+                                  ["odd", "—", "—", "—"]]
+    assert q.one("data-feature-problem") == {"data-feature-problem": "odd", "class": "warn"}
+    assert q.rows["split-table"] == p.rows["split-table"]  # the rest of the page reads as before
+    doc["features"] = ["image", "label"]
+    (copy / "manifest.json").write_text(json.dumps(doc))
+    q = Page(open(write_report(copy, tmp_path / "r.html", per_class=1), encoding="utf-8").read())
+    assert q.one("data-features") == {"data-features": "unreadable", "class": "warn"} and "features" not in q.rows
+
+
 def test_label_conflicts_section_lists_the_same_image_under_two_classes(image_tree, page, tmp_path):
     _, p = page
     assert p.one("data-conflicts")["data-conflicts"] == "0" and not p.rows["conflicts"]

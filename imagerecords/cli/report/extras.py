@@ -1,13 +1,13 @@
-"""The optional files beside a dataset's manifest that the report reads: errors.jsonl and duplicates.jsonl."""
+"""What the report reads beside the typed manifest: errors.jsonl, duplicates.jsonl, manifest.json's `features`."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import re
-from typing import BinaryIO, Dict, Iterator, List, Optional, Tuple
+from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple
 
-from imagerecords.format.manifest import DUPLICATES, ERRORS, Manifest
+from imagerecords.format.manifest import DUPLICATES, ERRORS, MANIFEST, Manifest
 from imagerecords.build.storage import join, open_if_exists
 
 _EXAMPLES_PER_REASON = 3
@@ -32,6 +32,25 @@ class ReasonGroup:
 
 
 @dataclasses.dataclass
+class Feature:
+    """One entry of manifest.json's `features`: a feature the records declare.
+
+    Attributes:
+      name: the feature key.
+      dtype: its declared dtype ('' when not given).
+      shape: its declared shape as JSON text, e.g. '[null, null, 3]' ('' when not given).
+      encoding: how its bytes are encoded, e.g. 'jpeg' ('' when not given).
+      problem: why the entry could not be read as {dtype, shape, ...}; '' when it could.
+    """
+
+    name: str
+    dtype: str = ""
+    shape: str = ""
+    encoding: str = ""
+    problem: str = ""
+
+
+@dataclasses.dataclass
 class Extras:
     """The optional files next to the manifest.
 
@@ -41,6 +60,8 @@ class Extras:
       bad_error_lines: errors.jsonl lines that were not JSON objects.
       duplicates: duplicates.jsonl rows; None when the file is absent.
       bad_duplicate_lines: duplicates.jsonl lines that were not rows.
+      features: manifest.json's declared features, by name; None when it declares none.
+      features_problem: why manifest.json's `features` could not be read; '' when it could.
     """
 
     rejected: Optional[List[ReasonGroup]] = None
@@ -48,6 +69,8 @@ class Extras:
     bad_error_lines: int = 0
     duplicates: Optional[List[dict]] = None
     bad_duplicate_lines: int = 0
+    features: Optional[List[Feature]] = None
+    features_problem: str = ""
 
 
 def read_extras(output: str, manifest: Manifest) -> Extras:
@@ -61,7 +84,41 @@ def read_extras(output: str, manifest: Manifest) -> Extras:
     if stream is not None:
         with stream:
             extras.duplicates, extras.bad_duplicate_lines = read_duplicates(stream)
+    stream = open_if_exists(join(output, MANIFEST))
+    if stream is not None:
+        with stream:
+            # The typed Manifest keeps only the fields it knows; `features` is read from the file itself.
+            extras.features, extras.features_problem = read_features(stream)
     return extras
+
+
+def read_features(stream: BinaryIO) -> Tuple[Optional[List[Feature]], str]:
+    """Reads the top-level `features` of a manifest.json: {name: {"dtype": ..., "shape": ..., "encoding": ...}}.
+
+    Returns:
+      (the features sorted by name, or None when the file declares none; why `features` is not such a
+      mapping, or '').
+    """
+    try:
+        parsed = json.loads(stream.read().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:  # replaced since the manifest was loaded
+        return None, f"{MANIFEST} no longer reads as JSON ({e})"
+    declared = parsed.get("features") if isinstance(parsed, dict) else None
+    if declared is None:
+        return None, ""
+    if not isinstance(declared, dict):
+        return None, f"`features` is a JSON {type(declared).__name__}, not an object of name: {{dtype, shape}}"
+    return [_feature(str(name), declared[name]) for name in sorted(declared)], ""
+
+
+def _feature(name: str, entry: Any) -> Feature:
+    if not isinstance(entry, dict):
+        return Feature(name, problem=f"not an object but {json.dumps(entry)[:60]}")
+    text = {k: "" if k not in entry else entry[k] if isinstance(entry[k], str) else json.dumps(entry[k])
+            for k in ("dtype", "shape", "encoding")}
+    missing = [k for k in ("dtype", "shape") if k not in entry]
+    return Feature(name, text["dtype"], text["shape"], text["encoding"],
+                   problem=f"no {' or '.join(missing)}" if missing else "")
 
 
 def read_errors(stream: BinaryIO) -> Tuple[List[ReasonGroup], List[ReasonGroup], int]:

@@ -46,6 +46,7 @@ def render(output: str, manifest: Manifest, sample: Optional[Sample], classes: S
     sections = [
         _head(output, manifest),
         _splits(manifest),
+        _features(extras),
         _contact_sheet(manifest, sample, classes, per_class),
         _labels(manifest),
         _sizes(manifest, sample),
@@ -64,7 +65,8 @@ def _head(output: str, m: Manifest) -> List[str]:
             f"<title>{_e(m.name)} — imagerecords report</title><style>{_CSS}</style></head><body>",
             f"<h1>{_e(m.name)}</h1><p>Dataset folder <code>{_e(output)}</code>, built {_e(m.created or '?')}, "
             f"schema <code>{_e(m.schema)}</code>, {len(m.label_names)} classes, {m.num_examples} records.</p>",
-            '<p>Contents: <a href="#splits">splits</a> · <a href="#sheet">contact sheet</a> · '
+            '<p>Contents: <a href="#splits">splits</a> · <a href="#features">features</a> · '
+            '<a href="#sheet">contact sheet</a> · '
             '<a href="#labels">labels per split</a> · <a href="#sizes">image sizes</a> · '
             '<a href="#shards">shard sizes</a> · <a href="#rejected">rejected</a> · '
             '<a href="#duplicates">duplicates</a> · <a href="#conflicts">label conflicts</a> · '
@@ -80,6 +82,21 @@ def _splits(m: Manifest) -> List[str]:
             f'<p>Rejected inputs: <b data-total="rejected">{m.num_rejected}</b>; skipped (not images of a class): '
             f'<b data-total="skipped">{m.num_skipped}</b> (manifest.json; reasons under '
             f'<a href="#rejected">Rejected</a>).</p>']
+
+
+def _features(extras: Extras) -> List[str]:
+    s = ['<h2 id="features">Declared features</h2><p class=src>From manifest.json\'s <code>features</code>.</p>']
+    if extras.features_problem:
+        return s + [f"<p class=warn data-features=unreadable>{_e(extras.features_problem)}.</p>"]
+    if extras.features is None:
+        return s + ["<p data-features=absent>manifest.json declares no features.</p>"]
+    s.append(f'<p data-features="{len(extras.features)}">{len(extras.features)} features declared.</p>')
+    s.append(table(["name", "dtype", "shape", "encoding"],
+                   [[f"<code>{_e(f.name)}</code>", _e(f.dtype or "—"), f"<code>{_e(f.shape or '—')}</code>",
+                     _e(f.encoding or "—")] for f in extras.features], attrs=" id=features"))
+    s.extend(f'<p class=warn data-feature-problem="{_e(f.name)}">Feature {_e(f.name)}: {_e(f.problem)}.</p>'
+             for f in extras.features if f.problem)
+    return s
 
 
 def _contact_sheet(m: Manifest, sample: Optional[Sample], classes: Sequence[int], per_class: int) -> List[str]:
