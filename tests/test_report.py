@@ -405,15 +405,21 @@ def test_declared_features_are_listed(page, dataset, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(dataset[0], copy)
     doc = json.loads((copy / "manifest.json").read_text())
-    doc["features"] = {"image": {"dtype": "uint8", "shape": [None, None, 3], "encoding": "jpeg"},
-                       "label": {"dtype": "int64", "shape": []}, "odd": "int64"}
+    doc["features"] = {"bbox": {"dtype": "float32", "shape": [None, 4]}, "caption": {"dtype": "string"},
+                       "depth": {"dtype": "image", "channels": 1}, "score": {"dtype": "float32", "shape": []},
+                       "odd": "int64", "weird": {"dtype": "complex64", "shape": [2]}}
     (copy / "manifest.json").write_text(json.dumps(doc))
     q = Page(open(write_report(copy, tmp_path / "r.html", per_class=1), encoding="utf-8").read())
-    assert q.one("data-features") == {"data-features": "3"}
+    assert q.one("data-features") == {"data-features": "6"}
     assert q.rows["features"] == [["name", "dtype", "shape", "encoding"],
-                                  ["image", "uint8", "[null, null, 3]", "jpeg"], ["label", "int64", "[]", "—"],
-                                  ["odd", "—", "—", "—"]]
-    assert q.one("data-feature-problem") == {"data-feature-problem": "odd", "class": "warn"}
+                                  ["bbox", "float32", "[null, 4]", "bytes"], ["caption", "string", "—", "—"],
+                                  ["depth", "image", "—", "png"], ["odd", "—", "—", "—"],
+                                  ["score", "float32", "[]", "list"],  # encodings as the build applies them
+                                  ["weird", "complex64", "[2]", "—"]]
+    problems = {a["data-feature-problem"] for a in q.data if "data-feature-problem" in a}
+    assert problems == {"odd", "weird"}
+    text = open(tmp_path / "r.html", encoding="utf-8").read()
+    assert "feature &#x27;weird&#x27;: dtype &#x27;complex64&#x27; is not one of" in text
     assert q.rows["split-table"] == p.rows["split-table"]  # the rest of the page reads as before
     doc["features"] = ["image", "label"]
     (copy / "manifest.json").write_text(json.dumps(doc))

@@ -7,6 +7,7 @@ import json
 import re
 from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple
 
+from imagerecords.format import features as feature_spec
 from imagerecords.format.manifest import DUPLICATES, ERRORS, MANIFEST, Manifest
 from imagerecords.build.storage import join, open_if_exists
 
@@ -32,15 +33,16 @@ class ReasonGroup:
 
 
 @dataclasses.dataclass
-class Feature:
-    """One entry of manifest.json's `features`: a feature the records declare.
+class FeatureRow:
+    """One entry of manifest.json's `features`, as the report lists it.
 
     Attributes:
       name: the feature key.
-      dtype: its declared dtype ('' when not given).
-      shape: its declared shape as JSON text, e.g. '[null, null, 3]' ('' when not given).
-      encoding: how its bytes are encoded, e.g. 'jpeg' ('' when not given).
-      problem: why the entry could not be read as {dtype, shape, ...}; '' when it could.
+      dtype: its dtype ('' when not given).
+      shape: a numeric tensor's shape as JSON text, e.g. '[null, 4]' (null: a variable dimension); '' otherwise.
+      encoding: how its values are stored (png/keep/jpeg for an image, list/bytes for a tensor); '' when none.
+      problem: why the entry is not a declaration imagerecords reads (the message names the feature); ''
+        when it is.
     """
 
     name: str
@@ -69,7 +71,7 @@ class Extras:
     bad_error_lines: int = 0
     duplicates: Optional[List[dict]] = None
     bad_duplicate_lines: int = 0
-    features: Optional[List[Feature]] = None
+    features: Optional[List[FeatureRow]] = None
     features_problem: str = ""
 
 
@@ -92,11 +94,11 @@ def read_extras(output: str, manifest: Manifest) -> Extras:
     return extras
 
 
-def read_features(stream: BinaryIO) -> Tuple[Optional[List[Feature]], str]:
-    """Reads the top-level `features` of a manifest.json: {name: {"dtype": ..., "shape": ..., "encoding": ...}}.
+def read_features(stream: BinaryIO) -> Tuple[Optional[List[FeatureRow]], str]:
+    """Reads the top-level `features` of a manifest.json: {name: {"dtype": ..., "shape": ..., ...}}.
 
     Returns:
-      (the features sorted by name, or None when the file declares none; why `features` is not such a
+      (a row per feature, sorted by name, or None when the file declares none; why `features` is not a
       mapping, or '').
     """
     try:
@@ -107,18 +109,22 @@ def read_features(stream: BinaryIO) -> Tuple[Optional[List[Feature]], str]:
     if declared is None:
         return None, ""
     if not isinstance(declared, dict):
-        return None, f"`features` is a JSON {type(declared).__name__}, not an object of name: {{dtype, shape}}"
+        return None, f"`features` is not an object of name: {{dtype, shape, ...}} but {json.dumps(declared)[:60]}"
     return [_feature(str(name), declared[name]) for name in sorted(declared)], ""
 
 
-def _feature(name: str, entry: Any) -> Feature:
-    if not isinstance(entry, dict):
-        return Feature(name, problem=f"not an object but {json.dumps(entry)[:60]}")
-    text = {k: "" if k not in entry else entry[k] if isinstance(entry[k], str) else json.dumps(entry[k])
-            for k in ("dtype", "shape", "encoding")}
-    missing = [k for k in ("dtype", "shape") if k not in entry]
-    return Feature(name, text["dtype"], text["shape"], text["encoding"],
-                   problem=f"no {' or '.join(missing)}" if missing else "")
+def _feature(name: str, entry: Any) -> FeatureRow:
+    """The entry read by the builder's own spec (so defaults, e.g. an image's png, show as they apply)."""
+    try:
+        spec = feature_spec.from_json(name, entry)
+    except feature_spec.SpecError as e:
+        raw = entry if isinstance(entry, dict) else {}
+        return FeatureRow(name, *(_text(raw.get(k)) for k in ("dtype", "shape", "encoding")), problem=str(e))
+    return FeatureRow(name, spec.dtype, json.dumps(list(spec.shape)) if spec.numeric else "", spec.encoding)
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 
 def read_errors(stream: BinaryIO) -> Tuple[List[ReasonGroup], List[ReasonGroup], int]:

@@ -94,7 +94,7 @@ def _features(extras: Extras) -> List[str]:
     s.append(table(["name", "dtype", "shape", "encoding"],
                    [[f"<code>{_e(f.name)}</code>", _e(f.dtype or "—"), f"<code>{_e(f.shape or '—')}</code>",
                      _e(f.encoding or "—")] for f in extras.features], attrs=" id=features"))
-    s.extend(f'<p class=warn data-feature-problem="{_e(f.name)}">Feature {_e(f.name)}: {_e(f.problem)}.</p>'
+    s.extend(f'<p class=warn data-feature-problem="{_e(f.name)}">{_e(f.problem)}</p>'
              for f in extras.features if f.problem)
     return s
 
