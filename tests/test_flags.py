@@ -96,9 +96,10 @@ def test_config_flag_is_the_preset_path(tmp_path):
 
 def test_every_dataclass_field_has_a_flag():
     names = set(flags.build_flag_names())
-    fields = [f.name for f in dataclasses.fields(BuildConfig) if f.name != "image"]
+    fields = [f.name for f in dataclasses.fields(BuildConfig) if f.name not in ("image", "features")]
     fields += [f.name for f in dataclasses.fields(ImageOptions)]
     assert {f"--{n}" for n in fields} <= names
+    assert "--feature" in names  # features: one repeatable --feature NAME=DTYPE[DIMS] each
     assert "--image" not in names
     old = {c[0][-1] if c[0][-1].startswith("--") else c[0][-2] for c in CURRENT_FLAGS}
     assert old | {"--input", "--output", "--config"} <= names
@@ -267,7 +268,7 @@ def _expected_default_text(value):
     return str(value)
 
 
-@pytest.mark.parametrize("field", [f for f in dataclasses.fields(BuildConfig) if f.name != "image"]
+@pytest.mark.parametrize("field", [f for f in dataclasses.fields(BuildConfig) if f.name not in ("image", "features")]
                          + list(dataclasses.fields(ImageOptions)), ids=lambda f: f.name)
 def test_help_shows_each_field_default_from_the_dataclass(field):
     text = _help_of(f"--{field.name}")

@@ -6,6 +6,7 @@ import dataclasses
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from imagerecords.format import features as features_lib
 from imagerecords.format import schema
 from imagerecords.build.codec import ImageOptions
 from imagerecords.build import storage
@@ -94,6 +95,8 @@ class BuildConfig:
         loaded an older manifest reads its files until they fall out of this count.
       resume: reuse the complete shards a killed or failed build of the same inputs and settings
         staged in `output` (each checked by its fingerprint) and write only the rest.
+      features: declared features beyond the image and its class (imagerecords.format.features),
+        each fed by the manifest column of its name (or its `column`).
     """
 
     input: str
@@ -125,9 +128,21 @@ class BuildConfig:
     write_index: bool = False
     keep_versions: int = 2
     resume: bool = False
+    features: Tuple[features_lib.Feature, ...] = ()
 
     def __post_init__(self):
         problems = []
+        taken = {getattr(schema.keys(self.schema), k) for k in ("image", "label", "filename", "height", "width",
+                                                                 "image_format", "label_text")
+                 if self.schema in schema.PRESETS} - {None}
+        for f in self.features:
+            if f.name in taken:
+                problems.append(f"feature {f.name!r}: the {self.schema} schema stores this key itself")
+        if self.features and self.writer == "beam":
+            problems.append("--writer beam does not write declared features; use the default writer (shards)")
+        sources = [f.source for f in self.features]
+        for column in sorted({c for c in sources if sources.count(c) > 1}):
+            problems.append(f"features: column {column!r} feeds more than one feature")
         if not self.input:
             problems.append("input is required")
         if not self.output:
@@ -163,13 +178,15 @@ class BuildConfig:
     def manifest_columns(self) -> ManifestColumns:
         """The column names a manifest input is read with."""
         return ManifestColumns(self.path_column, self.label_column, self.split_column, self.key_column,
-                               self.size_column)
+                               self.size_column, self.features)
 
     def to_json(self) -> Dict[str, Any]:
         """Returns the parameters recorded in manifest.json (paths excluded: they vary by machine)."""
         d = dataclasses.asdict(self)
-        for k in ("input", "output", "overwrite", "keep_versions", "resume"):
+        for k in ("input", "output", "overwrite", "keep_versions", "resume", "features"):
             d.pop(k)
+        if self.features:  # manifest.json's "features" is the spec; here only what feeds it
+            d["features"] = features_lib.specs_to_json(self.features)
         d["splits"] = dict(self.splits) if self.splits else None
         return d
 
@@ -247,6 +264,8 @@ def make_config(*layers: Mapping[str, Any]) -> BuildConfig:
     for layer in layers:
         merged.update({k: v for k, v in layer.items() if v is not None})
     image = ImageOptions(**{k: merged.pop(k) for k in list(merged) if k in _IMAGE_FIELDS})
+    if isinstance(merged.get("features"), Mapping):
+        merged["features"] = features_lib.parse_declarations(merged["features"])
     if isinstance(merged.get("splits"), str):
         merged["splits"] = parse_splits(merged["splits"])
     elif isinstance(merged.get("splits"), Mapping):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from imagerecords.format import features as features_lib
 from imagerecords.format.manifest import MANIFEST, Manifest, Shard, Split, dumps
 
 DATASET_INFO = "dataset_info.json"
@@ -84,13 +85,16 @@ def build_manifest(
     by_split: Dict[str, List[Shard]] = {}
     for result in sorted(shards, key=lambda s: (s.split, s.index)):
         by_split.setdefault(result.split, []).append(result.shard)
-    params = {k: v for k, v in parameters.items() if k not in ("name", "schema", "seed")}
+    params = {k: v for k, v in parameters.items() if k not in ("name", "schema", "seed", "features")}
+    features = {name: dict(spec) for name, spec in (parameters.get("features") or {}).items()}
+    for name, names in dict(label_map.get("lists") or {}).items():
+        features[name]["names"] = list(names)
     return Manifest(name=name, schema=schema, label_names=tuple(label_map["names"]),
                     label_offset=int(label_map["offset"]), integer_labels=bool(label_map["integer"]), seed=seed,
                     parameters=params, splits=tuple(Split(k, tuple(v)) for k, v in sorted(by_split.items())),
                     num_rejected=num_rejected, num_skipped=num_skipped, versions=dict(versions), created=created,
                     num_duplicate_groups=num_duplicate_groups, num_leaking_groups=num_leaking_groups,
-                    num_label_conflicts=num_label_conflicts)
+                    num_label_conflicts=num_label_conflicts, features=features)
 
 
 def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:
@@ -116,8 +120,10 @@ def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:
     }
 
 
-def tfds_features(num_classes: int) -> Dict[str, object]:
-    """Returns TFDS's features.json for the 'tfds' schema preset (keys as in schema.py)."""
+def tfds_features(num_classes: int, declared: Optional[Mapping[str, Mapping[str, object]]] = None) -> Dict[str, object]:
+    """Returns TFDS's features.json for the 'tfds' schema preset (keys as in schema.py) plus the
+    declared features (manifest.json's "features")."""
+    extra = {f.name: features_lib.tfds_feature(f) for f in features_lib.specs_from_json(declared or {})}
 
     def tensor(dtype: str) -> Dict[str, object]:
         return {
@@ -139,6 +145,7 @@ def tfds_features(num_classes: int) -> Dict[str, object]:
             "image/filename": {"pythonClassName": "tensorflow_datasets.core.features.text_feature.Text", "text": {}},
             "image/height": tensor("int64"),
             "image/width": tensor("int64"),
+            **extra,
         }},
     }
 
@@ -153,5 +160,9 @@ def metadata_files(manifest: Manifest) -> List[Tuple[str, bytes]]:
     files = [(LABEL_NAMES, label_names_text(manifest.label_names))]
     if manifest.schema == "tfds":
         files.append((DATASET_INFO, dumps(tfds_dataset_info(manifest))))
-        files.append((FEATURES, dumps(tfds_features(len(manifest.label_names)))))
+        files.append((FEATURES, dumps(tfds_features(len(manifest.label_names), manifest.features))))
+        # TFDS reads a ClassLabel's names from <feature>.labels.txt, a Sequence's inner one too.
+        for name, spec in sorted(manifest.features.items()):
+            if spec.get("dtype") == "class_list":
+                files.append((f"{name}.labels.txt", label_names_text(spec.get("names") or ())))
     return files

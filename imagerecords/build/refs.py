@@ -10,8 +10,9 @@ import json
 import posixpath
 import re
 import sys
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from imagerecords.format import features as features_lib
 from imagerecords.format.paths import has_scheme, join
 
 
@@ -26,6 +27,8 @@ class ImageRef:
       split: split name.
       size: file size in bytes at listing time (-1 when unknown).
       label_id: label id with the offset applied; set by AssignLabels.
+      extras: the row's values of the declared features, as canonical JSON ({name: value}, keys
+        sorted; paths of image features resolved), checked when listed; '' when none are declared.
     """
 
     key: str
@@ -34,6 +37,7 @@ class ImageRef:
     split: str
     size: int = -1
     label_id: int = -1
+    extras: str = ""
 
 
 # Where in the build an input was turned away (the `stage` of an errors.jsonl row).
@@ -187,6 +191,12 @@ class ManifestColumns:
     split: str = "split"
     key: str = "key"
     size: str = "size"
+    features: Tuple[features_lib.Feature, ...] = ()
+
+    def used(self) -> Tuple[str, ...]:
+        """The columns a build reads ('uri' too: the fallback of the default path column)."""
+        return (self.path, self.label, self.split, self.key, self.size, *(f.source for f in self.features),
+                *(("uri",) if self.path == "path" else ()))
 
 
 def parse_manifest_row(
@@ -226,9 +236,31 @@ def parse_manifest_row(
         if size < 0:
             return None, Rejected(str(path), f"manifest row's {columns.size!r} is not a size in bytes: {row.get(columns.size)!r}",
                                   key, str(split or ""), stage="list", error="ValueError")
+    extras = ""
+    if columns.features:
+        extras, problem = feature_values(row, base, columns.features)
+        if problem is not None:
+            return None, Rejected(path, problem, key, str(split or ""), stage="list", error="ValueProblem")
     # Labels and splits are few distinct strings: interned, refs share one copy and pickle sends each once per batch.
     return (ImageRef(key=key, uri=resolve(base, path), label=sys.intern(str(label)), split=sys.intern(str(split or "")),
-                     size=size), None)
+                     size=size, extras=extras), None)
+
+
+def feature_values(row: Mapping[str, object], base: str,
+                   features: Sequence[features_lib.Feature]) -> Tuple[str, Optional[str]]:
+    """The row's declared feature values as ImageRef.extras, or ('', why the row cannot be used)."""
+    values: Dict[str, object] = {}
+    for feature in features:
+        try:
+            value = features_lib.check(feature, row.get(feature.source))
+        except features_lib.ValueProblem as e:
+            return "", str(e)
+        if feature.dtype == "image":
+            value = resolve(base, value)
+        elif feature.numeric:
+            value = value.tolist()
+        values[feature.name] = value
+    return json.dumps(values, sort_keys=True, ensure_ascii=False, separators=(",", ":")), None
 
 
 def csv_row_parser(header_line: str):
@@ -288,6 +320,7 @@ class LabelMap:
     names: Tuple[str, ...]
     offset: int = 0
     integer: bool = False
+    lists: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (class_list feature, its names) by feature name
 
     def label_id(self, label: str) -> Optional[int]:
         """Returns the stored id of `label`, or None when the map does not know it."""
@@ -306,8 +339,41 @@ class LabelMap:
             object.__setattr__(self, "_cached_index", cached)
         return cached
 
+    def list_vocabulary(self, feature: str) -> Dict[str, int]:
+        """name -> id of class_list `feature`."""
+        cached = self.__dict__.setdefault("_cached_lists", {})
+        if feature not in cached:
+            cached[feature] = features_lib.vocabulary_of(dict(self.lists).get(feature, ()))
+        return cached[feature]
+
     def to_json(self) -> Dict[str, object]:
-        return {"names": list(self.names), "offset": self.offset, "integer": self.integer}
+        out: Dict[str, object] = {"names": list(self.names), "offset": self.offset, "integer": self.integer}
+        if self.lists:
+            out["lists"] = {name: list(names) for name, names in self.lists}
+        return out
+
+
+def list_names(extras: str, features: Sequence[features_lib.Feature]) -> List[Tuple[str, str]]:
+    """(feature, class name) of every name a ref's class_list values hold (ids are not names)."""
+    wanted = [f.name for f in features if f.dtype == "class_list" and not f.names]
+    if not wanted or not extras:
+        return []
+    values = json.loads(extras)
+    return [(name, v) for name in wanted for v in values.get(name, ()) if isinstance(v, str)]
+
+
+def with_lists(labels: "LabelMap", features: Sequence[features_lib.Feature],
+               pairs: Sequence[Tuple[str, str]]) -> "LabelMap":
+    """The label map with the vocabulary of every class_list feature: its declared names, or the
+    sorted names the rows hold."""
+    declared = [f for f in features if f.dtype == "class_list"]
+    if not declared:
+        return labels
+    seen: Dict[str, set] = {}
+    for feature, name in pairs:
+        seen.setdefault(feature, set()).add(name)
+    lists = tuple((f.name, f.names or tuple(sorted(seen.get(f.name, ())))) for f in sorted(declared, key=lambda f: f.name))
+    return dataclasses.replace(labels, lists=lists)
 
 
 def vocabulary(labels: Sequence[str], label_type: str, offset: int) -> LabelMap:

@@ -9,7 +9,8 @@ import functools
 import hashlib
 from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
-from imagerecords.build import codec, input_files
+from imagerecords.build import codec, feature_encoder, input_files
+from imagerecords.format.features import Feature, ValueProblem
 from imagerecords.format import schema
 from imagerecords.format.records import RecordWriter
 from imagerecords.build.refs import ImageRef, LabelMap, Rejected
@@ -44,6 +45,7 @@ def encode_ref(
     preset: str,
     labels: LabelMap,
     options: codec.ImageOptions,
+    features: Sequence[Feature] = (),
 ) -> Union[Encoded, Rejected]:
     """Loads and prepares one image and returns its Example, or the reason it cannot be used.
 
@@ -66,6 +68,12 @@ def encode_ref(
         image = codec.prepare_image(data, options)
     except codec.ImageError as e:
         return Rejected(ref.uri, str(e), ref.key, ref.split, stage="decode", error=e.error)
+    extra = None
+    if features:
+        try:
+            extra = feature_encoder.encode_extras(ref, features, labels, read_bytes, options.quality)
+        except ValueProblem as e:
+            return Rejected(ref.uri, str(e), ref.key, ref.split, stage="decode", error="ValueProblem")
     index = ref.label_id - labels.offset
     record = schema.make_example(
         preset,
@@ -75,6 +83,7 @@ def encode_ref(
         filename=ref.key,
         height=image.height,
         width=image.width,
+        extra=extra,
     )
     return Encoded(record, ref.label_id, image.passthrough, content_digest(data))
 
@@ -146,6 +155,7 @@ def write_shard(
     executor: Optional[concurrent.futures.Executor] = None,
     window: int = 16,
     on_progress: Optional[Callable[[int, int], None]] = None,
+    features: Sequence[Feature] = (),
 ) -> Tuple[ShardStats, List[Rejected]]:
     """Writes `refs` (already in hash order, repeats removed) as framed records to `stream`.
 
@@ -158,7 +168,7 @@ def write_shard(
     passthrough = 0
     done = 0
     contents: List[Tuple[bytes, ImageRef]] = []
-    encoded = _ordered_map(lambda r: (r, encode_ref(r, read_bytes, preset, labels, options)), refs, executor, window)
+    encoded = _ordered_map(lambda r: (r, encode_ref(r, read_bytes, preset, labels, options, features)), refs, executor, window)
     for ref, result in encoded:
         done += 1
         if isinstance(result, Rejected):

@@ -75,7 +75,7 @@ def manifest_row(line: bytes, parse: Callable[[str], Mapping[str, Any]], manifes
     too_big = input_files.size_refusal(size, max_file_bytes)
     if too_big is not None:
         return Rejected(ref.uri, too_big, ref.key, ref.split, stage="read")
-    return ImageRef(ref.key, ref.uri, ref.label, ref.split, size)
+    return dataclasses.replace(ref, size=size)
 
 
 # Relative paths resolve against the manifest's folder: worked out once per manifest, not per row.
@@ -122,7 +122,7 @@ def assign(ref: ImageRef, labels: LabelMap, splits: Optional[Sequence[Tuple[str,
     label_id = labels.label_id(ref.label)
     if label_id is None:
         return Rejected(ref.uri, f"label {ref.label!r} is not in the label map", ref.key, split, stage="label")
-    return ImageRef(ref.key, ref.uri, ref.label, split, ref.size, label_id)  # not dataclasses.replace: 1.6x dearer
+    return ImageRef(ref.key, ref.uri, ref.label, split, ref.size, label_id, ref.extras)  # not replace(): 1.6x dearer
 
 
 # The shuffle --------------------------------------------------------------------------------------
@@ -132,7 +132,8 @@ def shard_order(members: Iterable[Tuple[int, ImageRef]]) -> List[ImageRef]:
     """A shard's (shuffle hash, ref) pairs as refs in hash order. The rest of the sort key only
     orders repeats of one key, so which repeat is kept (and which rejected as a duplicate) never
     depends on how the runner grouped them."""
-    ordered = sorted(members, key=lambda hr: (hr[0], hr[1].key, hr[1].uri, hr[1].label or "", hr[1].label_id))
+    ordered = sorted(members, key=lambda hr: (hr[0], hr[1].key, hr[1].uri, hr[1].label or "", hr[1].label_id,
+                                              hr[1].extras))
     return [r for _, r in ordered]
 
 
@@ -186,6 +187,7 @@ class ShardWriter:
       options: how images are decoded, resized and encoded.
       write_index: also write each shard's tfrecord2idx index.
       contents: keep each written record's source digest (for the duplicate check).
+      features: the declared features each record also holds (ImageRef.extras has their values).
       resume_from: the earlier builds (ids, newest first) whose staging areas a resumed build takes
         shards from when they staged one with the same fingerprint (moved, not rewritten); listed
         once, when the writer is made, not once per shard.
@@ -199,6 +201,7 @@ class ShardWriter:
     write_index: bool = False
     contents: bool = True
     resume_from: Tuple[str, ...] = ()
+    features: Tuple[Any, ...] = ()  # imagerecords.format.features.Feature
 
     @classmethod
     def of(cls, config, build_id: str) -> "ShardWriter":
@@ -207,7 +210,7 @@ class ShardWriter:
             else ()
         return cls(output=config.output, build_id=build_id, name=config.name, preset=config.schema,
                    options=config.image, write_index=config.write_index, contents=not config.skip_duplicate_check,
-                   resume_from=earlier)
+                   resume_from=earlier, features=tuple(config.features))
 
     def write(self, shard: Tuple[str, int, int], refs: Sequence[ImageRef], labels: LabelMap, *,
               read_bytes: Callable[[str], bytes], executor: Optional[concurrent.futures.Executor] = None,
@@ -228,7 +231,8 @@ class ShardWriter:
         filename = planning.shard_name(self.name, split, index, num_shards)
         staging = publish.staging_dir(self.output, self.build_id)
         fingerprint = shard_fingerprint(shard, refs, name=self.name, preset=self.preset, labels=labels,
-                                        options=self.options, write_index=self.write_index, contents=self.contents)
+                                        options=self.options, write_index=self.write_index, contents=self.contents,
+                                        features=self.features)
         if self.resume_from:
             reused = _reuse_staged(self.output, self.build_id, self.resume_from, filename, fingerprint)
             if reused is not None:
@@ -250,7 +254,7 @@ class ShardWriter:
             with storage.create(tmp) as stream:
                 stats, rejected = shard_writer.write_shard(
                     kept, stream, read_bytes=read_bytes, preset=self.preset, labels=labels, options=self.options,
-                    executor=executor, window=window, on_progress=on_progress)
+                    executor=executor, window=window, on_progress=on_progress, features=self.features)
             _hooks.pause("before_rename")
             if not publish.owns_output(self.output, self.build_id):
                 raise BuildAbandoned(f"build {self.build_id} no longer holds the lock of {self.output}: {filename} "
@@ -286,7 +290,8 @@ class ShardWriter:
 
 
 def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, name: str, preset: str,
-                      labels: LabelMap, options: codec.ImageOptions, write_index: bool, contents: bool) -> str:
+                      labels: LabelMap, options: codec.ImageOptions, write_index: bool, contents: bool,
+                      features: Sequence[Any] = ()) -> str:
     """sha256 of everything a shard's bytes depend on: its place, its refs in order (key, path,
     label, size), the label map, the encoding settings and the code version. A changed input file
     changes its size only if its length changes; with --skip_stat sizes are not known (-1)."""
@@ -295,9 +300,12 @@ def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, 
     h = hashlib.sha256()
     h.update(json.dumps({"shard": list(shard), "name": name, "preset": preset, "labels": labels.to_json(),
                          "options": dataclasses.asdict(options), "write_index": write_index, "contents": contents,
-                         "code": __version__, "pillow": _pillow_version()}, sort_keys=True, default=str).encode())
+                         "code": __version__, "pillow": _pillow_version(),
+                         **({"features": [f.to_json() | {"name": f.name} for f in features]} if features else {})},
+                        sort_keys=True, default=str).encode())
     for r in refs:
-        h.update(json.dumps([r.key, r.uri, r.label, r.label_id, r.split, r.size]).encode() + b"\n")
+        h.update(json.dumps([r.key, r.uri, r.label, r.label_id, r.split, r.size, *([r.extras] if r.extras else [])]
+                            ).encode() + b"\n")
     return h.hexdigest()
 
 

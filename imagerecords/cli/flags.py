@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
 from imagerecords.build import config as config_lib
+from imagerecords.format import features as features_lib
 from imagerecords.format import schema
 from imagerecords.build.codec import ImageOptions
 from imagerecords.build.config import BuildConfig
@@ -168,7 +169,7 @@ class _FieldFlag:
 def _field_flags() -> List[_FieldFlag]:
     """BuildConfig's fields, with the nested ImageOptions' fields in place of `image`."""
     out = []
-    for cls, skip in ((BuildConfig, {"image"}), (ImageOptions, set())):
+    for cls, skip in ((BuildConfig, {"image", "features"}), (ImageOptions, set())):
         hints = typing.get_type_hints(cls)
         docs = config_lib.field_docs(cls)
         for f in dataclasses.fields(cls):
@@ -201,6 +202,10 @@ def parser() -> argparse.ArgumentParser:
     build = p.add_argument_group("build settings")
     for flag in _field_flags():
         build.add_argument(f"--{flag.name}", **flag.argparse_kwargs())
+    build.add_argument("--feature", dest="features", action="append", default=None, metavar="NAME=DTYPE[DIMS][:ENC]",
+                       help="declare a feature fed by the manifest column NAME, repeatable: boxes=float32[?,4], "
+                            "tags=class_list, score=float32, caption=string, mask=image:png (? is a variable "
+                            "dimension; more keys such as column: in a --config file's features:)")
     launcher = p.add_argument_group("launcher")
     launcher.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                           help="YAML preset (see configs/): build settings and beam_options; flags override it")
@@ -389,7 +394,20 @@ def _load_preset(path: str) -> Tuple[Dict[str, Any], List[str]]:
         raise UsageError(f"--config {path}: not valid YAML{where} ({first})") from None
     check_beam_args(beam_args, where=f"--config {path}: beam_options: ")
     flags = {f.name: f for f in _field_flags()}
-    return {k: _preset_value(path, flags[k], v) for k, v in preset.items()}, beam_args
+    # features: a mapping of declarations, read by features.parse_declarations (its errors name the feature)
+    return {k: v if k == "features" else _preset_value(path, flags[k], v) for k, v in preset.items()}, beam_args
+
+
+def _features(declared: Any, flagged: Optional[Sequence[str]]) -> Optional[tuple]:
+    """The config file's `features:` mapping, then the --feature flags (a flag replaces a declaration
+    of the same name); None when neither declares any."""
+    if declared is None and not flagged:
+        return None
+    by_name = {f.name: f for f in features_lib.parse_declarations(declared, "--config features")}
+    for text in flagged or ():
+        feature = features_lib.parse_flag(text)
+        by_name[feature.name] = feature
+    return tuple(by_name[name] for name in sorted(by_name))
 
 
 def parse_args(argv: Sequence[str]) -> Parsed:
@@ -424,6 +442,7 @@ def parse_args(argv: Sequence[str]) -> Parsed:
         raise UsageError(f"{PROG}: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required "
                          f"(see {PROG} --help)")
     try:
+        values["features"] = _features(preset.pop("features", None), values.pop("features", None))
         config = config_lib.make_config(preset, values)
     except ValueError as e:
         raise UsageError(str(e)) from None

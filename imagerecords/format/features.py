@@ -55,6 +55,7 @@ class Feature:
       names: the vocabulary of a class_list ('' names when it is taken from the data).
       channels: an image's channel count.
       allow_nan: whether a float tensor may hold NaN or infinities.
+      bits: an image's bits per channel, 8 or 16 (16: greyscale PNG only).
     """
 
     name: str
@@ -65,6 +66,7 @@ class Feature:
     names: Tuple[str, ...] = ()
     channels: int = 0
     allow_nan: bool = False
+    bits: int = 0
 
     @property
     def source(self) -> str:
@@ -86,6 +88,7 @@ class Feature:
             out["names"] = list(self.names)
         if self.dtype == "image":
             out["channels"] = self.channels
+            out["bits"] = self.bits
         if self.allow_nan:
             out["allow_nan"] = True
         return out
@@ -101,7 +104,7 @@ def from_json(name: str, d: Mapping[str, Any]) -> Feature:
         raise SpecError(f"feature {name!r}: expected a mapping such as {{dtype: float32, shape: [4]}}, got {d!r}")
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise SpecError(f"feature {name!r}: a name is letters, digits, '_', '.', '/' or '-', not starting with a digit")
-    unknown = sorted(set(d) - {"dtype", "shape", "encoding", "column", "names", "channels", "allow_nan"})
+    unknown = sorted(set(d) - {"dtype", "shape", "encoding", "column", "names", "channels", "allow_nan", "bits"})
     if unknown:
         raise SpecError(f"feature {name!r}: unknown key(s) {', '.join(unknown)}")
     dtype = d.get("dtype")
@@ -131,6 +134,13 @@ def from_json(name: str, d: Mapping[str, Any]) -> Feature:
             raise SpecError(f"feature {name!r}: channels must be 1, 3 or 4, got {channels!r}")
     elif "channels" in d:
         raise SpecError(f"feature {name!r}: only an image feature takes channels")
+    bits = d.get("bits", 0)
+    if dtype == "image":
+        bits = bits or 8
+        if bits not in (8, 16) or (bits == 16 and (channels != 1 or encoding == "jpeg")):
+            raise SpecError(f"feature {name!r}: bits is 8, or 16 for a 1-channel png/keep image; got {bits!r}")
+    elif "bits" in d:
+        raise SpecError(f"feature {name!r}: only an image feature takes bits")
     names = d.get("names", [])
     if dtype != "class_list" and "names" in d:
         raise SpecError(f"feature {name!r}: only a class_list feature takes names")
@@ -144,7 +154,7 @@ def from_json(name: str, d: Mapping[str, Any]) -> Feature:
     allow_nan = d.get("allow_nan", False)
     if allow_nan not in (True, False) or (allow_nan and dtype not in ("float16", "float32", "float64")):
         raise SpecError(f"feature {name!r}: allow_nan is true or false, and only for float tensors")
-    return Feature(name, dtype, shape, encoding, column, tuple(names), channels, allow_nan)
+    return Feature(name, dtype, shape, encoding, column, tuple(names), channels, allow_nan, bits)
 
 
 def _shape(name: str, raw: Any) -> Tuple[Optional[int], ...]:
@@ -342,7 +352,7 @@ def tfds_feature(feature: Feature) -> Dict[str, Any]:
     prefix = "tensorflow_datasets.core.features."
     if feature.dtype == "image":
         return {"pythonClassName": prefix + "image_feature.Image",
-                "image": {"dtype": "uint8" if feature.encoding == "jpeg" else "uint16" if False else "uint8",
+                "image": {"dtype": "uint16" if feature.bits == 16 else "uint8",
                           "encodingFormat": "jpeg" if feature.encoding == "jpeg" else "png",
                           "shape": {"dimensions": ["-1", "-1", str(feature.channels)]}}}
     if feature.dtype == "string":

@@ -127,6 +127,8 @@ class Manifest:
       previous_versions: the earlier versions kept beside this one for readers that loaded their
         manifests, newest first, in the order they were published (FLAT_LAYOUT for a dataset whose
         files lie directly in the folder); the next build's retention counts from this list.
+      features: the declared features each record holds besides the schema preset's keys,
+        {name: imagerecords.format.features.Feature.to_json()} (a class_list's names filled in).
     """
 
     name: str
@@ -147,6 +149,7 @@ class Manifest:
     num_label_conflicts: int = 0
     version: Optional[str] = None
     previous_versions: Tuple[str, ...] = ()
+    features: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def num_examples(self) -> int:
@@ -193,6 +196,7 @@ class Manifest:
             "num_label_conflicts": self.num_label_conflicts,
             **({"version": self.version} if self.version else {}),
             **({"previous_versions": list(self.previous_versions)} if self.previous_versions else {}),
+            **({"features": {k: dict(v) for k, v in sorted(self.features.items())}} if self.features else {}),
         }
 
     def dumps(self) -> bytes:
@@ -226,7 +230,8 @@ class Manifest:
                        num_leaking_groups=int(d.get("num_leaking_groups", 0)),
                        num_label_conflicts=int(d.get("num_label_conflicts", 0)),
                        version=d.get("version") or None,
-                       previous_versions=tuple(map(str, d.get("previous_versions") or ())))
+                       previous_versions=tuple(map(str, d.get("previous_versions") or ())),
+                       features=dict(d.get("features") or {}))
         except KeyError as e:
             raise ManifestError(f"{source}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as e:

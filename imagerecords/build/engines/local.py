@@ -395,6 +395,9 @@ def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, proces
             refs.append(pair)
     if label_map is None:
         label_map = refs_lib.vocabulary(sorted({r.label for _, r in refs}), config.label_type, config.label_offset)
+    if any(f.dtype == "class_list" for f in config.features):
+        label_map = refs_lib.with_lists(label_map, config.features,
+                                        [pair for _, r in refs for pair in refs_lib.list_names(r.extras, config.features)])
     # Assigned in place: each listed ref is freed as its assigned one takes its slot (no ref held twice).
     splits = tuple(config.splits) if config.splits else None
     kept = 0

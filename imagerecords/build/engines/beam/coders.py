@@ -17,14 +17,15 @@ from imagerecords.build.refs import ImageRef
 __all__ = ["ImageRefCoder", "RefList", "ShardGroup", "KeyedRef"]
 
 _FIELDS = coders.TupleCoder([coders.StrUtf8Coder(), coders.StrUtf8Coder(), coders.NullableCoder(coders.StrUtf8Coder()),
-                             coders.StrUtf8Coder(), coders.VarIntCoder(), coders.VarIntCoder()])
+                             coders.StrUtf8Coder(), coders.VarIntCoder(), coders.VarIntCoder(),
+                             coders.StrUtf8Coder()])
 
 
 class ImageRefCoder(coders.Coder):
-    """Encodes an ImageRef as (key, uri, label or None, split, size, label_id)."""
+    """Encodes an ImageRef as (key, uri, label or None, split, size, label_id, extras)."""
 
     def encode(self, ref: ImageRef) -> bytes:
-        return _FIELDS.encode((ref.key, ref.uri, ref.label, ref.split, ref.size, ref.label_id))
+        return _FIELDS.encode((ref.key, ref.uri, ref.label, ref.split, ref.size, ref.label_id, ref.extras))
 
     def decode(self, data: bytes) -> ImageRef:
         return ImageRef(*_FIELDS.decode(data))

@@ -37,7 +37,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
     else:
         listed = p | "ListImages" >> ListImages(config.input, config.image.max_file_bytes)
     labelled = listed.refs | "AssignLabels" >> AssignLabels(
-        label_map, config.label_type, config.label_offset, config.splits, config.split_seed)
+        label_map, config.label_type, config.label_offset, config.splits, config.split_seed, config.features)
     # ImageRef with split and label_id set
     if config.writer == "shards":
         shuffled = labelled["refs"] | "GlobalShuffle" >> GlobalShuffle(

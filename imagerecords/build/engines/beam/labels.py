@@ -34,6 +34,7 @@ class AssignLabels(beam.PTransform):
         label_offset: int = 0,
         splits: Optional[Sequence[Tuple[str, float]]] = None,
         split_seed: int = 0,
+        features: Sequence = (),
     ):
         super().__init__()
         if label_type not in ("auto", "name", "int"):
@@ -43,6 +44,7 @@ class AssignLabels(beam.PTransform):
         self._offset = label_offset
         self._splits = tuple(splits) if splits else None
         self._split_seed = split_seed
+        self._features = tuple(features)
 
     def expand(self, refs):
         if self._label_map is not None:
@@ -56,6 +58,13 @@ class AssignLabels(beam.PTransform):
                 # [label, ...] in arbitrary order; vocabulary() sorts.
                 | "Vocabulary" >> beam.Map(refs_lib.vocabulary, self._label_type, self._offset)
             )
+        if any(f.dtype == "class_list" for f in self._features):
+            names = (refs
+                     | "ListNames" >> beam.FlatMap(lambda r, fs: refs_lib.list_names(r.extras, fs), self._features)
+                     | "DistinctNames" >> beam.Distinct()
+                     | "CollectNames" >> beam.combiners.ToList())
+            labels = labels | "ListVocabularies" >> beam.Map(refs_lib.with_lists, self._features,
+                                                             beam.pvalue.AsSingleton(names))
         out = refs | "Assign" >> beam.FlatMap(
             _assign, beam.pvalue.AsSingleton(labels), self._splits, self._split_seed
         ).with_output_types(ImageRef).with_outputs(REJECTED, main="refs")
