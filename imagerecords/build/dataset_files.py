@@ -86,9 +86,9 @@ def build_manifest(
     for result in sorted(shards, key=lambda s: (s.split, s.index)):
         by_split.setdefault(result.split, []).append(result.shard)
     params = {k: v for k, v in parameters.items() if k not in ("name", "schema", "seed", "features")}
-    features = {name: dict(spec) for name, spec in (parameters.get("features") or {}).items()}
-    for name, names in dict(label_map.get("lists") or {}).items():
-        features[name]["names"] = list(names)
+    features = {key: dict(spec) for key, spec in (parameters.get("features") or {}).items()}
+    for key, names in dict(label_map.get("lists") or {}).items():
+        features[key]["names"] = list(names)
     return Manifest(name=name, schema=schema, label_names=tuple(label_map["names"]),
                     label_offset=int(label_map["offset"]), integer_labels=bool(label_map["integer"]), seed=seed,
                     parameters=params, splits=tuple(Split(k, tuple(v)) for k, v in sorted(by_split.items())),

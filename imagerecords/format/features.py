@@ -366,3 +366,41 @@ def tfds_feature(feature: Feature) -> Dict[str, Any]:
     return {"pythonClassName": prefix + "tensor_feature.Tensor",
             "tensor": {"dtype": feature.dtype, "encoding": "bytes" if feature.encoding == "bytes" else "none",
                        "shape": shape}}
+
+
+# The whole record: the schema preset's keys and the declared features ------------------------
+
+
+def stored(manifest) -> Tuple[Feature, ...]:
+    """Every feature a dataset's records hold, by key: the schema preset's own (image, label,
+    filename, size) and the declared ones. An arrays build declares its image itself, and then
+    its records hold the declared features only.
+
+    Args:
+      manifest: an imagerecords.format.manifest.Manifest.
+    """
+    from imagerecords.format import schema
+
+    declared = specs_from_json(manifest.features)
+    k = schema.keys(manifest.schema)
+    if any(f.name == k.image for f in declared):
+        return declared
+    image = manifest.parameters.get("image") or {}
+    encoding = image.get("image_encoding", "jpeg") if isinstance(image, Mapping) else "jpeg"
+    implied = [Feature(k.image, "image", encoding=encoding, channels=3, bits=8), Feature(k.label, "int64"),
+               Feature(k.filename, "string"), Feature(k.height, "int64"), Feature(k.width, "int64")]
+    implied += [Feature(key, "string") for key in (k.image_format, k.label_text) if key]
+    return tuple(sorted([*implied, *declared], key=lambda f: f.name))
+
+
+def tfrecord_description(features: Sequence[Feature]) -> Dict[str, str]:
+    """The `description` of the `tfrecord` package's readers (PyTorch): {key: 'byte' | 'int' | 'float'}."""
+    out = {}
+    for f in features:
+        if f.dtype in ("image", "string") or f.encoding == "bytes":
+            out[f.name] = "byte"
+        elif f.dtype in ("float16", "float32"):
+            out[f.name] = "float"
+        else:
+            out[f.name] = "int"
+    return out

@@ -12,6 +12,7 @@ from imagerecords.reader.dataset import (PAD_LABEL, as_numpy, hide_gpus_from_ten
 from imagerecords.reader.hosts import HostPlan
 from imagerecords.reader.info import DatasetInfo, ShardInfo, SplitInfo, load_info
 from imagerecords.reader.shards import ReadStats
+from imagerecords.reader.typed import as_dataset, feature_spec, stored_features, tfrecord_description
 
 __all__ = [
     "DatasetInfo",
@@ -21,7 +22,9 @@ __all__ = [
     "ReadStats",
     "ShardInfo",
     "SplitInfo",
+    "as_dataset",
     "as_numpy",
+    "feature_spec",
     "hide_gpus_from_tensorflow",
     "label_names",
     "load_info",
@@ -29,4 +32,6 @@ __all__ = [
     "normalization_constants",
     "numpy_batches",
     "steps_per_epoch",
+    "stored_features",
+    "tfrecord_description",
 ]

@@ -1,0 +1,169 @@
+"""as_dataset: every stored feature of every record, decoded by the manifest's feature spec.
+
+make_dataset is the classification path (fixed-size images and a label, batched for a model);
+as_dataset hands back what was stored, exactly, one example at a time as TFDS does.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Dict, Optional, Sequence, Union
+
+import tensorflow as tf
+
+from imagerecords.format import features as features_lib
+from imagerecords.format.features import Feature
+from imagerecords.reader import hosts as hosts_lib
+from imagerecords.reader.info import DatasetInfo, load_info
+from imagerecords.reader.shards import ReadStats, shard_records
+
+# What padded_batch fills a variable dimension with (as_dataset(batch_size=...)).
+PAD_VALUES = {"number": 0, "class_list": -1, "string": b""}
+
+
+def stored_features(path: Union[str, DatasetInfo]) -> Dict[str, Feature]:
+    """{key: Feature} of everything the dataset's records hold (imagerecords.format.features)."""
+    return {f.name: f for f in features_lib.stored(load_info(path).manifest)}
+
+
+def feature_spec(path: Union[str, DatasetInfo]) -> Dict[str, Union[tf.io.FixedLenFeature, tf.io.VarLenFeature]]:
+    """The tf.io.parse_example / parse_single_example spec of the dataset's records.
+
+    Images, strings and raw-bytes tensors are scalar tf.string (decode them with as_dataset, or
+    tf.io.decode_image / tf.io.decode_raw); list-encoded tensors are FixedLenFeature of their
+    shape, or VarLenFeature when a dimension is variable; class lists are VarLenFeature(int64).
+    """
+    return {name: _parse_spec(f) for name, f in stored_features(path).items()}
+
+
+def tfrecord_description(path: Union[str, DatasetInfo]) -> Dict[str, str]:
+    """The `description` argument of the `tfrecord` package's TFRecordDataset (PyTorch)."""
+    return features_lib.tfrecord_description(stored_features(path).values())
+
+
+def _parse_spec(f: Feature):
+    if f.dtype in ("image", "string") or f.encoding == "bytes":
+        return tf.io.FixedLenFeature([], tf.string)
+    if f.dtype == "class_list":
+        return tf.io.VarLenFeature(tf.int64)
+    wire = tf.float32 if f.dtype in ("float16", "float32") else tf.int64
+    if None in f.shape:
+        return tf.io.VarLenFeature(wire)
+    return tf.io.FixedLenFeature(list(f.shape), wire)
+
+
+def _decode(f: Feature, value: tf.Tensor) -> tf.Tensor:
+    dtype = tf.dtypes.as_dtype(f.dtype) if f.numeric else None
+    if f.dtype == "image":
+        out = tf.uint16 if f.bits == 16 else tf.uint8
+        if f.encoding == "jpeg":
+            return tf.io.decode_jpeg(value, channels=f.channels)
+        # png and keep: decode_image reads PNG and JPEG alike (keep stores either)
+        return tf.io.decode_image(value, channels=f.channels, dtype=out, expand_animations=False)
+    if f.dtype == "string":
+        return value
+    if f.dtype == "class_list":
+        return tf.sparse.to_dense(value)
+    if f.encoding == "bytes":
+        flat = tf.io.decode_raw(value, dtype, little_endian=True)
+        return tf.reshape(flat, [-1 if d is None else d for d in f.shape])
+    if isinstance(value, tf.SparseTensor):
+        value = tf.reshape(tf.sparse.to_dense(value), [-1 if d is None else d for d in f.shape])
+    return tf.cast(value, dtype)
+
+
+def as_dataset(
+    path: Union[str, DatasetInfo],
+    split: str = "train",
+    *,
+    features: Optional[Sequence[str]] = None,
+    shuffle: bool = False,
+    seed: Optional[int] = None,
+    shuffle_buffer: int = 1024,
+    num_hosts: int = 1,
+    host_index: int = 0,
+    input_context: Optional[tf.distribute.InputContext] = None,
+    host_remainder: str = "uneven",
+    corrupt_records: str = "fail",
+    batch_size: Optional[int] = None,
+    num_parallel_calls: int = tf.data.AUTOTUNE,
+    stats: Optional[ReadStats] = None,
+) -> tf.data.Dataset:
+    """Returns this host's examples of `split` as dicts {key: tensor}, decoded by the manifest's spec.
+
+    Usage:
+        ds = reader.as_dataset("OUT", "train")
+        for ex in ds.take(1):
+            ex["image"]    # uint8 [H, W, 3] (or [H, W, C]; uint16 for 16-bit images)
+            ex["boxes"]    # float32 [n, 4]: a variable dimension is the example's own length
+            ex["tags"]     # int64 [k]: class ids (names in manifest.json's features.tags.names)
+
+    Values: images decoded (uint8, or uint16 for a 16-bit image feature) with their channels; raw
+    tensors decoded and reshaped to their dtype and shape; list tensors cast to their dtype;
+    class lists as int64 ids; strings as tf.string. Without shuffling the order is deterministic:
+    shards in index order, records in file order.
+
+    Args:
+      path: the dataset folder (local or gs://) or its DatasetInfo.
+      split: split name.
+      features: the keys to return (default: all).
+      shuffle: shuffle shard order and records (a buffer of `shuffle_buffer`), seeded by `seed`.
+      num_hosts, host_index, input_context: this host's share (imagerecords.reader.hosts: whole
+        shards dealt round-robin, the leftover shards split by record).
+      host_remainder: 'uneven' (every record exactly once; hosts may differ by one record) or
+        'drop' (every host the same count, the smallest).
+      corrupt_records: 'fail' or 'skip', as in make_dataset.
+      batch_size: if set, padded batches: variable dimensions are padded with 0 (numbers), -1
+        (class lists) and b'' (strings); images of different sizes are padded with zeros too.
+      stats: a ReadStats to fill with the counts of skipped and extra records.
+    """
+    if host_remainder not in ("uneven", "drop"):
+        raise ValueError(f"as_dataset: host_remainder {host_remainder!r} is not 'uneven' or 'drop'")
+    if corrupt_records not in ("fail", "skip"):
+        raise ValueError(f"as_dataset: corrupt_records {corrupt_records!r} is not 'fail' or 'skip'")
+    if input_context is not None:
+        num_hosts, host_index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    info = load_info(path)
+    split_info = info.split(split)
+    spec = stored_features(info)
+    wanted = list(features) if features is not None else sorted(spec)
+    unknown = [k for k in wanted if k not in spec]
+    if unknown:
+        raise ValueError(f"as_dataset: {info.path} has no feature(s) {', '.join(unknown)}; it has {', '.join(sorted(spec))}")
+    plan = hosts_lib.plan(split_info.files, split_info.shard_lengths, num_hosts, host_index, "drop")
+    slices = plan.slices
+    sizes = {s.path: s.num_bytes for s in split_info.shards}
+    files = tf.data.Dataset.from_tensor_slices((
+        tf.constant([s.path for s in slices], tf.string),
+        tf.constant([s.count for s in slices], tf.int64),
+        tf.constant([sizes[s.path] for s in slices], tf.int64),
+        tf.constant([s.stride for s in slices], tf.int64),
+        tf.constant([s.offset for s in slices], tf.int64),
+    ))
+    if shuffle and len(slices) > 1:
+        files = files.shuffle(len(slices), seed=seed, reshuffle_each_iteration=True)
+    read = functools.partial(shard_records, policy=corrupt_records, stats=stats or ReadStats(), dataset=info.path)
+    records = files.flat_map(read)
+    if host_remainder == "drop":
+        records = records.take(plan.records_per_epoch)
+    if shuffle:
+        records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    parse_spec = {k: _parse_spec(spec[k]) for k in wanted}
+
+    def decode(serialized):
+        parsed = tf.io.parse_single_example(serialized, parse_spec)
+        return {k: _decode(spec[k], parsed[k]) for k in wanted}
+
+    examples = records.map(decode, num_parallel_calls=num_parallel_calls, deterministic=not shuffle or seed is not None)
+    if batch_size:
+        pads = {k: tf.constant(_pad(spec[k]), dtype=examples.element_spec[k].dtype) for k in wanted}
+        examples = examples.padded_batch(batch_size, padding_values=pads)
+    return examples.prefetch(tf.data.AUTOTUNE)
+
+
+def _pad(f: Feature):
+    if f.dtype == "string":
+        return PAD_VALUES["string"]
+    if f.dtype == "class_list":
+        return PAD_VALUES["class_list"]
+    return PAD_VALUES["number"]
