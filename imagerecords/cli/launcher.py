@@ -299,7 +299,10 @@ def _build(parsed: "Parsed", input_info: "InputInfo") -> Optional[Manifest]:
             raise _interrupted(e, stage.now, config, build_id) from None
     if log_path and os.path.exists(log_path):
         os.remove(log_path)
-    print_summary(manifest, config.output, time.monotonic() - start, engine=engine.description)
+    from imagerecords.cli import preflight
+
+    print_summary(manifest, config.output, time.monotonic() - start, engine=engine.description,
+                  ignored=preflight.ignored_columns(config, input_info))
     return manifest
 
 
@@ -441,8 +444,9 @@ def finish(output: str, break_lock: bool = False) -> Manifest:
 
 
 def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, engine: str = "",
-                  built: bool = True) -> None:
-    """Prints what was published; `built` False for `finish`, which only commits (no image rate)."""
+                  built: bool = True, ignored: Sequence[str] = ()) -> None:
+    """Prints what was published; `built` False for `finish`, which only commits (no image rate);
+    `ignored`: the manifest columns nothing read, named so that none is dropped unseen."""
     stream = stream or sys.stdout  # looked up per call: a caller's redirect_stdout applies
     stream.write(f"imagerecords: wrote {output}\n")
     for split in manifest.splits:
@@ -458,6 +462,9 @@ def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, 
     if manifest.num_label_conflicts > 0:
         stream.write(f"  label conflicts {manifest.num_label_conflicts:>6} groups of identical files with different "
                      f"labels (see {DUPLICATES})\n")
+    if ignored:
+        stream.write(f"  ignored columns: {', '.join(ignored)} (no setting or feature reads them; declare one "
+                     "with --feature NAME=DTYPE)\n")
     if not built:
         stream.write(f"  {seconds:.1f} s to publish the staged build\n")
         return

@@ -40,8 +40,8 @@ class InputInfo:
 
     Attributes:
       kind: 'folder', 'csv' or 'jsonl'.
-      columns: a manifest's column names (CSV header, or the keys of the first JSONL row); () for
-        a folder.
+      columns: a manifest's column names (CSV header, or the keys of the first JSONL_COLUMN_ROWS
+        JSONL rows); () for a folder.
       header: a CSV manifest's header line as written (BOM and line break removed), else None;
         ReadManifest parses every data line with it.
     """
@@ -126,7 +126,7 @@ def read_manifest_head(path: str) -> InputInfo:
     if kind is None:
         raise ValueError(f"{path} is not a .csv or .jsonl manifest")
     with _open_input(path) as f:
-        lines = _non_blank_lines(path, f, 2 if kind == "csv" else 1)
+        lines = _non_blank_lines(path, f, 2 if kind == "csv" else JSONL_COLUMN_ROWS)
     if not lines:
         raise InputError(f"--input {path}: the manifest is empty; it needs "
                          + ("a header line (path,label) and one line per image" if kind == "csv"
@@ -144,7 +144,24 @@ def read_manifest_head(path: str) -> InputInfo:
     if not isinstance(row, dict):
         raise InputError(f"--input {path}: the first row is not a JSON object; each line must be one, "
                          "such as {\"path\": ..., \"label\": ...}")
-    return InputInfo("jsonl", tuple(str(k) for k in row))
+    columns = dict.fromkeys(str(k) for k in row)
+    for line in lines[1:]:  # rows may differ in their keys: the columns seen in the first rows
+        try:
+            later = json.loads(line)
+        except ValueError:
+            continue  # the build rejects that row, naming the line
+        if isinstance(later, dict):
+            columns.update(dict.fromkeys(str(k) for k in later))
+    return InputInfo("jsonl", tuple(columns))
+
+
+JSONL_COLUMN_ROWS = 1000  # the rows whose keys name a JSONL manifest's columns (see ignored_columns)
+
+
+def ignored_columns(config: BuildConfig, info: InputInfo) -> Tuple[str, ...]:
+    """The manifest's columns that no setting or feature reads (JSONL: of its first rows)."""
+    used = set(config.manifest_columns().used())
+    return tuple(c for c in info.columns if c not in used)
 
 
 def _check_csv_columns(config: BuildConfig, info: InputInfo) -> None:
