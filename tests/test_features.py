@@ -252,3 +252,77 @@ def test_value_checks_name_the_feature(feature, value, message):
     with pytest.raises(F.ValueProblem) as e:
         F.check(F.parse_flag(feature), value)
     assert str(e.value).startswith("feature 'n': ") and message in str(e.value)
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "imagerecords", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_inspect_lists_the_features(built):
+    done = _cli("inspect", built[0])
+    assert done.returncode == 0, done.stderr
+    assert "  feature boxes: float32[?,4] (bytes)" in done.stdout.splitlines()
+    assert "  feature tags: class_list (3 names)" in done.stdout.splitlines()
+    assert "  feature depth: image keep, 1 channel(s), 16-bit" in done.stdout.splitlines()
+
+
+def test_inspect_spec_tf_is_the_readers_spec(built):
+    import tensorflow as tf
+    from imagerecords import reader
+
+    done = _cli("inspect", built[0], "--spec", "tf")
+    assert done.returncode == 0, done.stderr
+    assert eval(done.stdout, {"tf": tf}) == reader.feature_spec(str(built[0]))
+
+
+def test_inspect_spec_tfrecord_reads_with_the_tfrecord_package(built):
+    """The description `inspect --spec tfrecord` prints reads every shard with the `tfrecord`
+    package (in its own process: its protobuf module clashes with TensorFlow's in one process)."""
+    import subprocess
+    import sys
+
+    out, rows = built[0], built[1]
+    done = _cli("inspect", out, "--spec", "tfrecord")
+    assert done.returncode == 0, done.stderr
+    script = (
+        "import json, sys\n"
+        "from tfrecord.reader import tfrecord_loader\n"
+        "description = json.loads(sys.stdin.read())\n"
+        "for path in sys.argv[1:]:\n"
+        "    for ex in tfrecord_loader(path, None, description):\n"
+        "        print(json.dumps({'key': bytes(ex['image/filename']).decode(), 'boxes': bytes(ex['boxes']).hex(),\n"
+        "                          'score': float(ex['score'][0]), 'tags': [int(t) for t in ex['tags']]}))\n")
+    read = subprocess.run([sys.executable, "-c", script, *shard_files(out)], input=done.stdout, capture_output=True,
+                          text=True, timeout=300)
+    assert read.returncode == 0, read.stderr
+    names = built[2].features["tags"]["names"]
+    seen = 0
+    for line in read.stdout.splitlines():
+        ex = json.loads(line)
+        row = _by_key(rows)[ex["key"]]
+        boxes = np.frombuffer(bytes.fromhex(ex["boxes"]), "<f4").reshape(-1, 4)
+        assert np.array_equal(boxes, np.array(row["boxes"], np.float32).reshape(-1, 4))
+        assert np.float32(ex["score"]) == np.float32(row["score"])
+        assert [names[i] for i in ex["tags"]] == row["tags"]
+        seen += 1
+    assert seen == len(rows)
+
+
+def test_verify_records_checks_each_record_against_the_spec(built, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(built[0], copy)
+    assert _cli("verify", copy, "--records").stdout.strip() == "ok"
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["features"]["ghost"] = {"dtype": "float32", "shape": [3]}
+    manifest["features"]["score"] = {"dtype": "float32", "shape": [2]}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    done = _cli("verify", copy, "--records")
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert len([x for x in lines if x.endswith("record 0: feature 'ghost' is missing")]) == 3  # one per shard

@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple
 
 from imagerecords.build import dataset_files, errors, storage
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError, no_manifest_hint, unfinished_hint
+from imagerecords.format import features as features_lib
 from imagerecords.format.paths import has_scheme
 from imagerecords.build.storage import join, open_read
 
@@ -130,6 +131,18 @@ def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> L
     return problems
 
 
+def _record_problem(record: bytes, stored) -> Optional[str]:
+    """Why a record does not hold what the manifest's feature spec says, or None."""
+    from imagerecords.format import schema
+
+    values = schema.parse_example(record)
+    for feature in stored:
+        problem = features_lib.stored_problem(feature, values.get(feature.name))
+        if problem:
+            return problem
+    return None
+
+
 def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
     """Returns (problems, notes) comparing `output` with its manifest; no problems = verified.
 
@@ -140,7 +153,8 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
 
     Args:
       output: the dataset folder.
-      records: also parse every record and check both CRCs and the record counts.
+      records: also parse every record, check both CRCs and the record counts, and check that
+        each record holds every feature of the manifest's spec with its kind and shape.
 
     Raises:
       errors.BuildError: when there is no readable manifest.
@@ -150,6 +164,7 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
     manifest = load(output)
     problems = []
     names = _present(output, manifest)
+    stored = features_lib.stored(manifest) if records else ()
     for split in manifest.splits:
         for shard in split.shards:
             path = join(output, shard.filename)
@@ -161,8 +176,15 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
             with open_read(path) as f:  # streamed: a shard can be hundreds of MB
                 stream = HashingReader(f)
                 if records:
+                    frame_lengths = []
+                    checking = True  # the first record per shard that does not fit the spec is named
                     try:
-                        frame_lengths = [len(r) + FRAME_OVERHEAD for r in read_records(stream, path)]
+                        for number, record in enumerate(read_records(stream, path)):
+                            frame_lengths.append(len(record) + FRAME_OVERHEAD)
+                            problem = _record_problem(record, stored) if checking else None
+                            if problem:
+                                problems.append(f"{path}: record {number}: {problem}")
+                                checking = False
                         count = len(frame_lengths)
                     except CorruptRecordError as e:
                         problems.append(str(e))
@@ -202,4 +224,13 @@ def inspect(output: str) -> Tuple[List[str], List[str]]:
     lines.append(f"  rejected: {manifest.num_rejected}, skipped: {manifest.num_skipped} (see {manifest.errors_file})")
     names_shown = ", ".join(manifest.label_names[:20]) + (" ..." if len(manifest.label_names) > 20 else "")
     lines.append(f"  labels: {names_shown}")
+    if manifest.features:
+        for feature in features_lib.specs_from_json(manifest.features):
+            lines.append(f"  feature {feature.name}: {features_lib.describe(feature)}")
     return lines, problems
+
+
+def spec(output: str, kind: str) -> str:
+    """The parse spec of `output`'s records for another reader: 'tf' (tf.io.parse_example), 'tfrecord'
+    (the PyTorch `tfrecord` package's description) or 'dali' (fn.readers.tfrecord's features)."""
+    return features_lib.spec_code(features_lib.stored(load(output)), kind)

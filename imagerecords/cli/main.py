@@ -16,7 +16,7 @@ commands:
   build    build a sharded TFRecord dataset (imagerecords build --help)
   finish   publish a build whose launcher did not commit it (a Dataflow template, a cut commit)
   verify   check the shards against manifest.json (--records: every record's CRC too)
-  inspect  print a dataset's splits, shards and labels
+  inspect  print a dataset's splits, shards, labels and features (--spec tf|tfrecord|dali: a reader's parse spec)
   report   write an HTML page showing a dataset: sample images per class, histograms, rejects
   demo     generate a small image tree and build it (the README's first command)
 
@@ -126,7 +126,15 @@ def _command(command: str, rest: Sequence[str]) -> int:
     if command == "inspect":
         from imagerecords.cli import inspection
 
-        args = _one_folder(command, rest)
+        p = argparse.ArgumentParser(prog="imagerecords inspect")
+        p.add_argument("output", help="the dataset folder (local or gs://...)")
+        p.add_argument("--spec", choices=("tf", "tfrecord", "dali"), default=None,
+                       help="print the records' parse spec for tf.io.parse_example, the PyTorch tfrecord "
+                            "package's description, or DALI's fn.readers.tfrecord features, and nothing else")
+        args = p.parse_args(rest)
+        if args.spec:
+            print(inspection.spec(args.output, args.spec))
+            return 0
         lines, problems = inspection.inspect(args.output)
         print("\n".join(lines))
         for problem in problems:

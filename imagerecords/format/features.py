@@ -404,3 +404,63 @@ def tfrecord_description(features: Sequence[Feature]) -> Dict[str, str]:
         else:
             out[f.name] = "int"
     return out
+
+
+def describe(feature: Feature) -> str:
+    """One feature in a line of `imagerecords inspect`: 'float32[?,4] (bytes)', 'class_list (3 names)'."""
+    if feature.dtype == "image":
+        return f"image {feature.encoding}, {feature.channels} channel(s), {feature.bits}-bit"
+    if feature.dtype == "class_list":
+        return f"class_list ({len(feature.names)} names)"
+    if feature.numeric:
+        dims = ",".join("?" if d is None else str(d) for d in feature.shape)
+        return f"{feature.dtype}[{dims}] ({feature.encoding})"
+    return feature.dtype
+
+
+def stored_problem(feature: Feature, values: Optional[List[Any]]) -> Optional[str]:
+    """Why one record's parsed values (schema.parse_example's list) do not fit the feature, or None."""
+    if values is None:
+        return f"feature {feature.name!r} is missing"
+    bytes_like = feature.dtype in ("image", "string") or feature.encoding == "bytes"
+    if bytes_like:
+        if len(values) != 1 or not isinstance(values[0], bytes):
+            return f"feature {feature.name!r}: expected one bytes value"
+        if feature.encoding == "bytes":
+            itemsize = 1 if feature.dtype in ("bool", "uint8") else int(_NUMPY[feature.dtype][-1])
+            fixed = math.prod(d for d in feature.shape if d is not None)
+            if len(values[0]) % (itemsize * max(fixed, 1)) or (None not in feature.shape
+                                                               and len(values[0]) != itemsize * fixed):
+                return f"feature {feature.name!r}: {len(values[0])} bytes do not make a {describe(feature)}"
+        return None
+    want = float if feature.dtype in ("float16", "float32") else int
+    if values and not all(isinstance(v, want) for v in values):
+        return f"feature {feature.name!r}: holds {type(values[0]).__name__} values, the spec says {want.__name__}"
+    fixed = math.prod(d for d in feature.shape if d is not None)
+    if feature.numeric and None not in feature.shape and len(values) != fixed:
+        return f"feature {feature.name!r}: {len(values)} values, {describe(feature)} holds {fixed}"
+    if feature.dtype == "class_list" and any(v < 0 or (feature.names and v >= len(feature.names)) for v in values):
+        return f"feature {feature.name!r}: a class id outside 0..{len(feature.names) - 1}"
+    return None
+
+
+def spec_code(features: Sequence[Feature], kind: str) -> str:
+    """Source text of the parse spec a reader outside imagerecords needs ('tf', 'tfrecord', 'dali')."""
+    lines = []
+    if kind == "tfrecord":
+        return json.dumps(tfrecord_description(features), indent=2, sort_keys=True)
+    for f in features:
+        bytes_like = f.dtype in ("image", "string") or f.encoding == "bytes"
+        wire = "string" if bytes_like else "float32" if f.dtype in ("float16", "float32") else "int64"
+        variable = f.dtype == "class_list" or (not bytes_like and None in f.shape)
+        shape = [] if bytes_like else list(f.shape)
+        if kind == "tf":
+            entry = f"tf.io.VarLenFeature(tf.{wire})" if variable else f"tf.io.FixedLenFeature({shape}, tf.{wire})"
+        elif kind == "dali":
+            default = '""' if wire == "string" else "0.0" if wire == "float32" else "0"
+            entry = (f"tfrec.VarLenFeature(tfrec.{wire}, {default})" if variable
+                     else f"tfrec.FixedLenFeature({shape}, tfrec.{wire}, {default})")
+        else:
+            raise ValueError(f"spec kind {kind!r} is not tf, tfrecord or dali")
+        lines.append(f"    {f.name!r}: {entry},")
+    return "{\n" + "\n".join(lines) + "\n}"
