@@ -12,36 +12,8 @@ import pytest
 from PIL import Image
 
 from conftest import build, shard_files
+from tests.support.detection import CONFIG, write_rows as _rows
 from imagerecords.format import features as F
-
-CONFIG = """features:
-  boxes:   {dtype: float32, shape: [null, 4]}
-  tags:    {dtype: class_list}
-  score:   {dtype: float32}
-  caption: {dtype: string}
-  mask:    {dtype: image, encoding: png}
-  depth:   {dtype: image, encoding: keep, bits: 16}
-max_reject_fraction: 0.5
-"""
-
-
-def _rows(folder, n=12):
-    rng = np.random.default_rng(3)
-    rows = []
-    for i in range(n):
-        Image.fromarray(rng.integers(0, 255, (18 + i, 22, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
-        palette = Image.fromarray(rng.integers(0, 6, (18 + i, 22), dtype=np.uint8), "P")
-        palette.putpalette([c for k in range(6) for c in (40 * k, 255 - 40 * k, 7 * k)])
-        palette.save(folder / f"mask{i}.png")  # palette mask: its indices are the class ids
-        Image.fromarray(rng.integers(0, 65535, (18 + i, 22), dtype=np.uint16)).save(folder / f"depth{i}.png")
-        k = i % 4
-        rows.append({"path": f"img{i}.png", "label": ["cat", "dog"][i % 2],
-                     "boxes": [[0.125 * j, 0.2 + j, 0.3, 1 / 3] for j in range(k)],
-                     "tags": ["sky", "tree", "car", "zebra"][:k][::-1], "score": i / 7,
-                     "caption": f"picture {i}, naïve “quoted”", "mask": f"mask{i}.png", "depth": f"depth{i}.png",
-                     "unused": i, "note": "x"})
-    return rows
-
 
 @pytest.fixture(scope="module")
 def detection(tmp_path_factory):

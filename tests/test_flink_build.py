@@ -200,3 +200,25 @@ def test_taskmanager_lost_mid_build(cluster, image_tree, direct, tmp_path):
     assert not (out / ".imagerecords.lock").exists()  # the failed build let go of the folder
     assert {p: open(p, "rb").read() for p in shard_files(out)} == before
     assert (out / "manifest.json").read_bytes() == before_manifest
+
+
+def test_a_declared_features_build_on_flink_is_byte_identical(cluster, tmp_path):
+    """Issue 17: boxes, class lists, a float, a caption and two image features, written by the SDK
+    workers on the cluster, give the local engine's bytes."""
+    from imagerecords.cli.launcher import run
+    from tests.support.detection import CONFIG, write_rows
+
+    cluster.restart_worker_pools()
+    rows = write_rows(tmp_path)
+    with open(tmp_path / "m.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    (tmp_path / "f.yaml").write_text(CONFIG)
+    args = ["--input", str(tmp_path / "m.jsonl"), "--config", str(tmp_path / "f.yaml"), "--num_shards", "2",
+            "--no_progress"]
+    run([*args, "--output", str(tmp_path / "local")])
+    run([*args, "--output", str(tmp_path / "flink"), *cluster.pipeline_args()])
+    local, on_flink = shard_files(tmp_path / "local"), shard_files(tmp_path / "flink")
+    assert [os.path.basename(p) for p in local] == [os.path.basename(p) for p in on_flink] and len(local) == 2
+    for a, b in zip(local, on_flink):
+        assert filecmp.cmp(a, b, shallow=False), b
+    assert manifest_without_time(tmp_path / "local") == manifest_without_time(tmp_path / "flink")
