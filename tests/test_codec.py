@@ -45,27 +45,27 @@ def test_sniff_format_ignores_names_and_rejects_text():
 def test_rgb_jpeg_passes_through_byte_for_byte(pixels):
     data = encode(pixels, "JPEG", quality=92)
     out = codec.prepare_image(data)
-    assert out.passthrough and out.jpeg == data
+    assert out.passthrough and out.data == data
     assert (out.width, out.height) == (64, 40)
 
 
 def test_reencode_forces_a_new_jpeg(pixels):
     data = encode(pixels, "JPEG", quality=92)
     out = codec.prepare_image(data, codec.ImageOptions(reencode=True, quality=50))
-    assert not out.passthrough and out.jpeg != data
-    assert np.abs(decode(out.jpeg) - pixels.astype(int)).mean() < 8
+    assert not out.passthrough and out.data != data
+    assert np.abs(decode(out.data) - pixels.astype(int)).mean() < 8
 
 
 def test_png_is_converted_within_jpeg_tolerance(pixels):
     out = codec.prepare_image(encode(pixels, "PNG"))
     assert out.source_format == "png" and not out.passthrough
-    assert np.abs(decode(out.jpeg) - pixels.astype(int)).mean() < 3
+    assert np.abs(decode(out.data) - pixels.astype(int)).mean() < 3
 
 
 def test_alpha_is_composited_over_white(pixels):
     rgba = np.dstack([pixels, np.zeros(pixels.shape[:2], np.uint8)])  # fully transparent
     out = codec.prepare_image(encode(rgba, "PNG"))
-    assert decode(out.jpeg).min() >= 250
+    assert decode(out.data).min() >= 250
 
 
 def test_grey_cmyk_and_palette_become_rgb(pixels):
@@ -74,15 +74,15 @@ def test_grey_cmyk_and_palette_become_rgb(pixels):
         fmt = "PNG" if img.mode == "P" else "JPEG"
         out = codec.prepare_image(encode(img, fmt, **({"quality": 95} if fmt == "JPEG" else {})))
         assert not out.passthrough
-        assert Image.open(io.BytesIO(out.jpeg)).mode == "RGB"
+        assert Image.open(io.BytesIO(out.data)).mode == "RGB"
     cmyk = codec.prepare_image(encode(Image.fromarray(pixels).convert("CMYK"), "JPEG", quality=95))
-    assert np.abs(decode(cmyk.jpeg) - pixels.astype(int)).mean() < 6
+    assert np.abs(decode(cmyk.data) - pixels.astype(int)).mean() < 6
 
 
 def test_16_bit_grey_png_keeps_its_range():
     ramp = (np.arange(64 * 8, dtype=np.uint16).reshape(8, 64) * 128).astype(np.uint16)
     out = codec.prepare_image(encode(Image.fromarray(ramp), "PNG"))
-    got = decode(out.jpeg)[..., 0]
+    got = decode(out.data)[..., 0]
     want = (ramp >> 8).astype(int)
     assert abs(got.mean() - want.mean()) < 3 and got.max() > 200
 
@@ -94,7 +94,7 @@ def test_exif_orientation_is_applied(pixels):
     out = codec.prepare_image(encode(stored, "JPEG", quality=95, exif=exif.tobytes()))
     assert not out.passthrough
     assert (out.width, out.height) == (64, 40)
-    assert np.abs(decode(out.jpeg) - pixels.astype(int)).mean() < 6
+    assert np.abs(decode(out.data) - pixels.astype(int)).mean() < 6
 
 
 def test_resize_never_enlarges_and_keeps_aspect():
@@ -109,7 +109,7 @@ def test_shrinking_a_jpeg_uses_draft_and_hits_the_size():
     data = encode(np.dstack([big] * 3), "JPEG", quality=95)
     out = codec.prepare_image(data, codec.ImageOptions(max_side=100))
     assert (out.width, out.height) == (100, 75)
-    small = decode(out.jpeg)
+    small = decode(out.data)
     assert abs(small[..., 0].mean() - big.mean()) < 3
 
 
@@ -187,7 +187,7 @@ def test_a_float_image_that_8_bits_would_change_is_refused_not_clipped(values, r
 
 def test_a_float_image_of_8_bit_values_keeps_them_and_a_wide_int_image_is_refused():
     gradient = np.arange(64, dtype=np.float32).reshape(8, 8) * 4  # 0..252, whole numbers
-    out = np.asarray(Image.open(io.BytesIO(codec.prepare_image(_tiff(gradient, "F")).jpeg)).convert("L"))
+    out = np.asarray(Image.open(io.BytesIO(codec.prepare_image(_tiff(gradient, "F")).data)).convert("L"))
     assert np.abs(out.astype(int) - gradient.astype(int)).max() <= 3  # JPEG's error, not a clip
     with pytest.raises(codec.ImageError, match=r"32-bit integer image with values 70000..70000, outside 0..65535"):
         codec.prepare_image(_tiff(np.full((4, 4), 70000, np.int32), "I"))

@@ -253,8 +253,9 @@ def test_config_validation_error_is_a_usage_error_with_its_text():
     assert str(e.value) == "invalid build configuration: num_shards must be >= 1, got 0"
     with pytest.raises(UsageError, match=r"^--splits: fractions sum to 0.9, not 1"):
         flags.parse_args(IO + ["--splits", "train=0.5,validation=0.4"])
-    with pytest.raises(UsageError, match=r"^quality must be within 1..95"):
-        flags.parse_args(IO + ["--quality", "100"])
+    with pytest.raises(UsageError, match=r"^quality must be within 1..100"):
+        flags.parse_args(IO + ["--quality", "101"])
+    assert flags.parse_args(IO + ["--quality", "100"]).config.image.quality == 100
 
 
 def _expected_default_text(value):
@@ -282,7 +283,7 @@ def test_help_text_comes_from_the_attributes_docstring():
     # A field named in backticks in the docstring is its flag on the command line.
     assert _help_of("--target_shard_mb") == ("wanted shard size in MB (input bytes) when --num_shards is not set "
                                              "(default: 192)")
-    assert _help_of("--quality").startswith("JPEG quality (1-95) used whenever an image is re-encoded")
+    assert _help_of("--quality").startswith("JPEG quality (1-100; above 95 files grow fast for little gain) used")
     assert _help_of("--key_column").startswith("manifest column with each image's unique id")
     assert "'uri'" in _help_of("--path_column") and "'uri'" not in _help_of("--label_column")
 

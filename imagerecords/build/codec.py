@@ -1,4 +1,5 @@
-"""Image codec: sniff the format from bytes, decode with Pillow, normalise to RGB, resize, JPEG."""
+"""Image codec: sniff the format from bytes, decode with Pillow, resize, store as JPEG (8-bit RGB),
+PNG (lossless, the source's channels and bit depth) or the source's own bytes."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ ALPHA_BACKGROUND = (255, 255, 255)
 
 # sniff_format's names -> Pillow's format ids: the bytes are opened only as what they say they are.
 _PILLOW_FORMATS = {"jpeg": "JPEG", "png": "PNG", "gif": "GIF", "bmp": "BMP", "tiff": "TIFF", "webp": "WEBP"}
+
+# --image_encoding values: what a record's image bytes are (see ImageOptions.image_encoding).
+ENCODINGS = ("jpeg", "png", "keep")
+# zlib level of every PNG written: fixed, so equal pixels give equal bytes with one zlib.
+PNG_COMPRESS_LEVEL = 6
 
 _SIGNATURES = (
     (b"\xff\xd8\xff", "jpeg"),
@@ -164,10 +170,16 @@ class ImageOptions:
     Attributes:
       max_side: if set, shrink so the longer side is at most this many pixels.
       short_side: if set, shrink so the shorter side is at most this many pixels.
-      quality: JPEG quality (1-95) used whenever an image is re-encoded.
-      reencode: re-encode JPEGs even when they could pass through byte for byte.
+      quality: JPEG quality (1-100; above 95 files grow fast for little gain) used whenever an
+        image is encoded as JPEG.
+      reencode: re-encode images even when they could pass through byte for byte.
       max_file_mb: input files larger than this many megabytes (10^6 bytes) are rejected without
         being read whole (a stray video or disk image in the input costs no memory).
+      image_encoding: what is stored: 'jpeg' (8-bit RGB JPEG; upright RGB JPEGs pass through), 'png'
+        (every image re-encoded as a lossless, pixel-exact PNG in its own channels: grey, grey+alpha,
+        RGB, RGBA; 16-bit grey stays 16-bit; palettes become RGB or RGBA) or 'keep' (a PNG or JPEG is
+        stored as its source bytes, any other format as 'png' does; one that must be resized or
+        rotated is re-encoded in its own format: PNG losslessly, JPEG at `quality`).
     """
 
     max_side: Optional[int] = None
@@ -175,14 +187,17 @@ class ImageOptions:
     quality: int = 90
     reencode: bool = False
     max_file_mb: float = 64.0
+    image_encoding: str = "jpeg"
 
     def __post_init__(self):
         for name in ("max_side", "short_side"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive number of pixels, got {value}")
-        if not 1 <= self.quality <= 95:
-            raise ValueError(f"quality must be within 1..95 (libjpeg's useful range), got {self.quality}")
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"quality must be within 1..100 (libjpeg's range), got {self.quality}")
+        if self.image_encoding not in ENCODINGS:
+            raise ValueError(f"image_encoding must be one of {', '.join(ENCODINGS)}, got {self.image_encoding!r}")
         if not (isinstance(self.max_file_mb, (int, float)) and math.isfinite(self.max_file_mb) and self.max_file_mb > 0):
             raise ValueError(f"max_file_mb must be a number of megabytes > 0, got {self.max_file_mb!r}")
 
@@ -194,21 +209,23 @@ class ImageOptions:
 
 @dataclasses.dataclass(frozen=True)
 class PreparedImage:
-    """A JPEG ready to store.
+    """An encoded image ready to store.
 
     Attributes:
-      jpeg: the JPEG bytes.
+      data: the stored bytes (a JPEG or a PNG).
       height: height in pixels.
       width: width in pixels.
       source_format: format sniffed from the input bytes.
-      passthrough: True when `jpeg` is the input file unchanged.
+      passthrough: True when `data` is the input file unchanged.
+      format: 'jpeg' or 'png', what `data` is.
     """
 
-    jpeg: bytes
+    data: bytes
     height: int
     width: int
     source_format: str
     passthrough: bool
+    format: str = "jpeg"
 
 
 def target_size(width: int, height: int, options: ImageOptions) -> Tuple[int, int]:
@@ -230,32 +247,46 @@ def _orientation(img: Image.Image) -> int:
         return 1
 
 
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def _sixteen_bit(img: Image.Image):
+    """The pixels of a 16-bit (or 32-bit integer) greyscale image as a uint16 array."""
+    import numpy as np  # only these rare modes need it; most builds never import NumPy
+
+    arr = np.asarray(img, dtype=np.int64)
+    if arr.size and (arr.min() < 0 or arr.max() > 65535):
+        raise ImageError(f"a 32-bit integer image with values {arr.min()}..{arr.max()}, outside 0..65535: "
+                         "8- and 16-bit storage would clip them; convert it to 8 or 16 bits first")
+    return arr.astype(np.uint16)
+
+
+def _float_to_l(img: Image.Image) -> Image.Image:
+    """A float image that holds whole values 0..255 as mode L; any other is refused, never changed."""
+    import numpy as np
+
+    arr = np.asarray(img, dtype=np.float32)
+    # 0..1 data would become 0 and 1, so only a float image that holds 8-bit values already is kept.
+    if not np.isfinite(arr).all() or (arr.size and (arr.min() < 0 or arr.max() > 255)) \
+            or not np.array_equal(arr, np.rint(arr)):
+        finite = arr[np.isfinite(arr)]
+        span = f"{float(finite.min()):.4g}..{float(finite.max()):.4g}" if finite.size else "none finite"
+        extra = "" if finite.size == arr.size else ", with NaN or infinity"
+        raise ImageError(f"a floating-point image (values {span}{extra}): 8-bit storage would clip or round "
+                         "them; scale it to 8 or 16 bits first (float images cannot be stored yet)")
+    return Image.fromarray(arr.astype(np.uint8), "L")
+
+
 def _to_rgb(img: Image.Image) -> Image.Image:
     """Converts any Pillow mode to 8-bit RGB; alpha is composited over ALPHA_BACKGROUND."""
     mode = img.mode
     if mode == "RGB":
         return img
-    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
-        import numpy as np  # only these rare modes need it; most builds never import NumPy
-    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+    if mode in _SIXTEEN_BIT:
         # 16-bit greyscale (PNG, TIFF): keep the top 8 bits. Pillow's own convert clips at 255.
-        arr = np.asarray(img, dtype=np.int64)
-        if arr.size and (arr.min() < 0 or arr.max() > 65535):
-            raise ImageError(f"a 32-bit integer image with values {arr.min()}..{arr.max()}, outside 0..65535: "
-                             "8-bit storage would clip them; convert it to 8 or 16 bits first")
-        return Image.fromarray((arr >> 8).astype(np.uint8), "L").convert("RGB")
+        return Image.fromarray((_sixteen_bit(img) >> 8).astype("uint8"), "L").convert("RGB")
     if mode == "F":
-        arr = np.asarray(img, dtype=np.float32)
-        # Only a float image that holds 8-bit values already keeps them; any other would be
-        # clipped or rounded (0..1 data would become 0 and 1), so it is refused, never changed.
-        if not np.isfinite(arr).all() or (arr.size and (arr.min() < 0 or arr.max() > 255)) \
-                or not np.array_equal(arr, np.rint(arr)):
-            finite = arr[np.isfinite(arr)]
-            span = f"{float(finite.min()):.4g}..{float(finite.max()):.4g}" if finite.size else "none finite"
-            extra = "" if finite.size == arr.size else ", with NaN or infinity"
-            raise ImageError(f"a floating-point image (values {span}{extra}): 8-bit storage would clip or round "
-                             "them; scale it to 8 or 16 bits first (float images cannot be stored yet)")
-        return Image.fromarray(arr.astype(np.uint8), "L").convert("RGB")
+        return _float_to_l(img).convert("RGB")
     if mode == "P" and "transparency" in img.info:
         img = img.convert("RGBA")
         mode = "RGBA"
@@ -268,13 +299,97 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> PreparedImage:
-    """Turns image file bytes into a stored JPEG.
+def _lossless(img: Image.Image) -> Image.Image:
+    """The image in a mode PNG stores exactly: L, LA, RGB, RGBA or I;16, with the same pixel values.
 
-    A JPEG that is already 8-bit RGB (YCbCr), upright and within the size limits is passed through
-    unchanged after a fast check that its entropy-coded data decodes (a DCT-scaled draft decode
-    reads every coefficient, so truncation is caught). Everything else is decoded, EXIF-rotated,
-    converted to RGB, shrunk if asked (JPEGs through a DCT-scaled draft) and encoded as JPEG.
+    Palettes become RGB (RGBA when a colour is transparent), a tRNS colour key becomes an alpha
+    channel, 1-bit becomes L (0 and 255), 32-bit integers within 0..65535 become I;16. CMYK, YCbCr,
+    LAB and HSV have no PNG form and are converted to RGB (Pillow's conversion, not exact).
+    """
+    mode = img.mode
+    keyed = "transparency" in img.info
+    if mode in _SIXTEEN_BIT:
+        return Image.fromarray(_sixteen_bit(img))  # I;16: PNG's 16-bit greyscale
+    if mode == "F":
+        return _float_to_l(img)
+    if mode in ("L", "RGB") and not keyed:
+        return img
+    if mode in ("LA", "RGBA"):
+        return img
+    if mode == "1":
+        return img.convert("L")
+    if mode in ("L", "La"):
+        return img.convert("LA")
+    if mode in ("P", "PA", "RGB", "RGBa"):
+        return img.convert("RGBA" if keyed or mode in ("PA", "RGBa") else "RGB")
+    return img.convert("RGB")
+
+
+def _png_bytes(img: Image.Image) -> bytes:
+    """Deterministic PNG bytes: fixed zlib level, no metadata (text, time, ICC, EXIF, DPI) carried over."""
+    clean = img.copy()
+    clean.info = {}
+    out = io.BytesIO()
+    clean.save(out, format="PNG", compress_level=PNG_COMPRESS_LEVEL, optimize=False)
+    return out.getvalue()
+
+
+def _png_header(data: bytes) -> Tuple[int, int, bool]:
+    """(bit depth, colour type, has a tRNS chunk) of a PNG, from its chunks before the image data."""
+    depth, colour = data[24], data[25]
+    pos, transparent = 8, False
+    while pos + 8 <= len(data):
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        kind = data[pos + 4:pos + 8]
+        if kind in (b"IDAT", b"IEND"):
+            break
+        transparent = transparent or kind == b"tRNS"
+        pos += 12 + length
+    return depth, colour, transparent
+
+
+def stored_kind(data: bytes) -> str:
+    """'format:channels:dtype' of stored image bytes, as TensorFlow's decode_png / decode_jpeg
+    (channels=0) return them, read from the header alone: e.g. 'png:1:uint16', 'jpeg:3:uint8'."""
+    fmt = sniff_format(data)
+    if fmt == "png" and len(data) >= 26:
+        depth, colour, transparent = _png_header(data)
+        channels = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}.get(colour, 3)
+        if transparent and colour in (0, 2, 3):
+            channels += 1  # TensorFlow turns a tRNS chunk into an alpha channel
+        return f"png:{channels}:{'uint16' if depth == 16 else 'uint8'}"
+    if fmt == "jpeg":
+        i, n = 2, len(data)
+        while i + 10 <= n and data[i] == 0xFF:
+            marker = data[i + 1]
+            if marker in _SOF:
+                return f"jpeg:{data[i + 9]}:uint8"
+            if marker == 0xFF or marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+                i += 1 if marker == 0xFF else 2
+                continue
+            i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+        return "jpeg:3:uint8"
+    return f"{fmt}:0:uint8"
+
+
+def _target(fmt: str, options: ImageOptions) -> str:
+    """The stored format of an image sniffed as `fmt`."""
+    if options.image_encoding == "keep":
+        return fmt if fmt in ("jpeg", "png") else "png"
+    return options.image_encoding
+
+
+def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> PreparedImage:
+    """Turns image file bytes into the stored image: a JPEG or a PNG (options.image_encoding).
+
+    'jpeg': a JPEG that is already 8-bit RGB (YCbCr), upright and within the size limits is passed
+    through unchanged after a fast check that its entropy-coded data decodes (a DCT-scaled draft
+    decode reads every coefficient, so truncation is caught). Everything else is decoded,
+    EXIF-rotated, converted to RGB, shrunk if asked (JPEGs through a DCT-scaled draft) and encoded
+    as JPEG. 'png': everything is decoded, EXIF-rotated, shrunk if asked and encoded as a PNG in
+    its own channels and bit depth (see _lossless). 'keep': a PNG, or an 8-bit RGB or greyscale
+    JPEG, that is upright and within the size limits is passed through after a full (PNG) or draft
+    (JPEG) decode; one that is not is re-encoded in its own format; other formats as 'png'.
     Animated images keep their first frame.
 
     Raises:
@@ -286,6 +401,8 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
     size = header_size(data, fmt)
     if size is not None:
         _check_pixels(*size)
+    target = _target(fmt, options)
+    keep = options.image_encoding == "keep"
     try:
         img = Image.open(io.BytesIO(data), formats=[_PILLOW_FORMATS[fmt]])
         width, height = img.size
@@ -293,18 +410,34 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
         orientation = _orientation(img)
         tw, th = target_size(width, height, options)
         resize = (tw, th) != (width, height)
-        if fmt == "jpeg" and not options.reencode and not resize and img.mode == "RGB" and orientation == 1:
-            img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+        unchanged = not options.reencode and not resize and orientation == 1
+        # Greyscale JPEGs pass through only under 'keep': 'jpeg' stores 3 channels (today's RGB records).
+        jpeg_modes = ("RGB", "L") if keep else ("RGB",)
+        if target == "jpeg" and fmt == "jpeg" and unchanged and img.mode in jpeg_modes:
+            img.draft(img.mode, (max(1, width // 8), max(1, height // 8)))
             img.load()
             return PreparedImage(data, height, width, fmt, passthrough=True)
+        if target == "png" and fmt == "png" and keep and unchanged:
+            img.load()  # the whole stream must decode: a truncated PNG is a rejected row, not a record
+            return PreparedImage(data, height, width, fmt, passthrough=True, format="png")
         if resize and fmt == "jpeg":
             img.draft(img.mode if img.mode in ("RGB", "L") else None, (tw, th))
         img.load()
-        img = _to_rgb(img)
+        if target == "png":
+            if fmt == "png" and len(data) > 25 and data[24] == 16 and data[25] != 0:
+                how = "resized or rotated" if options.image_encoding == "keep" else "re-encoded"
+                raise ImageError(f"a 16-bit-per-channel colour PNG: Pillow reads it as 8 bits, so it cannot be {how} "
+                                 "exactly; store it unchanged with --image_encoding keep (without --max_side, "
+                                 "--short_side or --reencode)")
+            img = _lossless(img)
+        elif not (keep and img.mode == "L"):
+            img = _to_rgb(img)
         if resize:
             img = img.resize((tw, th), Image.Resampling.LANCZOS)
         if orientation in _TRANSPOSE:
             img = img.transpose(_TRANSPOSE[orientation])
+        if target == "png":
+            return PreparedImage(_png_bytes(img), img.height, img.width, fmt, passthrough=False, format="png")
         out = io.BytesIO()
         img.save(out, format="JPEG", quality=options.quality)
         return PreparedImage(out.getvalue(), img.height, img.width, fmt, passthrough=False)

@@ -188,6 +188,8 @@ class BuildConfig:
         if self.features:  # manifest.json's "features" is the spec; here only what feeds it
             d["features"] = features_lib.specs_to_json(self.features)
         d["splits"] = dict(self.splits) if self.splits else None
+        if self.image.image_encoding == "jpeg":
+            del d["image"]["image_encoding"]  # a default build's manifest keeps the bytes it had before the setting
         return d
 
 

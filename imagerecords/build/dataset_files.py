@@ -89,12 +89,13 @@ def build_manifest(
     features = {key: dict(spec) for key, spec in (parameters.get("features") or {}).items()}
     for key, names in dict(label_map.get("lists") or {}).items():
         features[key]["names"] = list(names)
+    image_encoding = str(dict(params.get("image") or {}).get("image_encoding") or "jpeg")
     return Manifest(name=name, schema=schema, label_names=tuple(label_map["names"]),
                     label_offset=int(label_map["offset"]), integer_labels=bool(label_map["integer"]), seed=seed,
                     parameters=params, splits=tuple(Split(k, tuple(v)) for k, v in sorted(by_split.items())),
                     num_rejected=num_rejected, num_skipped=num_skipped, versions=dict(versions), created=created,
                     num_duplicate_groups=num_duplicate_groups, num_leaking_groups=num_leaking_groups,
-                    num_label_conflicts=num_label_conflicts, features=features)
+                    num_label_conflicts=num_label_conflicts, features=features, image_encoding=image_encoding)
 
 
 def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:
@@ -120,10 +121,37 @@ def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:
     }
 
 
-def tfds_features(num_classes: int, declared: Optional[Mapping[str, Mapping[str, object]]] = None) -> Dict[str, object]:
+def tfds_image(image_kinds: Mapping[str, int]) -> Dict[str, object]:
+    """The `image` of TFDS's Image feature for records of these kinds (Manifest.image_kinds).
+
+    TFDS decodes with tf.image.decode_image(channels=the declared count, dtype=the declared dtype),
+    so one count and dtype hold for all: uint16 when any record is 16-bit (8-bit ones are scaled
+    up by 257); the records' channel count when they share one, else 3 (grey becomes RGB, alpha is
+    dropped), or 4 when every record is a PNG and some have alpha (a JPEG decodes to 1 or 3 only).
+    """
+    formats = {k.split(":")[0] for k in image_kinds} or {"jpeg"}
+    channels = {int(k.split(":")[1]) for k in image_kinds} or {3}
+    dtype = "uint16" if any(k.endswith(":uint16") for k in image_kinds) else "uint8"
+    if len(channels) == 1:
+        count = channels.pop()
+    elif formats == {"png"} and channels & {2, 4}:
+        count = 4
+    else:
+        count = 3
+    if "jpeg" in formats and count in (2, 4):
+        count = 3
+    encoding = "jpeg" if formats == {"jpeg"} else "png"
+    return {"dtype": dtype, "encodingFormat": encoding, "shape": {"dimensions": ["-1", "-1", str(count)]}}
+
+
+def tfds_features(num_classes: int, declared: Optional[Mapping[str, Mapping[str, object]]] = None,
+                  image_kinds: Optional[Mapping[str, int]] = None) -> Dict[str, object]:
     """Returns TFDS's features.json for the 'tfds' schema preset (keys as in schema.py) plus the
-    declared features (manifest.json's "features")."""
+    declared features (manifest.json's "features"); the image feature is an RGB JPEG unless
+    `image_kinds` (Manifest.image_kinds) says otherwise."""
     extra = {f.name: features_lib.tfds_feature(f) for f in features_lib.specs_from_json(declared or {})}
+    image = tfds_image(image_kinds) if image_kinds is not None else {
+        "dtype": "uint8", "encodingFormat": "jpeg", "shape": {"dimensions": ["-1", "-1", "3"]}}
 
     def tensor(dtype: str) -> Dict[str, object]:
         return {
@@ -136,7 +164,7 @@ def tfds_features(num_classes: int, declared: Optional[Mapping[str, Mapping[str,
         "featuresDict": {"features": {
             "image": {
                 "pythonClassName": "tensorflow_datasets.core.features.image_feature.Image",
-                "image": {"dtype": "uint8", "encodingFormat": "jpeg", "shape": {"dimensions": ["-1", "-1", "3"]}},
+                "image": image,
             },
             "label": {
                 "pythonClassName": "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
@@ -160,7 +188,8 @@ def metadata_files(manifest: Manifest) -> List[Tuple[str, bytes]]:
     files = [(LABEL_NAMES, label_names_text(manifest.label_names))]
     if manifest.schema == "tfds":
         files.append((DATASET_INFO, dumps(tfds_dataset_info(manifest))))
-        files.append((FEATURES, dumps(tfds_features(len(manifest.label_names), manifest.features))))
+        kinds = manifest.image_kinds if manifest.image_encoding != "jpeg" else None
+        files.append((FEATURES, dumps(tfds_features(len(manifest.label_names), manifest.features, kinds))))
         # TFDS reads a ClassLabel's names from <feature>.labels.txt, a Sequence's inner one too.
         for name, spec in sorted(manifest.features.items()):
             if spec.get("dtype") == "class_list":

@@ -25,12 +25,14 @@ class Encoded:
       label_id: its label id.
       passthrough: whether the stored JPEG is the source file unchanged.
       content: a 16-byte digest of the source file's bytes (finds identical files under two keys).
+      kind: codec.stored_kind of the stored image, when the encoding is not 'jpeg' (else "").
     """
 
     record: bytes
     label_id: int
     passthrough: bool
     content: bytes = b""
+    kind: str = ""
 
 
 def limited_reader(options: codec.ImageOptions) -> Callable[[str], bytes]:
@@ -77,7 +79,8 @@ def encode_ref(
     index = ref.label_id - labels.offset
     record = schema.make_example(
         preset,
-        image=image.jpeg,
+        image=image.data,
+        image_format=image.format,
         label=ref.label_id,
         label_text=labels.names[index],
         filename=ref.key,
@@ -85,7 +88,8 @@ def encode_ref(
         width=image.width,
         extra=extra,
     )
-    return Encoded(record, ref.label_id, image.passthrough, content_digest(data))
+    kind = codec.stored_kind(image.data) if options.image_encoding != "jpeg" else ""
+    return Encoded(record, ref.label_id, image.passthrough, content_digest(data), kind)
 
 
 def content_digest(data: bytes) -> bytes:
@@ -118,6 +122,7 @@ class ShardStats:
       passthrough: records stored as their source bytes.
       offsets: byte offset of every record.
       contents: (source content digest, ref) of every record written, in shard order.
+      kinds: ((codec.stored_kind, records), ...) sorted, when the encoding is not 'jpeg' (else ()).
     """
 
     count: int
@@ -127,6 +132,7 @@ class ShardStats:
     passthrough: int
     offsets: List[int]
     contents: List[Tuple[bytes, ImageRef]] = dataclasses.field(default_factory=list)
+    kinds: Tuple[Tuple[str, int], ...] = ()
 
 
 def _ordered_map(fn, items: Iterable, executor: Optional[concurrent.futures.Executor], window: int):
@@ -164,6 +170,7 @@ def write_shard(
     """
     writer = RecordWriter(stream)
     histogram = collections.Counter()
+    kinds = collections.Counter()
     rejected: List[Rejected] = []
     passthrough = 0
     done = 0
@@ -178,8 +185,10 @@ def write_shard(
             contents.append((result.content, ref))
             histogram[result.label_id] += 1
             passthrough += result.passthrough
+            if result.kind:
+                kinds[result.kind] += 1
         if on_progress is not None:
             on_progress(done, len(rejected))
     stats = ShardStats(writer.count, writer.num_bytes, writer.sha256(), tuple(sorted(histogram.items())), passthrough,
-                       writer.offsets, contents)
+                       writer.offsets, contents, tuple(sorted(kinds.items())))
     return stats, rejected

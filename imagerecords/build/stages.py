@@ -275,7 +275,7 @@ class ShardWriter:
             index_sha256 = hashlib.sha256(index_data).hexdigest()
             publish.write_bytes(storage.join(staging, index_file), index_data)
         result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
-                                          stats.passthrough, index_file, index_sha256))
+                                          stats.passthrough, index_file, index_sha256, stats.kinds))
         # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
         names, offset = labels.names, labels.offset
         written = ([(digest, (r.key, r.split, r.uri, names[r.label_id - offset])) for digest, r in stats.contents]

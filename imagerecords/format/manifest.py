@@ -43,6 +43,9 @@ class Shard:
       index_file: path (relative to the dataset folder) of the shard's tfrecord2idx index file
         (one "offset frame_length" line per record), when one was written.
       index_sha256: hex digest of the index file.
+      image_kinds: ((kind, records), ...) sorted, where kind is 'format:channels:dtype' of the stored
+        image as TensorFlow decodes it ('png:1:uint16'); only for builds whose image encoding is
+        not 'jpeg' (a 'jpeg' build stores 3-channel uint8 JPEGs only).
     """
 
     index: int
@@ -54,6 +57,7 @@ class Shard:
     passthrough: int = 0
     index_file: Optional[str] = None
     index_sha256: Optional[str] = None
+    image_kinds: Tuple[Tuple[str, int], ...] = ()
 
     def to_json(self) -> Dict[str, Any]:
         out = {"index": self.index, "filename": self.filename, "count": self.count, "num_bytes": self.num_bytes,
@@ -62,6 +66,8 @@ class Shard:
             out["index_file"] = self.index_file
         if self.index_sha256:
             out["index_sha256"] = self.index_sha256
+        if self.image_kinds:
+            out["image_kinds"] = dict(self.image_kinds)
         return out
 
     @classmethod
@@ -70,7 +76,8 @@ class Shard:
                    num_bytes=int(d["num_bytes"]), sha256=str(d["sha256"]),
                    labels=tuple(sorted((int(k), int(v)) for k, v in dict(d.get("labels") or {}).items())),
                    passthrough=int(d.get("passthrough", 0)), index_file=d.get("index_file"),
-                   index_sha256=d.get("index_sha256"))
+                   index_sha256=d.get("index_sha256"),
+                   image_kinds=tuple(sorted((str(k), int(v)) for k, v in dict(d.get("image_kinds") or {}).items())))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +131,8 @@ class Manifest:
       version: the folder (relative to the dataset folder) holding this build's shards and index
         files, named after its build id; None for datasets written before versions had folders
         (their files lie directly in the dataset folder).
+      image_encoding: the build's --image_encoding: 'jpeg' (every record an RGB JPEG), 'png' or
+        'keep' (records may be PNG, greyscale, with alpha or 16-bit: see image_kinds).
       previous_versions: the earlier versions kept beside this one for readers that loaded their
         manifests, newest first, in the order they were published (FLAT_LAYOUT for a dataset whose
         files lie directly in the folder); the next build's retention counts from this list.
@@ -150,6 +159,7 @@ class Manifest:
     version: Optional[str] = None
     previous_versions: Tuple[str, ...] = ()
     features: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    image_encoding: str = "jpeg"
 
     @property
     def num_examples(self) -> int:
@@ -160,6 +170,18 @@ class Manifest:
             if s.name == name:
                 return s
         raise KeyError(f"no split {name!r}; the splits are {', '.join(s.name for s in self.splits) or '(none)'}")
+
+    @property
+    def image_kinds(self) -> Dict[str, int]:
+        """{'format:channels:dtype': records} over every split; {'jpeg:3:uint8': all} for 'jpeg' builds."""
+        if self.image_encoding == "jpeg":
+            return {"jpeg:3:uint8": self.num_examples} if self.num_examples else {}
+        out: Dict[str, int] = {}
+        for split in self.splits:
+            for shard in split.shards:
+                for kind, count in shard.image_kinds:
+                    out[kind] = out.get(kind, 0) + count
+        return dict(sorted(out.items()))
 
     @property
     def split_names(self) -> Tuple[str, ...]:
@@ -197,6 +219,8 @@ class Manifest:
             **({"version": self.version} if self.version else {}),
             **({"previous_versions": list(self.previous_versions)} if self.previous_versions else {}),
             **({"features": {k: dict(v) for k, v in sorted(self.features.items())}} if self.features else {}),
+            # Written only when not 'jpeg', so a default build's manifest keeps its bytes.
+            **({"image_encoding": self.image_encoding} if self.image_encoding != "jpeg" else {}),
         }
 
     def dumps(self) -> bytes:
@@ -231,7 +255,8 @@ class Manifest:
                        num_label_conflicts=int(d.get("num_label_conflicts", 0)),
                        version=d.get("version") or None,
                        previous_versions=tuple(map(str, d.get("previous_versions") or ())),
-                       features=dict(d.get("features") or {}))
+                       features=dict(d.get("features") or {}),
+                       image_encoding=str(d.get("image_encoding") or "jpeg"))
         except KeyError as e:
             raise ManifestError(f"{source}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as e:

@@ -14,12 +14,12 @@ class SchemaKeys:
     """Feature keys of one preset.
 
     Attributes:
-      image: key of the encoded JPEG bytes.
+      image: key of the encoded image bytes (JPEG, or PNG when built with --image_encoding png/keep).
       label: key of the int64 label id (label offset already applied).
       filename: key of the source file name (bytes).
       height: key of the int64 image height in pixels.
       width: key of the int64 image width in pixels.
-      image_format: key of the format string (b"JPEG"), or None when the preset has none.
+      image_format: key of the format string (b"JPEG" or b"PNG"), or None when the preset has none.
       label_text: key of the class name (bytes), or None when the preset has none.
     """
 
@@ -73,6 +73,7 @@ def make_example(
     height: int,
     width: int,
     extra: Optional[Mapping[str, bytes]] = None,
+    image_format: str = "jpeg",
 ) -> bytes:
     """Builds one serialized tf.train.Example.
 
@@ -81,13 +82,14 @@ def make_example(
 
     Args:
       preset: schema preset name.
-      image: JPEG bytes.
+      image: the encoded image bytes.
       label: label id, offset already applied.
       label_text: class name; stored only by presets that have a text key.
       filename: source file name (a path relative to the input root, or the key).
       height: image height in pixels.
       width: image width in pixels.
       extra: {key: serialized tf.train.Feature} of the declared features (imagerecords.format.features).
+      image_format: 'jpeg' or 'png', what `image` is; stored by presets that have a format key.
 
     Returns:
       The serialized Example.
@@ -100,7 +102,7 @@ def make_example(
         k.width: _int64_feature(width),
     }
     if k.image_format:
-        small[k.image_format] = _bytes_feature(b"JPEG")
+        small[k.image_format] = _bytes_feature(image_format.upper().encode("ascii"))
     if k.label_text:
         small[k.label_text] = _bytes_feature(label_text.encode("utf-8"))
     if extra:

@@ -13,9 +13,10 @@ CORRUPT_POLICIES = ("fail", "skip")
 PREPROCESSORS = ("train", "eval")
 AUTOTUNE = -1
 
-# A user preprocessing function: (encoded JPEG bytes as a scalar tf.string, image_size, seed as an
-# int64 tensor of shape [2] for tf.random.stateless_* ops) -> [image_size, image_size, 3] image,
-# any numeric dtype, pixel values on the 0..255 scale.
+# A user preprocessing function: (encoded image bytes as a scalar tf.string: JPEG, or PNG in a build
+# with --image_encoding png/keep; image_size; seed as an int64 tensor of shape [2] for
+# tf.random.stateless_* ops) -> [image_size, image_size, channels] image, any numeric dtype, pixel
+# values on the 0..255 scale.
 PreprocessFn = Callable[[Any, int, Any], Any]
 
 
@@ -71,6 +72,11 @@ class ReadConfig:
         shared pool.
       autotune_ram_budget_mb: cap on the memory tf.data's autotuner may spend on buffers (prefetch,
         parallel map outputs) in MB; 0 keeps tf.data's default (half the machine's RAM).
+      channels: 3 (RGB) or 1 (greyscale) in every image yielded, whatever the records hold: grey
+        records become RGB, RGB ones grey (the decoder's luma), and alpha (in PNG records) is
+        composited over white. 16-bit records are scaled to the 0..255 scale (value * 255 / 65535);
+        float dtypes keep their 16-bit precision, uint8 rounds. 1 takes normalization "none",
+        "unit" or "symmetric" (the others are three per-channel values).
       options: tf.data.Options applied after the reader's own (they win where both are set).
     """
 
@@ -99,6 +105,7 @@ class ReadConfig:
     check_files: bool = True
     private_threadpool_size: int = 0
     autotune_ram_budget_mb: int = 0
+    channels: int = 3
     options: Any = None
 
     def __post_init__(self):
@@ -158,6 +165,10 @@ class ReadConfig:
             out.append(f"private_threadpool_size must be >= 0 (0: the shared pool), got {self.private_threadpool_size!r}")
         if self.autotune_ram_budget_mb < 0 or isinstance(self.autotune_ram_budget_mb, bool):
             out.append(f"autotune_ram_budget_mb must be >= 0 (0: tf.data's default), got {self.autotune_ram_budget_mb!r}")
+        if self.channels not in (1, 3) or isinstance(self.channels, bool):
+            out.append(f"channels must be 1 (greyscale) or 3 (RGB), got {self.channels!r}")
+        elif self.channels == 1 and not (norm is None or norm in ("none", "unit", "symmetric")):
+            out.append(f"channels=1 takes normalization 'none', 'unit' or 'symmetric', not the per-channel {norm!r}")
         if self.cache is not True and self.cache is not False and not (isinstance(self.cache, str) and self.cache):
             out.append(f"cache must be True, False or a file path prefix, got {self.cache!r}")
         return out

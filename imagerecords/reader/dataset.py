@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from imagerecords.format import schema
 from imagerecords.reader import config as config_lib
+from imagerecords.reader import formats as formats_lib
 from imagerecords.reader import hosts as hosts_lib
 from imagerecords.reader import preprocess as preprocess_lib
 from imagerecords.reader.config import ReadConfig
@@ -76,7 +77,7 @@ def make_dataset(
       stats: a ReadStats to fill with the host plan and the counts of skipped and extra records.
 
     Returns:
-      A tf.data.Dataset of (images [B, image_size, image_size, 3], labels [B] int32), plus
+      A tf.data.Dataset of (images [B, image_size, image_size, config.channels], labels [B] int32), plus
       filenames [B] tf.string when config.with_filename. Padding elements (policy "pad") have label
       PAD_LABEL, an all-zero image and an empty filename.
 
@@ -185,14 +186,23 @@ def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_l
     wanted = (keys.image, keys.label, keys.filename) if config.with_filename else (keys.image, keys.label)
     spec = {k: v for k, v in schema.parse_spec(info.schema).items() if k in wanted}
     flip_last = r.preprocess == "train" and config.random_flip and config.dtype == "uint8"
-    if r.preprocess == "train":
+    channels = config.channels
+    # A 'jpeg' build holds RGB JPEGs only: its graph is the JPEG one, with no per-record format test.
+    lossless = info.manifest.image_encoding != "jpeg"
+    if lossless and isinstance(r.preprocess, str):
+        image_fn = formats_lib.image_fn(r.preprocess, channels, info.manifest.image_kinds,
+                                        area_range=config.crop_area_range,
+                                        aspect_ratio_range=config.crop_aspect_ratio_range,
+                                        flip=config.random_flip and not flip_last, scaled_decode=config.scaled_decode,
+                                        crop_fraction=config.eval_crop_fraction)
+    elif r.preprocess == "train":
         image_fn = functools.partial(preprocess_lib.train_image, area_range=config.crop_area_range,
                                      aspect_ratio_range=config.crop_aspect_ratio_range,
                                      flip=config.random_flip and not flip_last,
-                                     scaled_decode=config.scaled_decode)
+                                     scaled_decode=config.scaled_decode, channels=channels)
     elif r.preprocess == "eval":
         def image_fn(encoded, size, seed):
-            return preprocess_lib.eval_image(encoded, size, config.eval_crop_fraction, config.scaled_decode)
+            return preprocess_lib.eval_image(encoded, size, config.eval_crop_fraction, config.scaled_decode, channels)
     else:
         image_fn = r.preprocess
     built_in = isinstance(r.preprocess, str)  # its float pixels are a bilinear resize of uint8: 0..255
@@ -204,7 +214,7 @@ def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_l
         example = tf.io.parse_single_example(serialized, spec)
         seed = tf.random.experimental.stateless_fold_in(tf.constant([augment_seed, 0], tf.int64), index)
         image = image_fn(example[keys.image], image_size, seed)
-        image = tf.ensure_shape(image, [image_size, image_size, 3])
+        image = tf.ensure_shape(image, [image_size, image_size, channels])
         image = preprocess_lib.finish(image, config.dtype, r.normalization, in_range=built_in)
         if flip_last:
             image = preprocess_lib.random_flip(image, seed)
@@ -212,7 +222,7 @@ def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_l
         return image, label, example[keys.filename] if config.with_filename else tf.constant("")
 
     def pad():
-        return tf.zeros([image_size, image_size, 3], out_dtype), tf.constant(PAD_LABEL, tf.int32), tf.constant("")
+        return tf.zeros([image_size, image_size, channels], out_dtype), tf.constant(PAD_LABEL, tf.int32), tf.constant("")
 
     @tf.autograph.experimental.do_not_convert
     def decode(index, serialized):

@@ -19,7 +19,7 @@ _RATIOS = (1, 2, 4, 8)
 def train_image(encoded: tf.Tensor, image_size: int, seed: tf.Tensor, *,
                 area_range: Tuple[float, float] = (0.08, 1.0),
                 aspect_ratio_range: Tuple[float, float] = (3 / 4, 4 / 3),
-                flip: bool = True, scaled_decode: bool = False) -> tf.Tensor:
+                flip: bool = True, scaled_decode: bool = False, channels: int = 3) -> tf.Tensor:
     """Random-resized crop: samples a crop on the JPEG's header shape and decodes only that window.
 
     Decoding the crop alone skips the pixels a crop throws away, which on ImageNet-sized photos is
@@ -34,12 +34,24 @@ def train_image(encoded: tf.Tensor, image_size: int, seed: tf.Tensor, *,
       flip: flip left-right with probability 1/2.
       scaled_decode: decode at 1/2, 1/4 or 1/8 scale when the crop is that many times image_size
         (see ReadConfig.scaled_decode).
+      channels: 3 (RGB) or 1 (greyscale, libjpeg's conversion).
 
     Returns:
-      float32 [image_size, image_size, 3] on the 0..255 scale.
+      float32 [image_size, image_size, channels] on the 0..255 scale.
     """
+    begin, size = sample_crop(tf.image.extract_jpeg_shape(encoded), seed, area_range, aspect_ratio_range)
+    offset_y, offset_x, _ = tf.unstack(begin)
+    height, width, _ = tf.unstack(size)
+    image = decode_window(encoded, offset_y, offset_x, height, width, image_size, scaled_decode, channels)
+    if flip:
+        image = random_flip(image, seed)
+    return resize(image, image_size, channels)
+
+
+def sample_crop(shape: tf.Tensor, seed: tf.Tensor, area_range: Tuple[float, float],
+                aspect_ratio_range: Tuple[float, float]) -> Tuple[tf.Tensor, tf.Tensor]:
+    """train_image's random crop of an image of `shape` [h, w, c]: (begin, size) for tf.slice."""
     crop_seed, _ = _split(seed)
-    shape = tf.image.extract_jpeg_shape(encoded)
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
         shape,
         bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], tf.float32, [1, 1, 4]),
@@ -50,12 +62,7 @@ def train_image(encoded: tf.Tensor, image_size: int, seed: tf.Tensor, *,
         max_attempts=10,
         use_image_if_no_bounding_boxes=True,
     )
-    offset_y, offset_x, _ = tf.unstack(begin)
-    height, width, _ = tf.unstack(size)
-    image = decode_window(encoded, offset_y, offset_x, height, width, image_size, scaled_decode)
-    if flip:
-        image = random_flip(image, seed)
-    return _resize(image, image_size)
+    return begin, size
 
 
 def random_flip(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
@@ -74,7 +81,7 @@ def _split(seed: tf.Tensor):
 
 
 def eval_image(encoded: tf.Tensor, image_size: int, crop_fraction: float = 0.875,
-               scaled_decode: bool = False) -> tf.Tensor:
+               scaled_decode: bool = False, channels: int = 3) -> tf.Tensor:
     """Square center crop of `crop_fraction` of the shorter side, decoded alone, then resized.
 
     Args:
@@ -82,21 +89,27 @@ def eval_image(encoded: tf.Tensor, image_size: int, crop_fraction: float = 0.875
       image_size: side of the square output.
       crop_fraction: side of the crop over the shorter image side.
       scaled_decode: see train_image.
+      channels: 3 (RGB) or 1 (greyscale).
 
     Returns:
-      float32 [image_size, image_size, 3] on the 0..255 scale.
+      float32 [image_size, image_size, channels] on the 0..255 scale.
     """
     shape = tf.image.extract_jpeg_shape(encoded)
+    offset_y, offset_x, side = center_crop(shape, crop_fraction)
+    image = decode_window(encoded, offset_y, offset_x, side, side, image_size, scaled_decode, channels)
+    return resize(image, image_size, channels)
+
+
+def center_crop(shape: tf.Tensor, crop_fraction: float) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """eval_image's square crop of an image of `shape` [h, w, ...]: (offset_y, offset_x, side)."""
     height, width = shape[0], shape[1]
     side = tf.maximum(tf.cast(crop_fraction * tf.cast(tf.minimum(height, width), tf.float32), tf.int32), 1)
-    image = decode_window(encoded, (height - side + 1) // 2, (width - side + 1) // 2, side, side, image_size,
-                          scaled_decode)
-    return _resize(image, image_size)
+    return (height - side + 1) // 2, (width - side + 1) // 2, side
 
 
 def decode_window(encoded: tf.Tensor, offset_y: tf.Tensor, offset_x: tf.Tensor, height: tf.Tensor,
-                  width: tf.Tensor, image_size: int, scaled: bool) -> tf.Tensor:
-    """Decodes only the window of a JPEG, as RGB uint8; scaled by 1/r (r in 1, 2, 4, 8) when `scaled`.
+                  width: tf.Tensor, image_size: int, scaled: bool, channels: int = 3) -> tf.Tensor:
+    """Decodes only the window of a JPEG, as RGB (or greyscale) uint8; scaled by 1/r (r in 1, 2, 4, 8) when `scaled`.
 
     r is the largest factor that keeps both sides of the window at least image_size after
     scaling, so the resize that follows still only shrinks. libjpeg then skips most of the inverse
@@ -104,22 +117,22 @@ def decode_window(encoded: tf.Tensor, offset_y: tf.Tensor, offset_x: tf.Tensor, 
     With a ratio, TensorFlow takes the crop window in the scaled image's coordinates.
     """
     if not scaled:
-        return tf.image.decode_and_crop_jpeg(encoded, tf.stack([offset_y, offset_x, height, width]), channels=3)
+        return tf.image.decode_and_crop_jpeg(encoded, tf.stack([offset_y, offset_x, height, width]), channels=channels)
     short = tf.minimum(height, width)
     branch = tf.add_n([tf.cast(short >= r * image_size, tf.int32) for r in _RATIOS[1:]])
 
     def decode(r):
         def fn():
             window = tf.stack([offset_y // r, offset_x // r, tf.maximum(height // r, 1), tf.maximum(width // r, 1)])
-            return tf.image.decode_and_crop_jpeg(encoded, window, channels=3, ratio=r)
+            return tf.image.decode_and_crop_jpeg(encoded, window, channels=channels, ratio=r)
         return fn
 
     return tf.switch_case(branch, [decode(r) for r in _RATIOS])
 
 
-def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
+def resize(image: tf.Tensor, image_size: int, channels: int = 3) -> tf.Tensor:
     image = tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BILINEAR)
-    image.set_shape([image_size, image_size, 3])
+    image.set_shape([image_size, image_size, channels])
     return image
 
 

@@ -37,21 +37,26 @@ class _EncodeFn(beam.DoFn):
             yield ref.split, result.record
 
 
-def _summarize(path: str, split: str, preset: str) -> ShardResult:
-    """Reads a written shard back to count its records and labels (this sink reports neither)."""
-    label_key = schema.keys(preset).label
+def _summarize(path: str, split: str, preset: str, kinds: bool = False) -> ShardResult:
+    """Reads a written shard back to count its records and labels (this sink reports neither), and
+    with `kinds` its stored image kinds (codec.stored_kind)."""
+    keys = schema.keys(preset)
+    label_key = keys.label
     histogram = collections.Counter()
+    kind_counts = collections.Counter()
     count = 0
     with storage.open_read(path) as f:
         stream = records.HashingReader(f)
         for record in records.read_records(stream, path):
             histogram[schema.read_int64(record, label_key)] += 1
+            if kinds:
+                kind_counts[codec.stored_kind(schema.parse_example(record, only=(keys.image,))[keys.image][0])] += 1
             count += 1
         stream.drain()
     filename = path.rsplit("/", 1)[-1]
     index = int(filename.rsplit("-of-", 1)[0].rsplit("-", 1)[-1])
     return ShardResult(split, Shard(index, filename, count, stream.num_bytes, stream.sha256(),
-                                    tuple(sorted(histogram.items())), 0))
+                                    tuple(sorted(histogram.items())), 0, image_kinds=tuple(sorted(kind_counts.items()))))
 
 
 class WriteWithBeamSink(beam.PTransform):
@@ -102,6 +107,7 @@ class WriteWithBeamSink(beam.PTransform):
                 | f"Record[{split}]" >> beam.Map(lambda kv: kv[1])
                 | f"Write[{split}]" >> beam.io.WriteToTFRecord(prefix, num_shards=self._num_shards)
             )
-            results.append(files | f"Summarize[{split}]" >> beam.Map(_summarize, split, self._preset))
+            results.append(files | f"Summarize[{split}]" >> beam.Map(
+                _summarize, split, self._preset, self._options.image_encoding != "jpeg"))
         rejected = (checked[REJECTED], encoded[REJECTED]) | "Rejected" >> beam.Flatten()
         return {"results": results | "Results" >> beam.Flatten(), REJECTED: rejected}
