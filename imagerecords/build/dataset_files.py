@@ -129,18 +129,8 @@ def tfds_image(image_kinds: Mapping[str, int]) -> Dict[str, object]:
     up by 257); the records' channel count when they share one, else 3 (grey becomes RGB, alpha is
     dropped), or 4 when every record is a PNG and some have alpha (a JPEG decodes to 1 or 3 only).
     """
-    formats = {k.split(":")[0] for k in image_kinds} or {"jpeg"}
-    channels = {int(k.split(":")[1]) for k in image_kinds} or {3}
-    dtype = "uint16" if any(k.endswith(":uint16") for k in image_kinds) else "uint8"
-    if len(channels) == 1:
-        count = channels.pop()
-    elif formats == {"png"} and channels & {2, 4}:
-        count = 4
-    else:
-        count = 3
-    if "jpeg" in formats and count in (2, 4):
-        count = 3
-    encoding = "jpeg" if formats == {"jpeg"} else "png"
+    encoding, count, bits = features_lib.image_summary(image_kinds)
+    dtype = "uint16" if bits == 16 else "uint8"
     return {"dtype": dtype, "encodingFormat": encoding, "shape": {"dimensions": ["-1", "-1", str(count)]}}
 
 

@@ -385,12 +385,35 @@ def stored(manifest) -> Tuple[Feature, ...]:
     k = schema.keys(manifest.schema)
     if any(f.name == k.image for f in declared):
         return declared
-    image = manifest.parameters.get("image") or {}
-    encoding = image.get("image_encoding", "jpeg") if isinstance(image, Mapping) else "jpeg"
-    implied = [Feature(k.image, "image", encoding=encoding, channels=3, bits=8), Feature(k.label, "int64"),
+    if manifest.image_encoding == "jpeg":
+        image = Feature(k.image, "image", encoding="jpeg", channels=3, bits=8)
+    else:
+        fmt, channels, bits = image_summary(manifest.image_kinds)
+        image = Feature(k.image, "image", encoding=manifest.image_encoding if fmt == "png" else "jpeg",
+                        channels=channels, bits=bits)
+    implied = [image, Feature(k.label, "int64"),
                Feature(k.filename, "string"), Feature(k.height, "int64"), Feature(k.width, "int64")]
     implied += [Feature(key, "string") for key in (k.image_format, k.label_text) if key]
     return tuple(sorted([*implied, *declared], key=lambda f: f.name))
+
+
+def image_summary(image_kinds: Mapping[str, int]) -> Tuple[str, int, int]:
+    """(format, channels, bits) one decoder reads every record of these kinds with (Manifest.image_kinds,
+    'format:channels:dtype' -> records): 16 bits when any record has them (8-bit ones decode scaled
+    by 257); the records' channel count when they share one, else 3 (grey becomes RGB, alpha is
+    dropped), or 4 when every record is a PNG and some have alpha (a JPEG decodes to 1 or 3 only)."""
+    formats = {k.split(":")[0] for k in image_kinds} or {"jpeg"}
+    channels = {int(k.split(":")[1]) for k in image_kinds} or {3}
+    bits = 16 if any(k.endswith(":uint16") for k in image_kinds) else 8
+    if len(channels) == 1:
+        count = channels.pop()
+    elif formats == {"png"} and channels & {2, 4}:
+        count = 4
+    else:
+        count = 3
+    if "jpeg" in formats and count in (2, 4):
+        count = 3
+    return ("jpeg" if formats == {"jpeg"} else "png"), count, bits
 
 
 def tfrecord_description(features: Sequence[Feature]) -> Dict[str, str]:
