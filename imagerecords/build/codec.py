@@ -26,6 +26,9 @@ ALPHA_BACKGROUND = (255, 255, 255)
 # sniff_format's names -> Pillow's format ids: the bytes are opened only as what they say they are.
 _PILLOW_FORMATS = {"jpeg": "JPEG", "png": "PNG", "gif": "GIF", "bmp": "BMP", "tiff": "TIFF", "webp": "WEBP"}
 
+# --image_encoding values: what a record's image bytes are (see ImageOptions.image_encoding).
+ENCODINGS = ("jpeg", "png", "keep")
+
 _SIGNATURES = (
     (b"\xff\xd8\xff", "jpeg"),
     (b"\x89PNG\r\n\x1a\n", "png"),
@@ -168,6 +171,8 @@ class ImageOptions:
       reencode: re-encode JPEGs even when they could pass through byte for byte.
       max_file_mb: input files larger than this many megabytes (10^6 bytes) are rejected without
         being read whole (a stray video or disk image in the input costs no memory).
+      image_encoding: what is stored: 'jpeg', 'png' or 'keep'; image files are stored as JPEG,
+        a uint8 `image` array (imagerecords.build.arrays) as PNG unless 'jpeg' is asked for.
     """
 
     max_side: Optional[int] = None
@@ -175,6 +180,7 @@ class ImageOptions:
     quality: int = 90
     reencode: bool = False
     max_file_mb: float = 64.0
+    image_encoding: str = "jpeg"
 
     def __post_init__(self):
         for name in ("max_side", "short_side"):
@@ -183,6 +189,8 @@ class ImageOptions:
                 raise ValueError(f"{name} must be a positive number of pixels, got {value}")
         if not 1 <= self.quality <= 95:
             raise ValueError(f"quality must be within 1..95 (libjpeg's useful range), got {self.quality}")
+        if self.image_encoding not in ENCODINGS:
+            raise ValueError(f"image_encoding must be one of {', '.join(ENCODINGS)}, got {self.image_encoding!r}")
         if not (isinstance(self.max_file_mb, (int, float)) and math.isfinite(self.max_file_mb) and self.max_file_mb > 0):
             raise ValueError(f"max_file_mb must be a number of megabytes > 0, got {self.max_file_mb!r}")
 

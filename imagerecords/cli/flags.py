@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from imagerecords.build import config as config_lib
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
+from imagerecords.build import codec
 from imagerecords.build.codec import ImageOptions
 from imagerecords.build.config import BuildConfig
 from imagerecords.build.errors import UsageError
@@ -28,6 +29,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "schema": tuple(schema.PRESETS),
     "writer": tuple(config_lib.WRITERS),
     "label_type": tuple(config_lib.LABEL_TYPES),
+    "image_encoding": tuple(codec.ENCODINGS),
 }
 
 # Fields whose dataclass type has no one-token command-line form, with the metavar shown in --help.
