@@ -42,14 +42,13 @@ PNG_COMPRESS_LEVEL = 6  # fixed: equal pixels give equal bytes with one zlib
 
 def is_arrays_input(path: str) -> bool:
     """Whether --input names NumPy arrays: an .npz file, or a local folder with .npy files in it."""
-    if path.lower().endswith(".npz"):
-        return True
-    if "://" in path or not os.path.isdir(path):
-        return False
-    try:
-        return any(name.endswith(".npy") and not name.startswith(".") for name in os.listdir(path))
-    except OSError:
-        return False
+    if "://" not in path and os.path.isdir(path):
+        try:
+            return any(name.endswith(".npy") and not name.startswith(".") for name in os.listdir(path))
+        except OSError:
+            return False
+    return path.lower().endswith(".npz")
+
 
 
 def is_row(uri: str) -> bool:
@@ -61,7 +60,7 @@ def _headers(path: str) -> Dict[str, Tuple[Tuple[int, ...], Any]]:
     import numpy as np
 
     out = {}
-    if path.lower().endswith(".npz"):
+    if not os.path.isdir(path):
         with zipfile.ZipFile(path) as z:
             for member in sorted(z.namelist()):
                 if not member.endswith(".npy"):
@@ -84,7 +83,7 @@ def open_arrays(path: str) -> Dict[str, Any]:
     the local engine opens it before it forks, so its workers share one copy of an .npz."""
     import numpy as np
 
-    if path.lower().endswith(".npz"):
+    if not os.path.isdir(path):
         with np.load(path, allow_pickle=False) as z:
             return {name: z[name] for name in sorted(z.files)}
     return {name[:-4]: np.load(os.path.join(path, name), mmap_mode="r", allow_pickle=False)
