@@ -171,8 +171,8 @@ class ImageOptions:
       reencode: re-encode JPEGs even when they could pass through byte for byte.
       max_file_mb: input files larger than this many megabytes (10^6 bytes) are rejected without
         being read whole (a stray video or disk image in the input costs no memory).
-      image_encoding: what is stored: 'jpeg', 'png' or 'keep'; image files are stored as JPEG,
-        a uint8 `image` array (imagerecords.build.arrays) as PNG unless 'jpeg' is asked for.
+      image_encoding: what is stored: 'jpeg', 'png' or 'keep'. Image files default to JPEG; a uint8
+        image array of an .npz or .npy input defaults to lossless PNG.
     """
 
     max_side: Optional[int] = None
