@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 
-__all__ = ["finish", "run"]
+__all__ = ["build_arrays", "finish", "run"]
 
 
 def __getattr__(name):
@@ -12,4 +12,8 @@ def __getattr__(name):
         from imagerecords.cli import launcher
 
         return getattr(launcher, name)
+    if name == "build_arrays":
+        from imagerecords.build.arrays import build_arrays
+
+        return build_arrays
     raise AttributeError(f"module 'imagerecords' has no attribute {name!r}")

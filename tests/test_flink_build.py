@@ -222,3 +222,23 @@ def test_a_declared_features_build_on_flink_is_byte_identical(cluster, tmp_path)
     for a, b in zip(local, on_flink):
         assert filecmp.cmp(a, b, shallow=False), b
     assert manifest_without_time(tmp_path / "local") == manifest_without_time(tmp_path / "flink")
+
+
+def test_arrays_build_on_flink_is_byte_identical_to_direct_runner(cluster, tmp_path):
+    """An .npz input (float32 28x28 raw, uint8 labels as classes, a float64 tensor) on the cluster's
+    SDK workers writes the bytes DirectRunner writes."""
+    import numpy as np
+
+    from imagerecords.cli.launcher import run
+
+    r = np.random.default_rng(7)
+    npz = tmp_path / "data.npz"
+    np.savez(npz, image=r.random((200, 28, 28), dtype=np.float32), label=r.integers(0, 10, 200),
+             extra=r.standard_normal((200, 2)))
+    args = ["--input", str(npz), "--splits", "train=0.7,validation=0.3", "--num_shards", "2"]
+    reference = tmp_path / "direct"
+    run([*args, "--output", str(reference), "--no_progress", "--runner=DirectRunner"])
+    out = tmp_path / "flink"
+    run([*args, "--output", str(out), *cluster.pipeline_args()])
+    assert_same_dataset(out, reference)
+    assert json.loads((out / "manifest.json").read_text())["features"]["extra"]["dtype"] == "float64"

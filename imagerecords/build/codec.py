@@ -179,7 +179,8 @@ class ImageOptions:
         (every image re-encoded as a lossless, pixel-exact PNG in its own channels: grey, grey+alpha,
         RGB, RGBA; 16-bit grey stays 16-bit; palettes become RGB or RGBA) or 'keep' (a PNG or JPEG is
         stored as its source bytes, any other format as 'png' does; one that must be resized or
-        rotated is re-encoded in its own format: PNG losslessly, JPEG at `quality`).
+        rotated is re-encoded in its own format: PNG losslessly, JPEG at `quality`). A
+        uint8 image array of an .npz or .npy input defaults to 'png'.
     """
 
     max_side: Optional[int] = None

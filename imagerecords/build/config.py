@@ -187,6 +187,10 @@ class BuildConfig:
             d.pop(k)
         if self.features:  # manifest.json's "features" is the spec; here only what feeds it
             d["features"] = features_lib.specs_to_json(self.features)
+        elif _is_arrays(self.input):  # an arrays input's spec comes from its arrays
+            from imagerecords.build import arrays
+
+            d["features"] = arrays.manifest_features(self)
         d["splits"] = dict(self.splits) if self.splits else None
         if self.image.image_encoding == "jpeg":
             del d["image"]["image_encoding"]  # a default build's manifest keeps the bytes it had before the setting
@@ -260,11 +264,19 @@ def load_preset(path: str) -> Tuple[Dict[str, Any], List[str]]:
     return dict(data), beam_args
 
 
+def _is_arrays(path: Any) -> bool:
+    from imagerecords.build import arrays
+
+    return isinstance(path, str) and arrays.is_arrays_input(path)
+
+
 def make_config(*layers: Mapping[str, Any]) -> BuildConfig:
     """Merges setting layers (later wins, None means unset) into a validated BuildConfig."""
     merged: Dict[str, Any] = {}
     for layer in layers:
         merged.update({k: v for k, v in layer.items() if v is not None})
+    if "image_encoding" not in merged and _is_arrays(merged.get("input")):
+        merged["image_encoding"] = "png"  # a uint8 image array is stored losslessly unless JPEG is asked for
     image = ImageOptions(**{k: merged.pop(k) for k in list(merged) if k in _IMAGE_FIELDS})
     if isinstance(merged.get("features"), Mapping):
         merged["features"] = features_lib.parse_declarations(merged["features"])

@@ -168,6 +168,30 @@ def tfds_features(num_classes: int, declared: Optional[Mapping[str, Mapping[str,
     }
 
 
+def _arrays_spec(manifest: Manifest) -> bool:
+    """Whether the spec covers the preset's image or label key: an arrays build's, which stores nothing else."""
+    from imagerecords.format import schema
+
+    keys = schema.keys(manifest.schema)
+    return keys.image in manifest.features or keys.label in manifest.features
+
+
+def tfds_declared(manifest: Manifest) -> Dict[str, object]:
+    """TFDS's features.json from the manifest's feature spec; the preset's int64 label is a ClassLabel."""
+    from imagerecords.format import features as features_lib, schema
+
+    label = schema.keys(manifest.schema).label
+    out: Dict[str, object] = {}
+    for spec in features_lib.specs_from_json(manifest.features):
+        if spec.name == label and spec.dtype == "int64" and spec.shape == () and manifest.label_names != ("",):
+            out[spec.name] = {"pythonClassName": "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
+                              "classLabel": {"numClasses": str(len(manifest.label_names))}}
+        else:
+            out[spec.name] = features_lib.tfds_feature(spec)
+    return {"pythonClassName": "tensorflow_datasets.core.features.features_dict.FeaturesDict",
+            "featuresDict": {"features": out}}
+
+
 def label_names_text(names: Sequence[str]) -> bytes:
     return "".join(f"{n}\n" for n in names).encode("utf-8")
 
@@ -178,6 +202,9 @@ def metadata_files(manifest: Manifest) -> List[Tuple[str, bytes]]:
     files = [(LABEL_NAMES, label_names_text(manifest.label_names))]
     if manifest.schema == "tfds":
         files.append((DATASET_INFO, dumps(tfds_dataset_info(manifest))))
+        if _arrays_spec(manifest):
+            files.append((FEATURES, dumps(tfds_declared(manifest))))
+            return files
         kinds = manifest.image_kinds if manifest.image_encoding != "jpeg" else None
         files.append((FEATURES, dumps(tfds_features(len(manifest.label_names), manifest.features, kinds))))
         # TFDS reads a ClassLabel's names from <feature>.labels.txt, a Sequence's inner one too.

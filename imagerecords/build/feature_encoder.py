@@ -6,7 +6,7 @@ import io
 import json
 from typing import Callable, Dict, Sequence
 
-from imagerecords.build import input_files
+from imagerecords.build import codec, input_files
 from imagerecords.build.refs import ImageRef, LabelMap
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
@@ -85,5 +85,5 @@ def _image(feature: Feature, path: str, read_bytes: Callable[[str], bytes], qual
         # Fixed settings and no metadata: equal pixels give equal bytes.
         codec_free = img.copy()
         codec_free.info.clear()
-        codec_free.save(buf, "PNG", compress_level=6)
+        codec_free.save(buf, "PNG", compress_level=codec.PNG_COMPRESS_LEVEL)
     return buf.getvalue()

@@ -9,7 +9,7 @@ import functools
 import hashlib
 from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
-from imagerecords.build import codec, feature_encoder, input_files
+from imagerecords.build import arrays, codec, feature_encoder, input_files
 from imagerecords.format.features import Feature, ValueProblem
 from imagerecords.format import schema
 from imagerecords.format.records import RecordWriter
@@ -56,6 +56,8 @@ def encode_ref(
         over `options.max_file_mb` without reading them. Whatever reads, bytes over the limit are
         rejected here too.
     """
+    if arrays.is_row(ref.uri):
+        return arrays.encode_ref(ref, preset, labels, options)
     try:
         data = read_bytes(ref.uri)
     except input_files.Refused as e:  # turned away by policy: no exception type to report

@@ -12,7 +12,7 @@ import posixpath
 import secrets
 from typing import IO, Iterator, List, Optional, Sequence, Tuple
 
-from imagerecords.build import codec, storage
+from imagerecords.build import arrays, codec, storage
 from imagerecords.build import refs as refs_lib
 from imagerecords.format.paths import has_scheme
 from imagerecords.build.config import BuildConfig
@@ -39,7 +39,7 @@ class InputInfo:
     """What the checks learned about the input (so that nobody reads it again to learn it).
 
     Attributes:
-      kind: 'folder', 'csv' or 'jsonl'.
+      kind: 'folder', 'csv', 'jsonl' or 'arrays'.
       columns: a manifest's column names (CSV header, or the keys of the first JSONL_COLUMN_ROWS
         JSONL rows); () for a folder.
       header: a CSV manifest's header line as written (BOM and line break removed), else None;
@@ -361,6 +361,9 @@ def check_input(config: BuildConfig, *, ignore_split_column: bool = False) -> In
         ignore_split_column.
     """
     path = config.input
+    if arrays.is_arrays_input(path):
+        arrays.check_input(path, config.schema, config.image.image_encoding)
+        return InputInfo("arrays")
     kind = _manifest_kind(path)
     if kind is None:
         if has_scheme(path):

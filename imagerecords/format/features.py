@@ -222,7 +222,7 @@ def check(feature: Feature, value: Any) -> Any:
     CSV cells are text: a numeric or class_list feature reads them as JSON (`[[0, 0, 4, 4]]`, `1.5`).
     """
     name = feature.name
-    if value is None or value == "":
+    if value is None or (isinstance(value, str) and value == ""):  # an array row is never ''
         if feature.numeric and None in feature.shape and feature.shape[0] is None and value == "":
             value = []
         else:

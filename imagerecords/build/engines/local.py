@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from imagerecords.build import input_files, planning, publish, shard_writer, stages, storage
+from imagerecords.build import arrays, input_files, planning, publish, shard_writer, stages, storage
 from imagerecords.build import refs as refs_lib
 from imagerecords.build.config import BuildConfig
 from imagerecords.build.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
@@ -118,6 +118,10 @@ def list_inputs(config: BuildConfig, csv_header: Optional[str], pool=None, worke
     a manifest is parsed (and its files stat-ed) in byte ranges. Results come back in the serial
     order, so both ways list the same rows in the same order.
     """
+    if arrays.is_arrays_input(config.input):
+        rows = arrays.list_refs(config.input, config.schema, config.image.image_encoding)
+        yield from ((0, r) if isinstance(r, Rejected) else (refs_lib.shuffle_hash(config.seed, r.key), r) for r in rows)
+        return
     if refs_lib.is_manifest(config.input):
         csv = csv_header is not None
         if pool is None:
@@ -368,6 +372,8 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
       The results written, and the worker processes used.
     """
     forked = workers if workers is not None else _auto_workers()
+    if arrays.is_arrays_input(config.input):
+        arrays.open_arrays(config.input)  # before the fork: the workers share the launcher's copy of an .npz
     writer = stages.ShardWriter.of(config, build_id)
     pool, cancel = _fork_workers(forked, writer, progress_dir) if forked else (None, None)
     try:

@@ -7,10 +7,11 @@ from typing import Mapping, Optional
 import apache_beam as beam
 
 from imagerecords.build import refs as refs_lib
-from imagerecords.build import publish, stages
+from imagerecords.build import arrays, publish, stages
 from imagerecords.build.config import BuildConfig
 from imagerecords.build.engines.beam import (AssignLabels, FindDuplicates, GlobalShuffle, ListImages, ReadManifest,
                                      RecordResults, WriteShards, WriteWithBeamSink)
+from imagerecords.build.engines.beam.array_rows import ListRows
 from imagerecords.build.engines.beam.common import CONTENTS, REJECTED
 
 
@@ -30,7 +31,9 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
     Returns:
       A PCollection holding the single publish.BuildResults written.
     """
-    if refs_lib.is_manifest(config.input):
+    if arrays.is_arrays_input(config.input):
+        listed = p | "ListRows" >> ListRows(config.input, config.schema, config.image.image_encoding)
+    elif refs_lib.is_manifest(config.input):
         columns = config.manifest_columns()
         listed = p | "ReadManifest" >> ReadManifest(config.input, columns, config.image.max_file_bytes, csv_header,
                                                     stat=not config.skip_stat)

@@ -1,0 +1,110 @@
+"""NumPy input against the seed's serial loop, both measured in this run (only ratios travel).
+
+Usage:
+    python -m benchmarks.bench_arrays [--float_rows 60000] [--rgb_rows 50000] [--json out.json]
+
+Workloads: float32 (N, 28, 28) with int labels (stored raw, as the seed does) and uint8
+(N, 32, 32, 3) with int labels (we store PNG; the seed stores raw bytes). Build: `imagerecords build
+--input X.npz` (the CLI in a subprocess, imports included) against the seed's loop
+(tf.train.Example + tf.io.TFRecordWriter over the arrays, one file). Read: plain tf.data over each
+output (TFRecordDataset, parse_single_example, decode_raw or decode_png, batch 256), one pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def seed_loop(x, y, path):
+    import tensorflow as tf
+
+    started = time.perf_counter()
+    with tf.io.TFRecordWriter(path) as w:
+        for i in range(len(x)):
+            ex = tf.train.Example(features=tf.train.Features(feature={
+                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[x[i].tobytes()])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y[i])]))}))
+            w.write(ex.SerializeToString())
+    return time.perf_counter() - started
+
+
+def ours(npz, out):
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import sys; from imagerecords.cli.main import main; sys.exit(main())",
+                    "build", "--input", npz, "--output", out, "--no_progress"], check=True, cwd=REPO,
+                   env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def read(files, decode):
+    import tensorflow as tf
+
+    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+
+    def parse(r):
+        ex = tf.io.parse_single_example(r, spec)
+        return decode(ex["image"]), ex["label"]
+
+    ds = tf.data.TFRecordDataset(files).map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(256)
+    started, n = time.perf_counter(), 0
+    for images, _ in ds:
+        n += int(images.shape[0])
+    return n, time.perf_counter() - started
+
+
+def workload(name, x, y, work, decode_ours, decode_seed):
+    npz = os.path.join(work, f"{name}.npz")
+    np.savez(npz, image=x, label=y)
+    seed_s = seed_loop(x, y, os.path.join(work, f"{name}.seed.tfrecord"))
+    ours_s = ours(npz, os.path.join(work, f"{name}-out"))
+    files = sorted(glob.glob(os.path.join(work, f"{name}-out", "*", "*.tfrecord-*")))
+    n1, ours_read = read(files, decode_ours)
+    n2, seed_read = read([os.path.join(work, f"{name}.seed.tfrecord")], decode_seed)
+    assert n1 == n2 == len(x), (n1, n2)
+    return {"rows": len(x), "seed_build_s": seed_s, "ours_build_s": ours_s, "build_speedup": seed_s / ours_s,
+            "seed_read_per_s": n2 / seed_read, "ours_read_per_s": n1 / ours_read,
+            "read_ratio": (n1 / ours_read) / (n2 / seed_read)}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--float_rows", type=int, default=60000)
+    p.add_argument("--rgb_rows", type=int, default=50000)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    import tensorflow as tf
+
+    r = np.random.default_rng(0)
+    out = {"cores": os.cpu_count()}
+    with tempfile.TemporaryDirectory() as work:
+        x = r.random((args.float_rows, 28, 28), dtype=np.float32)
+        out["float32_28x28"] = workload("float", x, r.integers(0, 10, len(x)), work,
+                                        lambda b: tf.reshape(tf.io.decode_raw(b, tf.float32), (28, 28)),
+                                        lambda b: tf.reshape(tf.io.decode_raw(b, tf.float32), (28, 28)))
+        x = r.integers(0, 256, (args.rgb_rows, 32, 32, 3), dtype=np.uint8)
+        out["uint8_32x32x3"] = workload("rgb", x, r.integers(0, 10, len(x)), work,
+                                        lambda b: tf.io.decode_png(b, channels=3),
+                                        lambda b: tf.reshape(tf.io.decode_raw(b, tf.uint8), (32, 32, 3)))
+    for name in ("float32_28x28", "uint8_32x32x3"):
+        w = out[name]
+        print(f"{name:15} {w['rows']:6} rows  build: ours {w['ours_build_s']:.1f} s vs seed loop "
+              f"{w['seed_build_s']:.1f} s (x{w['build_speedup']:.2f})  read: ours {w['ours_read_per_s']:.0f}/s vs "
+              f"seed {w['seed_read_per_s']:.0f}/s (x{w['read_ratio']:.2f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
