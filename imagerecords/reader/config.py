@@ -72,6 +72,12 @@ class ReadConfig:
       autotune_ram_budget_mb: cap on the memory tf.data's autotuner may spend on buffers (prefetch,
         parallel map outputs) in MB; 0 keeps tf.data's default (half the machine's RAM).
       options: tf.data.Options applied after the reader's own (they win where both are set).
+      order_block: the resumable order (make_dataset's start_step or start_example given):
+        records per block, consecutive records of one shard that the epoch's seeded block
+        permutation moves together. Ignored otherwise.
+      order_window: the resumable order: positions per window; each window of the permuted
+        blocks is permuted again (seeded by seed, epoch and window), as a shuffle buffer of this
+        size would mix it. It costs no memory: records are read one by one at their offsets.
     """
 
     shuffle_files: Optional[bool] = None
@@ -100,6 +106,8 @@ class ReadConfig:
     private_threadpool_size: int = 0
     autotune_ram_budget_mb: int = 0
     options: Any = None
+    order_block: int = 64
+    order_window: int = 16384
 
     def __post_init__(self):
         problems = self.problems()
@@ -158,6 +166,10 @@ class ReadConfig:
             out.append(f"private_threadpool_size must be >= 0 (0: the shared pool), got {self.private_threadpool_size!r}")
         if self.autotune_ram_budget_mb < 0 or isinstance(self.autotune_ram_budget_mb, bool):
             out.append(f"autotune_ram_budget_mb must be >= 0 (0: tf.data's default), got {self.autotune_ram_budget_mb!r}")
+        if self.order_block < 1 or isinstance(self.order_block, bool):
+            out.append(f"order_block must be >= 1, got {self.order_block!r}")
+        if self.order_window < 1 or isinstance(self.order_window, bool):
+            out.append(f"order_window must be >= 1, got {self.order_window!r}")
         if self.cache is not True and self.cache is not False and not (isinstance(self.cache, str) and self.cache):
             out.append(f"cache must be True, False or a file path prefix, got {self.cache!r}")
         return out
