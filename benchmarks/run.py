@@ -35,7 +35,9 @@ Groups (printed as one table each):
   reader   make_dataset train (random-resized crop) and eval (center crop), 224 px, batch 128,
            against plain tf.data (interleave, shuffle, parse, decode_jpeg, resize, batch) and
            the decode limit (tf.io.decode_jpeg alone on all cores) and the crop-resize limit (the
-           training crop's decode, resize and rounding alone on all cores); time to first batch.
+           training crop's decode, resize and rounding alone on all cores); time to first batch;
+           the resumable order (start_step given) of the train and eval pipelines against the
+           default ones.
 """
 
 from __future__ import annotations
@@ -361,6 +363,9 @@ def bench_reader(res: Results, data: str, work: str, batches: int, repeats: int)
                 baseline="reader/crop_resize_limit_img_s")
     for v in rd["reader_train_img_s_runs"]:
         res.add("reader", "reader_train_vs_plain", v, "img/s", baseline="reader/plain_train_img_s")
+    for name in ("train", "eval"):
+        for v in rd[f"reader_{name}_resumable_img_s_runs"]:
+            res.add("reader", f"reader_{name}_resumable_img_s", v, "img/s", baseline=f"reader/reader_{name}_img_s")
     res.add("reader", "ttfb_train", rd["ttfb_train_s"], "s", higher_is_better=False)
     res.add("reader", "ttfb_train_make_dataset", rd["ttfb_train_make_dataset_s"], "s", higher_is_better=False)
     res.add("reader", "ttfb_eval", rd["ttfb_eval_s"], "s", higher_is_better=False)

@@ -239,6 +239,11 @@ def run_reader(data: str, batches: int, repeats: int, batch_size: int = 128, siz
                                                           config=reader.ReadConfig(dtype="uint8")),
         "reader_eval": lambda: reader.make_dataset(data, "train", batch_size=batch_size, image_size=size,
                                                    config=reader.ReadConfig(repeat=-1)),
+        # The resumable order (start_step given): records read one by one at their offsets.
+        "reader_train_resumable": lambda: reader.make_dataset(data, "train", batch_size=batch_size, image_size=size,
+                                                              training=True, seed=0, start_step=0),
+        "reader_eval_resumable": lambda: reader.make_dataset(data, "train", batch_size=batch_size, image_size=size,
+                                                             config=reader.ReadConfig(repeat=-1), start_step=0),
     }
     for r in range(repeats):  # interleaved, so machine noise hits every pipeline alike
         for name, make in pipelines.items():

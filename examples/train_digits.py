@@ -57,8 +57,12 @@ def model(num_classes: int):
     ])
 
 
-def train(dataset: str, epochs: int, batch_size: int = 32, seed: int = 0) -> Dict[str, float]:
-    """Trains on the 'train' split and returns {'accuracy': validation accuracy, ...}."""
+def train(dataset: str, epochs: int, batch_size: int = 32, seed: int = 0,
+          start_step: Optional[int] = None) -> Dict[str, float]:
+    """Trains on the 'train' split and returns {'accuracy': validation accuracy, ...}.
+
+    start_step: None reads the default order; an int reads the resumable order from that step.
+    """
     import tensorflow as tf
 
     from imagerecords import reader
@@ -70,12 +74,12 @@ def train(dataset: str, epochs: int, batch_size: int = 32, seed: int = 0) -> Dic
     config = reader.ReadConfig(random_flip=False, crop_area_range=(0.7, 1.0), crop_aspect_ratio_range=(0.85, 1.15),
                                eval_crop_fraction=1.0)
     train_ds = reader.make_dataset(dataset, "train", batch_size=batch_size, image_size=IMAGE_SIZE, training=True,
-                                   seed=seed, config=config)
+                                   seed=seed, config=config, start_step=start_step)
     val_ds = reader.make_dataset(dataset, "validation", batch_size=256, image_size=IMAGE_SIZE, config=config)
     net = model(info.num_classes)
     net.compile(optimizer=tf.keras.optimizers.Adam(3e-3),
                 loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    steps = reader.steps_per_epoch(dataset, "train", batch_size, training=True)
+    steps = reader.steps_per_epoch(dataset, "train", batch_size, training=True, resumable=start_step is not None)
     net.fit(train_ds, epochs=epochs, steps_per_epoch=steps, shuffle=False, verbose=2)  # the reader shuffles
     loss, accuracy = net.evaluate(val_ds, steps=reader.steps_per_epoch(dataset, "validation", 256), verbose=0)
     return {"accuracy": float(accuracy), "loss": float(loss),

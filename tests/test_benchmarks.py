@@ -25,7 +25,8 @@ GROUPS = {
                "default_slope_kib_per_image"],
     "reader": ["decode_limit_img_s", "crop_resize_limit_img_s", "reader_train_uint8_vs_crop_resize_limit",
                "plain_train_img_s", "reader_train_img_s", "reader_train_uint8_img_s",
-               "reader_eval_img_s", "ttfb_train", "ttfb_eval"],
+               "reader_eval_img_s", "ttfb_train", "ttfb_eval", "reader_train_resumable_img_s",
+               "reader_eval_resumable_img_s"],
     "train": ["plain_img_s", "reader_img_s", "reader_input_wait_share", "plain_input_wait_share"],
 }
 

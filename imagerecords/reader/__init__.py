@@ -7,8 +7,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
                       "pip install 'imagerecords[tensorflow]'") from e
 
 from imagerecords.reader.config import ReadConfig, normalization_constants
-from imagerecords.reader.dataset import (PAD_LABEL, as_numpy, hide_gpus_from_tensorflow, label_names, make_dataset,
-                                         numpy_batches, steps_per_epoch)
+from imagerecords.reader.dataset import (PAD_LABEL, as_numpy, examples_consumed, hide_gpus_from_tensorflow,
+                                         label_names, make_dataset, numpy_batches, steps_per_epoch)
 from imagerecords.reader.hosts import HostPlan
 from imagerecords.reader.info import DatasetInfo, ShardInfo, SplitInfo, load_info
 from imagerecords.reader.shards import ReadStats
@@ -24,6 +24,7 @@ __all__ = [
     "SplitInfo",
     "as_dataset",
     "as_numpy",
+    "examples_consumed",
     "feature_spec",
     "hide_gpus_from_tensorflow",
     "label_names",

@@ -78,6 +78,12 @@ class ReadConfig:
         float dtypes keep their 16-bit precision, uint8 rounds. 1 takes normalization "none",
         "unit" or "symmetric" (the others are three per-channel values).
       options: tf.data.Options applied after the reader's own (they win where both are set).
+      order_block: the resumable order (make_dataset's start_step or start_example given):
+        records per block, consecutive records of one shard that the epoch's seeded block
+        permutation moves together. Ignored otherwise.
+      order_window: the resumable order: positions per window; each window of the permuted
+        blocks is permuted again (seeded by seed, epoch and window), as a shuffle buffer of this
+        size would mix it. It costs no memory: records are read one by one at their offsets.
     """
 
     shuffle_files: Optional[bool] = None
@@ -107,6 +113,8 @@ class ReadConfig:
     autotune_ram_budget_mb: int = 0
     channels: int = 3
     options: Any = None
+    order_block: int = 64
+    order_window: int = 16384
 
     def __post_init__(self):
         problems = self.problems()
@@ -169,6 +177,10 @@ class ReadConfig:
             out.append(f"channels must be 1 (greyscale) or 3 (RGB), got {self.channels!r}")
         elif self.channels == 1 and not (norm is None or norm in ("none", "unit", "symmetric")):
             out.append(f"channels=1 takes normalization 'none', 'unit' or 'symmetric', not the per-channel {norm!r}")
+        if self.order_block < 1 or isinstance(self.order_block, bool):
+            out.append(f"order_block must be >= 1, got {self.order_block!r}")
+        if self.order_window < 1 or isinstance(self.order_window, bool):
+            out.append(f"order_window must be >= 1, got {self.order_window!r}")
         if self.cache is not True and self.cache is not False and not (isinstance(self.cache, str) and self.cache):
             out.append(f"cache must be True, False or a file path prefix, got {self.cache!r}")
         return out

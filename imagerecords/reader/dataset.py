@@ -15,6 +15,7 @@ from imagerecords.reader import config as config_lib
 from imagerecords.reader import formats as formats_lib
 from imagerecords.reader import hosts as hosts_lib
 from imagerecords.reader import preprocess as preprocess_lib
+from imagerecords.reader import resume as resume_lib
 from imagerecords.reader.config import ReadConfig
 from imagerecords.reader.info import DatasetInfo, load_info, missing_files
 from imagerecords.reader.shards import ReadStats, shard_records
@@ -37,6 +38,8 @@ def make_dataset(
     host_index: Optional[int] = None,
     config: Optional[ReadConfig] = None,
     stats: Optional[ReadStats] = None,
+    start_step: Optional[int] = None,
+    start_example: Optional[int] = None,
 ) -> tf.data.Dataset:
     """Returns this host's batches of (images, labels) from a dataset the builder wrote.
 
@@ -75,6 +78,21 @@ def make_dataset(
       host_index: this host, in [0, num_hosts), when there is no input_context (default 0).
       config: the knobs; ReadConfig() when None.
       stats: a ReadStats to fill with the host plan and the counts of skipped and extra records.
+      start_step: resume after this many batches of an earlier run with the same seed, host count
+        and batch_size: yields exactly that run's batches from step `start_step` on, across epoch
+        boundaries, images (crops and flips) included. Giving start_step or start_example (0 for
+        a fresh run) selects the resumable order (imagerecords.reader.resume): one global order
+        per epoch that depends on the seed and the epoch only, consumed by the hosts in turn, read
+        record by record at known offsets, so no record before the start is read. A run resumed
+        with start_step must have started with start_step=0 (the default path's order differs).
+        Each host yields steps_per_epoch(..., resumable=True) * batch_size records per epoch.
+      start_example: resume at this global example count on any host count: epoch e begins at
+        e * num_examples, and after s steps of a run on H hosts with batch B the count is
+        examples_consumed(path, split, s, B, num_hosts=H) (within an epoch, s * B * H). The hosts
+        then share the epoch's unconsumed examples (disjoint, complete up to host_remainder's
+        drop or padding); later epochs are those of a fresh run on this host count. Crops and
+        flips are seeded by (seed, epoch, position in the global order), never by the host, so
+        they match the run that was interrupted. Not with start_step.
 
     Returns:
       A tf.data.Dataset of (images [B, image_size, image_size, config.channels], labels [B] int32), plus
@@ -88,6 +106,7 @@ def make_dataset(
     config = config or ReadConfig()
     r = config_lib.resolve(config, training, seed is not None)
     problems = _call_problems(batch_size, image_size, seed, input_context, num_hosts, host_index, config, r)
+    problems += _resume_problems(start_step, start_example, config, seed, r)
     if problems:
         raise ValueError("make_dataset: " + "; ".join(problems))
     info = load_info(path)
@@ -112,6 +131,16 @@ def make_dataset(
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
         log.info("make_dataset(%s, %r): seed=None, drew seed %d", info.path, split, seed)
+
+    resumable = start_step is not None or start_example is not None
+    if resumable:
+        # (stream index, serialized record) of the global order's positions this host takes
+        records = _resumable_records(split_info, seed, n_hosts, host, r, config, stats, batch_size,
+                                     start_step, start_example)
+        may_pad = (r.host_remainder == "pad" and n_hosts > 1) or config.corrupt_records == "skip"
+        decode = _decoder(info, image_size, config, r, _derive(seed, -1, "augment"), may_pad)
+        examples = records.map(decode, num_parallel_calls=config.num_parallel_calls, deterministic=True)
+        return _finish(examples, batch_size, config, r, deterministic=True)
 
     # --- serialized records of one epoch, this host only
     slices = plan.slices
@@ -152,13 +181,19 @@ def make_dataset(
     # (stream index, serialized record); the stream index seeds the augmentation
     examples = records.enumerate().map(decode, num_parallel_calls=config.num_parallel_calls,
                                        deterministic=r.deterministic)
+    return _finish(examples, batch_size, config, r, r.deterministic)
+
+
+def _finish(examples: tf.data.Dataset, batch_size: int, config: ReadConfig, r: config_lib.Resolved,
+            deterministic: bool) -> tf.data.Dataset:
+    """Batch, prefetch and the dataset options, after the decode map."""
     # A plain batch right after the parallel map: tf.data fuses the two (map_and_batch_fusion), so
     # each image is written straight into its batch and batches are built in parallel, in order.
     batches = examples.batch(batch_size, drop_remainder=r.drop_remainder)
     if config.prefetch:
         batches = batches.prefetch(config.prefetch)
     options = tf.data.Options()
-    options.deterministic = r.deterministic
+    options.deterministic = deterministic
     if config.private_threadpool_size:
         options.threading.private_threadpool_size = config.private_threadpool_size
     if config.autotune_ram_budget_mb:
@@ -169,6 +204,56 @@ def make_dataset(
     if config.options is not None:
         batches = batches.with_options(config.options)
     return batches
+
+
+def _resumable_records(split_info, seed: int, n_hosts: int, host: int, r: config_lib.Resolved, config: ReadConfig,
+                       stats: ReadStats, batch_size: int, start_step: Optional[int],
+                       start_example: Optional[int]) -> tf.data.Dataset:
+    """(stream index, serialized) of this host's positions of the resumable order, from the start position."""
+    counts = split_info.shard_lengths
+    total = sum(counts)
+    if start_step is not None:
+        start = resume_lib.position_of_step(start_step, batch_size, total, n_hosts, r.host_remainder)
+    else:
+        start = resume_lib.position_of_example(start_example, total) if total else resume_lib.Position(0, 0)
+    # Offsets are looked up once here (index files, or a scan of the frame headers).
+    table = resume_lib.RecordTable(split_info.files, counts, [s.index_path for s in split_info.shards],
+                                   config.corrupt_records, stats)
+    shuffle = r.shuffles
+
+    def generate():
+        yield from resume_lib.tasks(counts, seed, start, r.repeat, n_hosts, host, r.host_remainder,
+                                    config.order_block, config.order_window, shuffle)
+
+    tasks = tf.data.Dataset.from_generator(generate, output_signature=(
+        tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64)))
+
+    def read_py(ids):
+        return tf.constant(table.read(ids.numpy()), tf.string, shape=[len(ids)])
+
+    @tf.autograph.experimental.do_not_convert
+    def read(ids, stream):
+        records = tf.py_function(read_py, [ids], tf.string)
+        records.set_shape(ids.shape)
+        return stream, records
+
+    return tasks.map(read, num_parallel_calls=config.num_parallel_calls, deterministic=True).unbatch()
+
+
+def _resume_problems(start_step, start_example, config: ReadConfig, seed, r: config_lib.Resolved) -> List[str]:
+    out = []
+    if (start_step is not None or start_example is not None) and seed is None and (r.shuffles or r.random_crop):
+        out.append("start_step/start_example resume the order and crops of a seed, but seed=None draws a new one; "
+                   "pass the seed of the run you resume")
+    if start_step is not None and start_example is not None:
+        out.append(f"give start_step or start_example, not both (got {start_step} and {start_example})")
+    for name, value in (("start_step", start_step), ("start_example", start_example)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            out.append(f"{name} must be an int >= 0, got {value!r}")
+    if (start_step is not None or start_example is not None) and config.cache:
+        out.append("cache keeps the first epoch's order, but the resumable order (start_step/start_example) "
+                   "differs each epoch; drop cache")
+    return out
 
 
 def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_lib.Resolved, augment_seed: int,
@@ -291,14 +376,48 @@ def steps_per_epoch(
     num_hosts: Optional[int] = None,
     host_index: Optional[int] = None,
     config: Optional[ReadConfig] = None,
+    resumable: bool = False,
 ) -> int:
     """Returns the batches per epoch make_dataset yields with the same arguments (the same on every host).
 
-    Computed from the manifest's counts and the host split; nothing is read.
+    Computed from the manifest's counts and the host split; nothing is read. `resumable=True`
+    counts for the resumable order (make_dataset given start_step or start_example), where each
+    host takes num_examples / hosts records per epoch (rounded down for "drop", up for "pad").
+    There, batches run on across epoch boundaries, so with drop_remainder an epoch's last
+    records start the next epoch's first batch rather than being dropped.
     """
     r = config_lib.resolve(config or ReadConfig(), training, True)
-    n = _plan(load_info(path).split(split), input_context, num_hosts, host_index, r).records_per_epoch
+    split_info = load_info(path).split(split)
+    if resumable:
+        n_hosts, _ = _hosts(input_context, num_hosts, host_index)
+        n = resume_lib.per_host_records(split_info.num_examples, 0, n_hosts, r.host_remainder)
+    else:
+        n = _plan(split_info, input_context, num_hosts, host_index, r).records_per_epoch
     return n // batch_size if r.drop_remainder else -(-n // batch_size)
+
+
+def examples_consumed(
+    path: Union[str, DatasetInfo],
+    split: str,
+    steps: int,
+    batch_size: int,
+    *,
+    training: bool = False,
+    input_context: Optional[tf.distribute.InputContext] = None,
+    num_hosts: Optional[int] = None,
+    config: Optional[ReadConfig] = None,
+) -> int:
+    """The global example count (make_dataset's start_example) after `steps` steps of the resumable order.
+
+    `steps` synchronous steps of `batch_size` per host on `num_hosts` hosts (or the input_context's
+    pipelines); epoch e begins at e * num_examples. Pass the result to make_dataset(...,
+    start_example=n) on any host count.
+    """
+    r = config_lib.resolve(config or ReadConfig(), training, True)
+    total = load_info(path).split(split).num_examples
+    n_hosts, _ = _hosts(input_context, num_hosts, 0 if num_hosts is not None else None)
+    at = resume_lib.position_of_step(steps, batch_size, total, n_hosts, r.host_remainder)
+    return at.epoch * total + at.consumed
 
 
 def label_names(path: Union[str, DatasetInfo]) -> List[str]:

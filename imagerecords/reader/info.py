@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
-from typing import Dict, List, Mapping, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -25,6 +25,7 @@ class ShardInfo:
       num_bytes: file size in bytes.
       sha256: hex digest of the file, as written.
       labels: {label id: records with that id}; ids include the label offset.
+      index_path: full path of the shard's tfrecord2idx index file, when the build wrote one.
     """
 
     index: int
@@ -33,6 +34,7 @@ class ShardInfo:
     num_bytes: int
     sha256: str
     labels: Mapping[int, int]
+    index_path: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +147,8 @@ def load_info(path: Union[str, "DatasetInfo"]) -> DatasetInfo:
     for split in manifest.splits:
         shards = tuple(
             ShardInfo(index=s.index, path=join(path, s.filename), count=s.count, num_bytes=s.num_bytes,
-                      sha256=s.sha256, labels=dict(s.labels))
+                      sha256=s.sha256, labels=dict(s.labels),
+                      index_path=join(path, s.index_file) if s.index_file else None)
             for s in split.shards
         )
         splits[split.name] = SplitInfo(split.name, split.num_examples, split.num_bytes, shards)

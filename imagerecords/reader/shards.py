@@ -33,12 +33,16 @@ class ReadStats:
         the file ends before them} ("skip" policy only).
       extra: {shard path: records the file holds past the manifest's count, not read} ("skip"
         policy only).
+      records_read, bytes_read: records and shard bytes the resumable path (start_step or
+        start_example given) read; 0 on the other path.
     """
 
     def __init__(self):
         self.plan = None
         self.skipped: Dict[str, int] = collections.Counter()
         self.extra: Dict[str, int] = collections.Counter()
+        self.records_read = 0
+        self.bytes_read = 0
         self._lock = threading.Lock()
 
     @property
@@ -58,6 +62,11 @@ class ReadStats:
     def _add_extra(self, path: str, n: int) -> None:
         with self._lock:
             self.extra[path] += n
+
+    def _add_read(self, records: int, num_bytes: int) -> None:
+        with self._lock:
+            self.records_read += records
+            self.bytes_read += num_bytes
 
     def __repr__(self) -> str:
         return f"ReadStats(plan={self.plan!r}, skipped={dict(self.skipped)!r}, extra={dict(self.extra)!r})"
