@@ -9,7 +9,7 @@ import torch
 from imagerecords.torch.dataset import RecordDataset
 from imagerecords.torch.order import GlobalBatchSampler
 
-_OURS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+_OURS = ("sampler", "batch_sampler", "drop_last")
 
 
 class Loader(torch.utils.data.DataLoader):
