@@ -288,3 +288,48 @@ def test_gs_shards_are_read_with_ranged_reads(built, fake_gcs_server):
     assert remote == local  # the same records, crops and order as from the local folder
     assert len(remote["rows"]) == manifest.split("train").num_examples
     assert missing.returncode != 0 and "gs://torchbucket/nothing holds no published imagerecords dataset" in missing.stderr
+
+
+_RECIPE = """
+import json, sys
+from test_recipes import recipes
+scope = {"OUT": sys.argv[1]}
+exec(compile(recipes()["torch-reader"], "docs/recipes.md[torch-reader]", "exec"), scope)
+cont = [labels.tolist() for _, labels in scope["loader"]]  # the first loader, carried on past its break
+again = [labels.tolist() for _, labels in scope["resumed"]]
+val = [int(x) for _, labels in scope["validation"] for x in labels]
+assert "tensorflow" not in sys.modules
+print(json.dumps({"state": scope["state"], "cont": cont, "again": again, "val": val}))
+"""
+
+
+def test_torch_reader_recipe_resumes_where_it_stopped(built):
+    path, manifest = built["indexed"]
+    proc = subprocess.run([sys.executable, "-c", _RECIPE, path], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.join(ROOT, "tests"), env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["state"] == {"seed": 0, "epoch": 0, "consumed": 16, "num_examples": 32}
+    assert result["again"] == result["cont"] and len(result["again"]) == 2  # 32 // 8 = 4 batches, 2 taken
+    want = sorted(label for s in manifest.split("validation").shards for label, n in s.labels for _ in range(n))
+    assert sorted(v for v in result["val"] if v != irt.PAD_LABEL) == want
+
+
+def test_benchmark_reports_every_loader_and_ratio(tmp_path):
+    for module in ("tfrecord", "torchvision"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed: the benchmark's peers need it")
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "benchmarks.bench_torch", "--images", "12", "--shards",
+                           "2", "--batch", "4", "--size", "32", "--repeats", "1", "--cache", str(tmp_path / "cache"),
+                           "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert sorted(result["figures"]) == ["imagefolder", "records", "records_tv", "tfrecord"]
+    for name, fig in result["figures"].items():
+        assert fig["img_s"] > 0 and fig["images"] == (12 if name == "imagefolder" else result["figures"]["records"]
+                                                      ["images"]), name
+    for name, r in result["ratios"].items():
+        peer = name[len("records_vs_"):]
+        assert r["ratio"] == pytest.approx(result["figures"]["records"]["img_s"] / result["figures"][peer]["img_s"])
