@@ -12,7 +12,6 @@ import pickle
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
