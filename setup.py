@@ -43,6 +43,9 @@ BUILD = [
     "pillow>=12.3",
     "pyyaml>=6.0",
 ]
+# imagerecords.torch: a PyTorch dataset and loader decoding with Pillow; no TensorFlow. The floor is
+# not run by CI (it runs constraints.txt's torch). gs:// needs google-cloud-storage too (in `gcp`).
+TORCH = ["torch>=2.1", "pillow>=12.3"]
 # gs:// inputs and outputs (Beam's GcsIO and google-cloud-storage) and Dataflow.
 GCP = [f"apache-beam[gcp]{BEAM_RANGE}", *BUILD]
 
@@ -61,6 +64,7 @@ setup(
         "tensorflow": TENSORFLOW,
         "build": BUILD,
         "gcp": GCP,
+        "torch": TORCH,
         # Everything the test suite imports: builder, gs://, TensorFlow, and the tools below.
         "test": GCP + TENSORFLOW + ["pytest==9.2.0", "tensorflow-datasets==4.9.10",
                  # 1.21 is generated for protobuf 6; Beam 2.62 keeps protobuf 5.

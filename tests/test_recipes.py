@@ -47,7 +47,7 @@ def _run(name, out):
 
 def test_every_recipe_block_is_found_and_compiles():
     found = recipes()
-    assert sorted(found) == ["dali", "jax", "model-garden", "pytorch", "pytorch-files", "tfds"]
+    assert sorted(found) == ["dali", "jax", "model-garden", "pytorch", "pytorch-files", "tfds", "torch-reader"]
     for name, code in found.items():
         compile(code, f"docs/recipes.md[{name}]", "exec")
 

@@ -1,0 +1,266 @@
+"""A map-style PyTorch dataset over one split: any record by its index-file offset, decoded with Pillow."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from imagerecords.format import schema
+from imagerecords.format.manifest import MANIFEST, STAGING, Manifest, no_manifest_hint, unfinished_hint
+from imagerecords.format.paths import has_scheme, join
+from imagerecords.format.records import FRAME_OVERHEAD, CorruptRecordError, masked_crc32c, parse_index
+from imagerecords.torch import transforms as T
+from imagerecords.torch._files import Files
+from imagerecords.torch.order import PAD_LABEL, Ticket
+
+LAYOUTS = ("chw", "hwc")
+INDEX_POLICIES = ("require", "scan")
+_HEADER = 12  # uint64 length + masked crc32c of the length
+
+
+class MissingIndexError(ValueError):
+    """The split's shards have no index files and index='require'; the message says how to mend it."""
+
+
+def load_manifest(path: str, files: Optional[Files] = None) -> Manifest:
+    """Reads `path`/manifest.json (local or gs://) without TensorFlow.
+
+    Raises:
+      FileNotFoundError: when no build is published there (the message says whether an unfinished
+        one is, and how to finish it).
+      imagerecords.format.manifest.ManifestError: when the manifest is unreadable.
+    """
+    files = files or Files()
+    manifest_path = join(path, MANIFEST)
+    try:
+        data = files.read(manifest_path)
+    except FileNotFoundError:
+        if not has_scheme(path) and os.path.exists(join(path, STAGING)):
+            raise FileNotFoundError(unfinished_hint(path)) from None
+        raise FileNotFoundError(no_manifest_hint(path)) from None
+    return Manifest.loads(data, manifest_path)
+
+
+def _scan_offsets(files: Files, path: str) -> List[Tuple[int, int]]:
+    """(offset, frame length) of every frame of shard `path`, found by reading the whole file once."""
+    data = files.read(path)
+    entries, pos = [], 0
+    while pos < len(data):
+        header = data[pos:pos + _HEADER]
+        if len(header) < _HEADER or masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
+            raise CorruptRecordError(f"{path}: bad or truncated record header at byte {pos}")
+        length = struct.unpack("<Q", header[:8])[0] + FRAME_OVERHEAD
+        entries.append((pos, length))
+        pos += length
+    if pos != len(data):
+        raise CorruptRecordError(f"{path}: the last record runs past the end of the file")
+    return entries
+
+
+class RecordDataset(torch.utils.data.Dataset):
+    """One split of a built dataset, indexable by record (shard order) or by the sampler's Tickets.
+
+    `dataset[i]` is record `i` of the split; `imagerecords.torch.Loader` asks for Tickets instead,
+    which also carry the epoch and global position that seed the element's augmentation, so a
+    resumed run crops and flips every example as the first run would have.
+
+    Each element is `(image, label)` (`(image, label, record index)` with with_index): image a
+    uint8 tensor, [3, H, W] ("chw") or [H, W, 3] ("hwc"); label an int. A padding element (see
+    imagerecords.torch.order) has label PAD_LABEL (-1), an all-zero image and record index -1.
+
+    Usage:
+      from imagerecords import torch as irt
+      train = irt.RecordDataset("OUT", "train", image_size=224, training=True)
+      loader = irt.Loader(train, batch_size=256, seed=0, num_workers=8)
+      for images, labels in loader: ...
+      state = loader.state_dict()  # {seed, epoch, consumed, num_examples}: resume with load_state_dict
+
+    Args:
+      path: the dataset folder (local or gs://).
+      split: split name.
+      image_size: output side; with training=True a RandomResizedCrop + flip, else a CenterCrop
+        (resize the shorter side to image_size / 0.875, crop the center). None: the whole image.
+      training: which of the two crops image_size picks.
+      transform: instead of image_size: a RandomResizedCrop or CenterCrop of
+        imagerecords.torch.transforms, or any callable of an RGB PIL image (torchvision
+        transforms, say) that returns an image, array or tensor; it runs with torch's random
+        generator seeded by (seed, epoch, position), restored afterwards.
+      layout: "chw" or "hwc" (images from a plain callable returning a tensor are left as they are).
+      index: "require" (default): fail, saying how to mend it, when a shard has no index file;
+        "scan": find such a shard's offsets by reading it once, here, when the dataset is made.
+      with_index: also return each element's record index.
+      read_threads: concurrent ranged reads per batch for gs:// shards (hides request latency).
+
+    Raises:
+      FileNotFoundError: when `path` holds no published dataset.
+      ValueError: for an unknown split or conflicting arguments (all named together);
+        MissingIndexError (a ValueError) for shards without index files under index="require".
+    """
+
+    def __init__(self, path: str, split: str, *, image_size: Optional[int] = None, training: bool = False,
+                 transform: Optional[Callable] = None, layout: str = "chw", index: str = "require",
+                 with_index: bool = False, read_threads: int = 16):
+        problems = []
+        if layout not in LAYOUTS:
+            problems.append(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if index not in INDEX_POLICIES:
+            problems.append(f"index must be one of {INDEX_POLICIES}, got {index!r}")
+        if image_size is not None and transform is not None:
+            problems.append("pass image_size or transform, not both")
+        if read_threads < 1:
+            problems.append(f"read_threads must be >= 1, got {read_threads}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.path = str(path).rstrip("/") if has_scheme(str(path)) else str(path)
+        self._files = Files()
+        self.manifest = load_manifest(self.path, self._files)
+        try:
+            split_entry = self.manifest.split(split)
+        except KeyError as e:
+            raise ValueError(f"{self.path}: {e.args[0]}") from None
+        self.split = split
+        self.keys = schema.keys(self.manifest.schema)
+        if transform is None and image_size is not None:
+            transform = T.RandomResizedCrop(image_size) if training else T.CenterCrop(image_size)
+        self.transform, self.layout, self.with_index, self.read_threads = transform, layout, with_index, read_threads
+        self.shard_paths = [join(self.path, s.filename) for s in split_entry.shards]
+        self.offsets, self.lengths, self.shard_of = self._load_offsets(split_entry.shards, index)
+        self._pool: Optional[Tuple[int, ThreadPoolExecutor]] = None
+
+    @property
+    def label_names(self) -> Tuple[str, ...]:
+        return self.manifest.label_names
+
+    @property
+    def num_classes(self) -> int:
+        """Logits a classifier needs for the stored ids: classes + the build's label offset."""
+        return len(self.manifest.label_names) + self.manifest.label_offset
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def _load_offsets(self, shards: Sequence, index: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        unindexed = [s for s in shards if not s.index_file]
+        if unindexed and index == "require":
+            raise MissingIndexError(
+                f"{self.path}: {len(unindexed)} of the {len(shards)} shards of split {self.split!r} have no index file "
+                "(the build ran without --write_index), and random access needs one; rebuild with "
+                f"`imagerecords build --input ... --output {self.path} --write_index --overwrite`, or pass "
+                "index='scan' to find the offsets by reading every unindexed shard once")
+        offsets, lengths, shard_of = [], [], []
+        for number, (shard, shard_path) in enumerate(zip(shards, self.shard_paths)):
+            if shard.index_file:
+                index_path = join(self.path, shard.index_file)
+                data = self._files.read(index_path)
+                if shard.index_sha256 and hashlib.sha256(data).hexdigest() != shard.index_sha256:
+                    raise CorruptRecordError(f"{index_path}: sha256 differs from manifest.json's "
+                                             f"(`imagerecords verify {self.path}` checks every file)")
+                entries = parse_index(data, index_path)
+            else:
+                entries = _scan_offsets(self._files, shard_path)
+            end = entries[-1][0] + entries[-1][1] if entries else 0
+            if len(entries) != shard.count or end != shard.num_bytes:
+                raise CorruptRecordError(
+                    f"{shard_path}: its offsets list {len(entries)} records over {end} bytes, manifest.json says "
+                    f"{shard.count} over {shard.num_bytes} (`imagerecords verify {self.path}` checks every file)")
+            offsets += [o for o, _ in entries]
+            lengths += [n for _, n in entries]
+            shard_of += [number] * len(entries)
+        return (np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(shard_of, np.int32))
+
+    def record(self, i: int) -> bytes:
+        """The serialized Example of record `i`, its frame checked (both CRCs).
+
+        Raises:
+          CorruptRecordError: naming the shard and byte offset of a bad frame.
+        """
+        shard_path, offset, length = self.shard_paths[self.shard_of[i]], int(self.offsets[i]), int(self.lengths[i])
+        return self._check_frame(shard_path, offset, length, self._files.read_range(shard_path, offset, length))
+
+    def _check_frame(self, shard_path: str, offset: int, length: int, frame: bytes) -> bytes:
+        where = f"{shard_path}: record at byte {offset}"
+        mend = f" (`imagerecords verify {self.path} --records` checks every shard)"
+        if len(frame) != length:
+            raise CorruptRecordError(f"{where}: read {len(frame)} of its {length} bytes; the file is shorter" + mend)
+        if masked_crc32c(frame[:8]) != struct.unpack("<I", frame[8:12])[0]:
+            raise CorruptRecordError(f"{where}: bad length checksum" + mend)
+        (size,) = struct.unpack("<Q", frame[:8])
+        if size + FRAME_OVERHEAD != length:
+            raise CorruptRecordError(f"{where}: the frame holds {size} bytes, the index says {length - FRAME_OVERHEAD}"
+                                     + mend)
+        data = frame[_HEADER:_HEADER + size]
+        if masked_crc32c(data) != struct.unpack("<I", frame[_HEADER + size:])[0]:
+            raise CorruptRecordError(f"{where}: bad data checksum" + mend)
+        return data
+
+    def __getitem__(self, key: Union[int, Ticket]):
+        ticket = self._ticket(key)
+        return self._element(ticket, self.record(ticket.record))
+
+    def __getitems__(self, keys: Sequence[Union[int, Ticket]]) -> List[Any]:
+        """A batch (what DataLoader's fetcher asks for): gs:// records are read concurrently."""
+        tickets = [self._ticket(k) for k in keys]
+        if len(tickets) > 1 and self.read_threads > 1 and has_scheme(self.path):
+            records = list(self._reader_pool().map(lambda t: self.record(t.record), tickets))
+        else:
+            records = [self.record(t.record) for t in tickets]
+        return [self._element(t, r) for t, r in zip(tickets, records)]
+
+    def _reader_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None or self._pool[0] != os.getpid():
+            self._pool = (os.getpid(), ThreadPoolExecutor(self.read_threads, thread_name_prefix="imagerecords-read"))
+        return self._pool[1]
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_pool"] = None  # threads do not cross processes
+        return state
+
+    def _ticket(self, key: Union[int, Ticket]) -> Ticket:
+        if isinstance(key, Ticket):
+            return key
+        i = int(key)
+        if not 0 <= i < len(self):
+            raise IndexError(f"record {key} is out of range for split {self.split!r} of {len(self)} records")
+        return Ticket(i, 0, 0, i)
+
+    def _element(self, ticket: Ticket, record: bytes):
+        example = schema.parse_example(record, only=(self.keys.image, self.keys.label))
+        encoded, labels = example.get(self.keys.image), example.get(self.keys.label)
+        if not encoded or not labels:
+            raise KeyError(f"{self.shard_paths[self.shard_of[ticket.record]]}: record {ticket.record} has no "
+                           f"{self.keys.image!r} or {self.keys.label!r} feature (schema {self.manifest.schema})")
+        image = self._image(encoded[0], ticket)
+        label, index = int(labels[0]), ticket.record
+        if ticket.pad:
+            image, label, index = torch.zeros_like(image), PAD_LABEL, -1
+        return (image, label, index) if self.with_index else (image, label)
+
+    def _image(self, data: bytes, ticket: Ticket) -> torch.Tensor:
+        transform = self.transform
+        if transform is None:
+            image = T.decode(data)
+        elif isinstance(transform, (T.RandomResizedCrop, T.CenterCrop)):
+            image = transform(data, np.random.default_rng([ticket.seed, ticket.epoch, ticket.position]))
+        else:
+            # torch's generator, seeded per element (torchvision draws from it), then put back.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(np.random.SeedSequence([ticket.seed, ticket.epoch, ticket.position])
+                                      .generate_state(1, np.uint64)[0] >> np.uint64(1)))
+                image = transform(T.decode(data))
+            if isinstance(image, torch.Tensor):
+                return image
+        array = torch.from_numpy(np.array(image, dtype=np.uint8, copy=True))
+        if array.ndim == 2:
+            array = array[:, :, None]
+        return array.permute(2, 0, 1).contiguous() if self.layout == "chw" else array
+
+    def __repr__(self) -> str:
+        return (f"RecordDataset({self.path!r}, {self.split!r}, {len(self)} records, transform={self.transform!r}, "
+                f"layout={self.layout!r})")
