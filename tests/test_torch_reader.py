@@ -177,23 +177,37 @@ def test_state_dict_is_under_one_kilobyte(built):
         loader.load_state_dict({**state, "num_examples": 31})
 
 
+_TORCHVISION = """
+import sys
+import torch
+from torchvision import transforms
+import imagerecords.torch as irt
+
+path, size = sys.argv[1], int(sys.argv[2])
+crop = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
+                           transforms.PILToTensor()])
+ds = irt.RecordDataset(path, "train", transform=crop)
+ticket = irt.Ticket(7, 0, 0, 3)
+torch.manual_seed(99)
+before = torch.rand(1)
+torch.manual_seed(99)
+a = ds[ticket][0]
+assert torch.equal(torch.rand(1), before)  # the caller's generator is left as it was
+assert a.shape == (3, size, size) and torch.equal(ds[ticket][0], a)
+assert any(not torch.equal(ds[ticket._replace(position=p)][0], a) for p in range(4, 8))
+print("ok")
+"""
+
+
 def test_torchvision_transforms_are_seeded_per_element(built):
+    """In its own process: importing torchvision (torch._dynamo, triton) where TensorFlow is already
+    loaded aborts the interpreter, and the suite's process has loaded TensorFlow."""
     if importlib.util.find_spec("torchvision") is None:
         pytest.skip("torchvision is not installed")
-    from torchvision import transforms
-
     path, _ = built["indexed"]
-    crop = transforms.Compose([transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(),
-                               transforms.PILToTensor()])
-    ds = irt.RecordDataset(path, "train", transform=crop)
-    ticket = irt.Ticket(7, 0, 0, 3)
-    torch.manual_seed(99)
-    before = torch.rand(1)
-    torch.manual_seed(99)
-    a = ds[ticket][0]
-    assert torch.equal(torch.rand(1), before)  # the caller's generator is left as it was
-    assert a.shape == (3, SIZE, SIZE) and torch.equal(ds[ticket][0], a)
-    assert any(not torch.equal(ds[ticket._replace(position=p)][0], a) for p in range(4, 8))
+    proc = subprocess.run([sys.executable, "-c", _TORCHVISION, path, str(SIZE)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
 
 def test_without_index_files_one_clear_error_or_one_scan(built):
