@@ -49,6 +49,10 @@ class Page(HTMLParser):
         self.rows = collections.defaultdict(list)  # table class/id -> [[cell text]]
         self.data = []          # attrs of every element with a data-* attribute
         self.tags = collections.Counter()
+        self.layers = []        # attrs of every <img class=layer>, with the figure's main <img> attrs as "of"
+        self.boxes = []         # (attrs of an <svg class=boxes>, [attrs of its rects], the figure's main <img> attrs)
+        self._img = None
+        self._svg = None
         self._section = None
         self._bar = None
         self._in_value = False
@@ -67,8 +71,15 @@ class Page(HTMLParser):
                 self.urls.append(a[key])
         if tag == "section":
             self._section = a.get("data-class")
+        elif tag == "img" and a.get("class") == "layer":
+            self.layers.append(dict(a, of=self._img))
         elif tag == "img":
-            self.imgs.append(dict(a, section=self._section))
+            self._img = dict(a, section=self._section)
+            self.imgs.append(self._img)
+        elif tag == "svg" and a.get("class") == "boxes":
+            self._svg = (a, [], self._img)
+        elif tag == "rect" and self._svg is not None:
+            self._svg[1].append(a)
         elif tag == "g" and "data-value" in a:
             self._bar = [dict(a), ""]
         elif tag == "rect" and self._bar is not None:
@@ -87,7 +98,10 @@ class Page(HTMLParser):
             self._cell.append(" | ")
 
     def handle_endtag(self, tag):
-        if tag == "section":
+        if tag == "svg" and self._svg is not None:
+            self.boxes.append(self._svg)
+            self._svg = None
+        elif tag == "section":
             self._section = None
         elif tag == "g" and self._bar is not None:
             self.bars.append(tuple(self._bar))
@@ -399,7 +413,7 @@ def test_build_settings_list_each_field_once(page, dataset, tmp_path):
     assert (rows["label_offset"], rows["parameters.label_offset"]) == ("0", "1")
 
 
-def test_declared_features_are_listed(page, dataset, tmp_path):
+def test_declared_features_are_listed(page, dataset, tmp_path, capsys):
     _, p = page
     assert p.one("data-features") == {"data-features": "absent"} and "features" not in p.rows
     copy = tmp_path / "copy"
@@ -421,10 +435,13 @@ def test_declared_features_are_listed(page, dataset, tmp_path):
     text = open(tmp_path / "r.html", encoding="utf-8").read()
     assert "feature &#x27;weird&#x27;: dtype &#x27;complex64&#x27; is not one of" in text
     assert q.rows["split-table"] == p.rows["split-table"]  # the rest of the page reads as before
-    doc["features"] = ["image", "label"]
+    doc["features"] = ["image", "label"]  # the typed manifest refuses it: one line, no page
     (copy / "manifest.json").write_text(json.dumps(doc))
-    q = Page(open(write_report(copy, tmp_path / "r.html", per_class=1), encoding="utf-8").read())
-    assert q.one("data-features") == {"data-features": "unreadable", "class": "warn"} and "features" not in q.rows
+    os.unlink(tmp_path / "r.html")
+    assert cli.main(["report", str(copy), "--html", str(tmp_path / "r.html")]) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "manifest.json: malformed" in err[0], err
+    assert not os.path.exists(tmp_path / "r.html")
 
 
 def test_label_conflicts_section_lists_the_same_image_under_two_classes(image_tree, page, tmp_path):
@@ -508,3 +525,198 @@ def test_renders_in_headless_chromium(page, run, tmp_path):
         assert im.size == (1200, 2400)
         colours = im.convert("RGB").getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 200  # text, bars and photos, not a blank page
+
+
+# Declared features on the page -------------------------------------------------------------------
+# A detection-style JSONL manifest (made here with a seeded numpy generator): boxes as fractions and
+# as pixels, a class list, a float score, a caption, a palette mask of class ids and a 16-bit depth map.
+
+FEATURES_CONFIG = """features:
+  boxes:   {dtype: float32, shape: [null, 4]}
+  bbox_px: {dtype: float32, shape: [null, 4]}
+  tags:    {dtype: class_list}
+  score:   {dtype: float32}
+  caption: {dtype: string}
+  mask:    {dtype: image, encoding: png}
+  depth:   {dtype: image, encoding: keep, bits: 16}
+"""
+
+
+@pytest.fixture(scope="module")
+def detection(tmp_path_factory):
+    import numpy as np
+
+    folder = tmp_path_factory.mktemp("detection")
+    rng = np.random.default_rng(5)
+    rows = []
+    for i in range(12):
+        h, w = 40, 50 + i  # under THUMB_SIDE: thumbnails keep every pixel
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
+        mask = Image.fromarray(rng.integers(0, 6, (h, w), dtype=np.uint8), "P")
+        mask.putpalette([c for k in range(6) for c in (40 * k, 255 - 40 * k, 7 * k)])
+        mask.save(folder / f"mask{i}.png")
+        Image.fromarray(rng.integers(0, 65535, (h, w), dtype=np.uint16)).save(folder / f"depth{i}.png")
+        k = i % 4
+        rows.append({"path": f"img{i}.png", "label": ["cat", "dog"][i % 2],
+                     "boxes": [[0.1 * j, 0.2, 0.1 * j + 0.5, 0.75] for j in range(k)],
+                     "bbox_px": [[2.0, 4.0 + j, 30.0, 40.0] for j in range(k + 1)],
+                     "tags": ["sky", "tree", "car", "zebra"][:k][::-1], "score": (i * 7 % 12) / 11,
+                     "caption": f"picture {i % 9}, naïve <b>", "mask": f"mask{i}.png", "depth": f"depth{i}.png"})
+    with open(folder / "m.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    (folder / "f.yaml").write_text(FEATURES_CONFIG)
+    out = folder / "out"
+    build(folder / "m.jsonl", out, "--config", folder / "f.yaml", "--num_shards", 3)
+    text = open(write_report(out, folder / "r.html", per_class=6), encoding="utf-8").read()
+    return folder, {r["path"]: r for r in rows}, text, Page(text)
+
+
+def _picture(src):
+    import numpy as np
+
+    head, _, payload = src.partition(",")
+    assert head == "data:image/png;base64", head
+    with Image.open(io.BytesIO(base64.b64decode(payload))) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def test_feature_values_count_the_records_read(detection):
+    _, rows, _, p = detection
+    assert p.one("data-sample")["data-sample"] == "12"
+    score = [(b["data-low"], b["data-high"], int(b["data-value"])) for b, _ in p.bars if b.get("data-hist") == "feature-score"]
+    assert sum(n for _, _, n in score) == 12 and len(score) == 20
+    assert (score[0][0], score[-1][1]) == ("0", "1")  # min and max of i * 7 % 12 / 11
+    assert score[0][2] == 1 and score[-1][2] == 1  # one record at 0, one at 1
+    tags = {b["data-class"]: int(b["data-value"]) for b, _ in p.bars if b.get("data-feature") == "tags"}
+    assert tags == dict(collections.Counter(t for r in rows.values() for t in r["tags"]))
+    assert tags == {"car": 3, "sky": 9, "tree": 6}
+    assert p.one("data-occurrences")["data-occurrences"] == "18"
+    assert p.one("data-distinct") == {"data-distinct": "9"}  # "picture 0".."picture 8"
+    text = detection[2]
+    items = text.split('data-strings="caption">')[1].split("</ul>")[0]
+    assert items.count("<li>") == 5 and "naïve &lt;b&gt;" in items  # escaped, not markup
+    assert not any("data-missing" in a or "data-undecodable" in a for a in p.data)
+    conventions = {a["data-convention"] for a in p.data if "data-convention" in a}
+    assert conventions == {"normalized", "pixels"}
+    assert "#values" in p.urls and [row[0] for row in p.rows["features"][1:]] == [
+        "bbox_px", "boxes", "caption", "depth", "mask", "score", "tags"]
+
+
+def test_boxes_are_drawn_on_their_thumbnails(detection):
+    _, rows, _, p = detection
+    assert len(p.imgs) == 12  # 6 per class, every record
+    drawn = collections.defaultdict(dict)
+    for svg, rects, img in p.boxes:
+        drawn[img["alt"]][svg["data-boxes"]] = (svg, rects, img)
+    assert len(drawn) == 12
+    for name, by_feature in drawn.items():
+        row = rows[name]
+        svg, rects, img = by_feature["boxes"]
+        tw, th = int(img["width"]), int(img["height"])
+        assert (svg["width"], svg["height"]) == (img["width"], img["height"])
+        assert int(svg["data-count"]) == len(rects) == len(row["boxes"])
+        for rect, (ymin, xmin, ymax, xmax) in zip(rects, row["boxes"]):  # fractions of the thumbnail
+            assert float(rect["x"]) == pytest.approx(xmin * tw, abs=0.06)
+            assert float(rect["y"]) == pytest.approx(ymin * th, abs=0.06)
+            assert float(rect["width"]) == pytest.approx((xmax - xmin) * tw, abs=0.11)
+        svg, rects, img = by_feature["bbox_px"]
+        assert len(rects) == len(row["bbox_px"]) and int(img["data-width"]) == tw  # kept at its size
+        for rect, (ymin, xmin, ymax, xmax) in zip(rects, row["bbox_px"]):  # pixels of the stored image
+            assert (float(rect["x"]), float(rect["y"]), float(rect["height"])) == (xmin, ymin, ymax - ymin)
+    assert sum(len(r) for svg, r, _ in p.boxes if svg["data-boxes"] == "boxes") == 18  # 0+1+2+3, three times
+
+
+def test_masks_and_depth_are_shown_beside_their_image(detection):
+    import numpy as np
+
+    folder, rows, _, p = detection
+    assert collections.Counter(layer["data-layer"] for layer in p.layers) == {"mask": 12, "depth": 12}
+    for layer in p.layers:
+        row, main = rows[layer["of"]["alt"]], layer["of"]
+        shown = _picture(layer["src"])
+        assert shown.shape[:2] == (int(main["height"]), int(main["width"])) == (40, len(shown[0]))
+        if layer["data-layer"] == "mask":
+            ids = np.asarray(Image.open(folder / row["mask"]))  # palette indices: the class ids
+            colours = {tuple(c) for c in shown[ids == 0]}
+            assert colours == {(0, 0, 0)}  # background black
+            by_id = {i: {tuple(c) for c in shown[ids == i]} for i in range(1, 6)}
+            assert all(len(c) == 1 for c in by_id.values())  # one false colour per class id...
+            assert len(set().union(*by_id.values())) == 5  # ...each its own, all visible
+            assert all(max(c) >= 128 for cs in by_id.values() for c in cs)
+        else:
+            depth = np.asarray(Image.open(folder / row["depth"])).astype(np.int64)
+            grey = shown[..., 0].astype(np.int64)
+            assert (shown[..., 0] == shown[..., 2]).all()  # greyscale
+            assert grey[depth == depth.max()].min() == 255 and grey[depth == depth.min()].max() == 0
+            assert np.abs(grey - (depth - depth.min()) * 255 / (depth.max() - depth.min())).max() <= 0.5
+
+
+def _arrays_dataset(dataset, folder, image_kind):
+    """A copy of `dataset` whose shards hold what an arrays build writes: only `image` (raw float32
+    28 x 28 bytes, or a PNG of a uint8 28 x 28 array) and, for float, `label` (no filename, height or
+    width), declared in manifest.json's features as an arrays build declares them. Returns
+    {(shard file, record index): the array}."""
+    import numpy as np
+    from imagerecords.format import records
+
+    out = folder / image_kind
+    shutil.copytree(dataset[0], out)
+    doc = json.loads((out / "manifest.json").read_text())
+    rng = np.random.default_rng(11)
+    arrays = {}
+    for split in doc["splits"].values():
+        for shard in split["shards"]:
+            labels = [int(k) for k, n in sorted(shard["labels"].items(), key=lambda kv: int(kv[0])) for _ in range(n)]
+            raws = []
+            for index, label in enumerate(labels):
+                if image_kind == "float":
+                    x = (rng.standard_normal((28, 28)) * 3 + 7).astype(np.float32)
+                    raws.append(schema.example_of({"image": schema.bytes_feature(x.tobytes()),
+                                                   "label": schema.int64_list_feature([label])}))
+                else:
+                    x = rng.integers(0, 256, (28, 28), dtype=np.uint8)
+                    png = io.BytesIO()
+                    Image.fromarray(x).save(png, "PNG")
+                    raws.append(schema.example_of({"image": schema.bytes_feature(png.getvalue())}))
+                arrays[(shard["filename"], index)] = x
+            (out / shard["filename"]).write_bytes(b"".join(records.frame(r) for r in raws))
+            if image_kind == "png":  # as an arrays build without labels records it: all class 0, named ''
+                shard["labels"] = {"0": len(labels)}
+    if image_kind == "float":
+        doc["features"] = {"image": {"dtype": "float32", "shape": [28, 28], "encoding": "bytes"},
+                           "label": {"dtype": "int64", "shape": [], "encoding": "list"}}
+    else:
+        doc["features"] = {"image": {"dtype": "image", "encoding": "png", "channels": 1, "bits": 8}}
+        doc["label_names"] = [""]
+    (out / "manifest.json").write_text(json.dumps(doc))
+    return out, arrays
+
+
+@pytest.mark.parametrize("image_kind", ["float", "png"])
+def test_arrays_dataset_shows_its_arrays_as_greyscale(dataset, tmp_path, image_kind):
+    import numpy as np
+
+    out, arrays = _arrays_dataset(dataset, tmp_path, image_kind)
+    text = open(write_report(out, tmp_path / "r.html", per_class=2), encoding="utf-8").read()
+    p = Page(text)
+    classes = 4 if image_kind == "float" else 1  # without labels: one group, the first records
+    assert len(p.imgs) == 2 * classes and not p.layers and not p.boxes
+    assert p.one("data-sizes")["data-sizes"] == "absent"
+    for img in p.imgs:
+        shard, _, index = img["alt"].partition(" record ")
+        x = arrays[(shard, int(index))]
+        shown = _picture(img["src"])
+        assert shown.shape[:2] == (84, 84) == (int(img["height"]), int(img["width"]))  # 28 px cells made 3 x 3
+        assert (int(img["data-height"]), int(img["data-width"])) == (28, 28)
+        cells = shown[::3, ::3, 0].astype(np.float64)
+        if image_kind == "float":  # min-max scaled
+            want = (x - x.min()) * 255.0 / (x.max() - x.min())
+            assert np.abs(cells - want).max() <= 0.5 and (cells.min(), cells.max()) == (0, 255)
+        else:  # uint8 as stored
+            assert (cells == x).all()
+    if image_kind == "float":
+        assert [a["data-label"] for a in p.data if a.get("class") == "class"] == ["0", "1", "2", "3"]
+        label = sum(int(b["data-value"]) for b, _ in p.bars if b.get("data-hist") == "feature-label")
+        assert label == int(p.one("data-sample")["data-sample"])
+    else:
+        assert [a for a in p.data if a.get("class") == "class"] == [{"class": "class", "data-class": "", "data-label": ""}]

@@ -1,7 +1,8 @@
 """`imagerecords report`: one self-contained HTML page showing what a published dataset holds.
 
-sample.py reads the shards, extras.py the errors and duplicates files, render.py makes the page
-(markup.py its building blocks), cli.py is the command.
+sample.py reads the shards (values.py decodes declared features), extras.py the errors and duplicates
+files, render.py makes the page (markup.py its building blocks, render_features.py the feature views),
+cli.py is the command.
 """
 
 from imagerecords.format.manifest import DUPLICATES

@@ -1,4 +1,4 @@
-"""What the report reads beside the typed manifest: errors.jsonl, duplicates.jsonl, manifest.json's `features`."""
+"""What the report reads beside the typed manifest (errors.jsonl, duplicates.jsonl), and the manifest's declared features."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple
 
 from imagerecords.format import features as feature_spec
-from imagerecords.format.manifest import DUPLICATES, ERRORS, MANIFEST, Manifest
+from imagerecords.format.manifest import DUPLICATES, ERRORS, Manifest
 from imagerecords.build.storage import join, open_if_exists
 
 _EXAMPLES_PER_REASON = 3
@@ -62,8 +62,7 @@ class Extras:
       bad_error_lines: errors.jsonl lines that were not JSON objects.
       duplicates: duplicates.jsonl rows; None when the file is absent.
       bad_duplicate_lines: duplicates.jsonl lines that were not rows.
-      features: manifest.json's declared features, by name; None when it declares none.
-      features_problem: why manifest.json's `features` could not be read; '' when it could.
+      features: the manifest's declared features (Manifest.features), by name; None when it declares none.
     """
 
     rejected: Optional[List[ReasonGroup]] = None
@@ -72,7 +71,6 @@ class Extras:
     duplicates: Optional[List[dict]] = None
     bad_duplicate_lines: int = 0
     features: Optional[List[FeatureRow]] = None
-    features_problem: str = ""
 
 
 def read_extras(output: str, manifest: Manifest) -> Extras:
@@ -86,31 +84,28 @@ def read_extras(output: str, manifest: Manifest) -> Extras:
     if stream is not None:
         with stream:
             extras.duplicates, extras.bad_duplicate_lines = read_duplicates(stream)
-    stream = open_if_exists(join(output, MANIFEST))
-    if stream is not None:
-        with stream:
-            # The typed Manifest keeps only the fields it knows; `features` is read from the file itself.
-            extras.features, extras.features_problem = read_features(stream)
+    extras.features = read_features(manifest)
     return extras
 
 
-def read_features(stream: BinaryIO) -> Tuple[Optional[List[FeatureRow]], str]:
-    """Reads the top-level `features` of a manifest.json: {name: {"dtype": ..., "shape": ..., ...}}.
+def read_features(manifest: Manifest) -> Optional[List[FeatureRow]]:
+    """A row per declared feature of `manifest`, sorted by name; None when it declares none."""
+    if not manifest.features:
+        return None
+    return [_feature(str(name), manifest.features[name]) for name in sorted(manifest.features)]
 
-    Returns:
-      (a row per feature, sorted by name, or None when the file declares none; why `features` is not a
-      mapping, or '').
-    """
-    try:
-        parsed = json.loads(stream.read().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:  # replaced since the manifest was loaded
-        return None, f"{MANIFEST} no longer reads as JSON ({e})"
-    declared = parsed.get("features") if isinstance(parsed, dict) else None
-    if declared is None:
-        return None, ""
-    if not isinstance(declared, dict):
-        return None, f"`features` is not an object of name: {{dtype, shape, ...}} but {json.dumps(declared)[:60]}"
-    return [_feature(str(name), declared[name]) for name in sorted(declared)], ""
+
+def valid_features(manifest: Manifest) -> Dict[str, Any]:
+    """The declarations of `manifest` that the builder's spec reads ({name: entry}); the others are listed
+    with their problem (FeatureRow.problem) and their values are not read."""
+    out = {}
+    for name in sorted(manifest.features):
+        try:
+            feature_spec.from_json(str(name), manifest.features[name])
+        except feature_spec.SpecError:
+            continue
+        out[name] = manifest.features[name]
+    return out
 
 
 def _feature(name: str, entry: Any) -> FeatureRow:

@@ -7,9 +7,11 @@ import json
 import os
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+from imagerecords.format import schema
 from imagerecords.format.manifest import DUPLICATES, Manifest
 from imagerecords.cli.report.extras import Extras, ReasonGroup
 from imagerecords.cli.report.markup import bars_svg, escape as _e, histogram_svg, human, table
+from imagerecords.cli.report.render_features import boxes_svg, layers_html, values_section
 from imagerecords.cli.report.sample import THUMB_SIDE, Sample, Thumb, label_counts, label_ids
 
 _DUPLICATE_GROUPS_SHOWN = 50
@@ -24,7 +26,9 @@ td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 .src{color:#666;font-size:12px;margin:2px 0 8px}.warn{color:#a40}
 .sheet{display:flex;flex-wrap:wrap;gap:6px}.sheet figure{margin:0;width:100px;text-align:center}
-.sheet img{image-rendering:auto;border:1px solid #ccc;background:#eee}
+.sheet img{image-rendering:auto;border:1px solid #ccc;background:#eee}.sheet img.layer{image-rendering:pixelated}
+.sheet figure.layered{width:auto;min-width:100px}.pic{position:relative;display:inline-block;line-height:0}
+.pic svg.boxes{position:absolute;left:1px;top:1px}
 .sheet figcaption{font-size:10px;color:#555;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 svg text{font:11px system-ui,sans-serif}.bar{fill:#4a7bd0}.zero{fill:#c33}.leak{background:#fde}
 code{font-size:12px}
@@ -47,6 +51,7 @@ def render(output: str, manifest: Manifest, sample: Optional[Sample], classes: S
         _head(output, manifest),
         _splits(manifest),
         _features(extras),
+        values_section(sample),
         _contact_sheet(manifest, sample, classes, per_class),
         _labels(manifest),
         _sizes(manifest, sample),
@@ -66,7 +71,7 @@ def _head(output: str, m: Manifest) -> List[str]:
             f"<h1>{_e(m.name)}</h1><p>Dataset folder <code>{_e(output)}</code>, built {_e(m.created or '?')}, "
             f"schema <code>{_e(m.schema)}</code>, {len(m.label_names)} classes, {m.num_examples} records.</p>",
             '<p>Contents: <a href="#splits">splits</a> · <a href="#features">features</a> · '
-            '<a href="#sheet">contact sheet</a> · '
+            '<a href="#values">feature values</a> · <a href="#sheet">contact sheet</a> · '
             '<a href="#labels">labels per split</a> · <a href="#sizes">image sizes</a> · '
             '<a href="#shards">shard sizes</a> · <a href="#rejected">rejected</a> · '
             '<a href="#duplicates">duplicates</a> · <a href="#conflicts">label conflicts</a> · '
@@ -86,8 +91,6 @@ def _splits(m: Manifest) -> List[str]:
 
 def _features(extras: Extras) -> List[str]:
     s = ['<h2 id="features">Declared features</h2><p class=src>From manifest.json\'s <code>features</code>.</p>']
-    if extras.features_problem:
-        return s + [f"<p class=warn data-features=unreadable>{_e(extras.features_problem)}.</p>"]
     if extras.features is None:
         return s + ["<p data-features=absent>manifest.json declares no features.</p>"]
     s.append(f'<p data-features="{len(extras.features)}">{len(extras.features)} features declared.</p>')
@@ -117,32 +120,48 @@ def _contact_sheet(m: Manifest, sample: Optional[Sample], classes: Sequence[int]
                  "--max_classes shows more).</p>")
     if not per_class:
         return s + ["<p>--per_class 0: no thumbnails.</p>"]
+    if sample.boxes:
+        s.append(f"<p class=src>Boxes drawn from {', '.join(f'<code>{_e(b)}</code>' for b in sample.boxes)} "
+                 "as (ymin, xmin, ymax, xmax); see <a href=\"#values\">feature values</a> for each one's units.</p>")
     in_split = label_counts(split)
+    if None in sample.thumbs:
+        return s + _class_sheet(m, None, sample, split.num_examples)
     for label in classes:
-        s.extend(_class_sheet(m, label, sample.thumbs.get(label, []), in_split.get(label, 0), sample.split))
+        s.extend(_class_sheet(m, label, sample, in_split.get(label, 0)))
     return s
 
 
-def _class_sheet(m: Manifest, label: int, thumbs: Sequence[Thumb], in_split: int, split: str) -> List[str]:
-    name = _e(_label_name(m, label))
-    s = [f'<section class=class data-class="{name}" data-label="{label}">'
-         f'<h3>{label} · {name} <small>({in_split} in {_e(split)})</small></h3><div class=sheet>']
+def _class_sheet(m: Manifest, label: Optional[int], sample: Sample, in_split: int) -> List[str]:
+    """One class's thumbnails; `label` None: the first records of a dataset without classes."""
+    thumbs, split = sample.thumbs.get(label, []), sample.split
+    if label is None:
+        s = [f'<section class=class data-class="" data-label=""><h3>The first records <small>({in_split} in '
+             f'{_e(split)}; the dataset has no classes)</small></h3><div class=sheet>']
+        name = ""
+    else:
+        name = _e(_label_name(m, label))
+        s = [f'<section class=class data-class="{name}" data-label="{label}">'
+             f'<h3>{label} · {name} <small>({in_split} in {_e(split)})</small></h3><div class=sheet>']
     if not thumbs:
         s.append(f"<p>No records of this class in {_e(split)}.</p>")
-    s.extend(_figure(t, name) for t in thumbs)
+    s.extend(_figure(t, name, sample) for t in thumbs)
     s.append("</div></section>")
     return s
 
 
-def _figure(t: Thumb, class_name: str) -> str:
-    """One thumbnail with its file name; `class_name` is already escaped."""
-    tip = f"{t.filename} · {t.height}×{t.width} px (h×w) · {t.shard}"
-    caption = f"<figcaption>{_e(os.path.basename(t.filename))}</figcaption></figure>"
+def _figure(t: Thumb, class_name: str, sample: Sample) -> str:
+    """One thumbnail with its boxes and image features, and its file name (or its place in its shard when
+    the records hold no file name); `class_name` is already escaped."""
+    where = f"{t.shard} record {t.index}"
+    tip = f"{t.filename + ' · ' if t.filename else ''}{t.height}×{t.width} px (h×w) · {where}"
+    caption = f"<figcaption>{_e(os.path.basename(t.filename) if t.filename else f'#{t.index}')}</figcaption></figure>"
+    layered = " class=layered" if t.layers else ""
     if not t.data_uri:
-        return f'<figure class=warn title="{_e(tip)}">cannot decode: {_e(t.error)}' + caption
-    return (f'<figure><img src="{t.data_uri}" width="{t.size[0]}" height="{t.size[1]}" '
-            f'alt="{_e(t.filename)}" title="{_e(tip)}" data-class="{class_name}" '
-            f'data-height="{t.height}" data-width="{t.width}">' + caption)
+        return (f'<figure class="warn{" layered" if t.layers else ""}" title="{_e(tip)}">cannot decode: '
+                f'{_e(t.error)}{layers_html(t)}' + caption)
+    return (f'<figure{layered}><span class=pic><img src="{t.data_uri}" width="{t.size[0]}" height="{t.size[1]}" '
+            f'alt="{_e(t.filename or where)}" title="{_e(tip)}" data-class="{class_name}" '
+            f'data-height="{t.height}" data-width="{t.width}">{boxes_svg(t, sample)}</span>{layers_html(t)}' + caption)
 
 
 def _labels(m: Manifest) -> List[str]:
@@ -160,9 +179,16 @@ def _labels(m: Manifest) -> List[str]:
 
 def _sizes(m: Manifest, sample: Optional[Sample]) -> List[str]:
     s = ['<h2 id="sizes">Image sizes</h2>']
-    if sample is None or not sample.sizes:
+    if sample is None or not sample.sampled:
         return s + ["<p>No records read.</p>"]
-    n = len(sample.sizes)
+    n = sample.sampled
+    if not sample.sizes:
+        keys = schema.keys(m.schema)
+        s.append(f'<p data-sizes=absent data-sample="{n}">Read {n} records; they hold no <code>{_e(keys.height)}</code> and '
+                 f'<code>{_e(keys.width)}</code> features (an arrays dataset: its image shape is in '
+                 '<a href="#features">the features</a>).</p>')
+        return s + (["<h3>Stored image bytes</h3>" + histogram_svg("bytes", sample.image_bytes, human)]
+                    if sample.image_bytes else [])
     scope = "the whole split" if n == m.split(sample.split).num_examples else "a sample; --sample sets its size"
     return s + [
         f'<p class=src data-sample="{n}">From the records read: the first {n} records of split '
