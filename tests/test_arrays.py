@@ -142,6 +142,30 @@ def test_tfds_builder_from_directory_decodes_every_feature(float_build, rgb_buil
         assert np.array_equal(ex["image"], rgb["image"][ex["row"]])
 
 
+def test_as_dataset_hands_back_every_array_bit_for_bit(float_build, rgb_build):
+    from imagerecords import reader
+
+    arrays, out, manifest = float_build
+    rows = []
+    for split in ("train", "test"):
+        examples = list(reader.as_dataset(str(out), split).as_numpy_iterator())
+        assert [e["row"] for e in examples] == [e["row"] for e in reader.as_dataset(str(out), split).as_numpy_iterator()]
+        for ex in examples:
+            i = ex["row"]
+            assert ex["image"].dtype == np.float32 and ex["image"].shape == (28, 28)
+            assert ex["image"].tobytes() == arrays["image"][i].tobytes()
+            assert ex["weights"].dtype == np.float64 and ex["weights"].tobytes() == arrays["weights"][i].tobytes()
+            assert ex["mask"].dtype == np.bool_ and ex["mask"] == arrays["mask"][i]
+            assert ex["label"] == arrays["label"][i]
+            rows.append(i)
+    assert sorted(rows) == list(range(N))
+    rgb, out = rgb_build
+    examples = list(reader.as_dataset(str(out), "train").as_numpy_iterator())
+    assert len(examples) == N
+    for ex in examples:
+        assert ex["image"].dtype == np.uint8 and np.array_equal(ex["image"], rgb["image"][ex["row"]])
+
+
 def test_local_engine_and_direct_runner_write_the_same_bytes(rgb_build, tmp_path):
     _, out = rgb_build
     src = glob.glob(os.path.join(os.path.dirname(out), "*.npz"))[0]
