@@ -351,3 +351,80 @@ def test_default_build_records_say_jpeg_and_the_manifest_has_no_encoding_field(m
         f = ex.features.feature
         assert f["image/format"].bytes_list.value[0] == b"JPEG"
         assert f["image/encoded"].bytes_list.value[0][:3] == b"\xff\xd8\xff"
+
+
+@pytest.fixture(scope="module")
+def float_tiffs(tmp_path_factory):
+    """Float TIFFs with values 0..1 (one with a denormal-sized value), a 16-bit and a 32-bit integer image."""
+    root = tmp_path_factory.mktemp("float-tiffs") / "in"
+    (root / "scan").mkdir(parents=True)
+    r = np.random.default_rng(5)
+    pixels = {}
+    for i in range(5):
+        a = r.random((9 + i, 13)).astype(np.float32)
+        a[0, 0] = 1e-7 * i
+        Image.fromarray(a, "F").save(root / "scan" / f"f{i}.tiff")
+        pixels[f"scan/f{i}.tiff"] = a
+    deep = r.integers(0, 65536, (7, 5)).astype(np.uint16)
+    Image.fromarray(deep).save(root / "scan" / "deep.png")
+    pixels["scan/deep.png"] = deep.astype(np.float32)
+    wide = r.integers(-2**23, 2**24, (6, 4)).astype(np.int32)
+    Image.fromarray(wide, "I").save(root / "scan" / "wide.tiff")
+    pixels["scan/wide.tiff"] = wide.astype(np.float32)
+    return root, pixels
+
+
+def test_float_tiffs_are_rejected_by_default_naming_the_way_to_keep_them(float_tiffs, tmp_path):
+    root, _ = float_tiffs
+    build(root, tmp_path / "out", "--max_reject_fraction", 1)
+    with open(tmp_path / "out" / "errors.jsonl") as f:
+        reasons = {r["key"]: r["reason"] for r in map(json.loads, f)}
+    assert sorted(k for k in reasons if k.startswith("scan/f")) == [f"scan/f{i}.tiff" for i in range(5)]
+    assert reasons["scan/f1.tiff"].startswith("a floating-point image (values ")
+    assert "--image_encoding raw" in reasons["scan/f1.tiff"]
+
+
+def test_raw_stores_float_and_integer_pixels_exactly(float_tiffs, tmp_path):
+    from imagerecords import reader
+
+    root, pixels = float_tiffs
+    manifest = build(root, tmp_path / "out", "--image_encoding", "raw")
+    assert manifest.num_rejected == 0 and manifest.image_encoding == "raw"
+    assert manifest.image_kinds == {"raw:1:float32": len(pixels)}
+    seen = set()
+    for ex in reader.as_dataset(str(tmp_path / "out"), "train").as_numpy_iterator():
+        key = ex["image/filename"].decode()
+        assert ex["image"].dtype == np.float32 and ex["image"].shape == pixels[key].shape + (1,)
+        assert ex["image"][..., 0].tobytes() == pixels[key].tobytes(), key
+        seen.add(key)
+    assert seen == set(pixels)
+    with pytest.raises(ValueError, match="built with --image_encoding raw .* read it with reader.as_dataset"):
+        reader.make_dataset(str(tmp_path / "out"), "train", batch_size=2, image_size=8)
+
+
+def test_raw_datasets_load_in_tfds_as_flat_float32(float_tiffs, tmp_path):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    root, pixels = float_tiffs
+    build(root, tmp_path / "out", "--image_encoding", "raw")
+    seen = 0
+    for ex in tfds.as_numpy(tfds.builder_from_directory(str(tmp_path / "out")).as_dataset(split="train")):
+        image = ex["image"].reshape(ex["image/height"], ex["image/width"])
+        assert image.tobytes() == pixels[ex["image/filename"].decode()].tobytes()
+        seen += 1
+    assert seen == len(pixels)
+
+
+def test_raw_is_the_same_on_direct_runner_and_refused_by_the_beam_writer(float_tiffs, tmp_path):
+    import subprocess
+    import sys
+
+    root, _ = float_tiffs
+    build(root, tmp_path / "local", "--image_encoding", "raw", "--num_shards", 2)
+    build(root, tmp_path / "beam", "--image_encoding", "raw", "--num_shards", 2, "--runner=DirectRunner")
+    assert [open(p, "rb").read() for p in shard_files(tmp_path / "local")] == \
+        [open(p, "rb").read() for p in shard_files(tmp_path / "beam")]
+    done = subprocess.run([sys.executable, "-m", "imagerecords", "build", "--input", str(root), "--output",
+                           str(tmp_path / "sink"), "--image_encoding", "raw", "--writer", "beam"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--writer beam does not write --image_encoding raw" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -28,7 +28,7 @@ ALPHA_BACKGROUND = (255, 255, 255)
 _PILLOW_FORMATS = {"jpeg": "JPEG", "png": "PNG", "gif": "GIF", "bmp": "BMP", "tiff": "TIFF", "webp": "WEBP"}
 
 # --image_encoding values: what a record's image bytes are (see ImageOptions.image_encoding).
-ENCODINGS = ("jpeg", "png", "keep")
+ENCODINGS = ("jpeg", "png", "keep", "raw")
 # zlib level of every PNG written: fixed, so equal pixels give equal bytes with one zlib.
 PNG_COMPRESS_LEVEL = 6
 
@@ -179,8 +179,10 @@ class ImageOptions:
         (every image re-encoded as a lossless, pixel-exact PNG in its own channels: grey, grey+alpha,
         RGB, RGBA; 16-bit grey stays 16-bit; palettes become RGB or RGBA) or 'keep' (a PNG or JPEG is
         stored as its source bytes, any other format as 'png' does; one that must be resized or
-        rotated is re-encoded in its own format: PNG losslessly, JPEG at `quality`). A
-        uint8 image array of an .npz or .npy input defaults to 'png'.
+        rotated is re-encoded in its own format: PNG losslessly, JPEG at `quality`) or 'raw' (the
+        decoded pixels as little-endian float32, H x W x C, exactly: float TIFFs, 16- and 32-bit
+        integer images; image/height and image/width give the shape). A uint8 image array of an
+        .npz or .npy input defaults to 'png'.
     """
 
     max_side: Optional[int] = None
@@ -274,7 +276,7 @@ def _float_to_l(img: Image.Image) -> Image.Image:
         span = f"{float(finite.min()):.4g}..{float(finite.max()):.4g}" if finite.size else "none finite"
         extra = "" if finite.size == arr.size else ", with NaN or infinity"
         raise ImageError(f"a floating-point image (values {span}{extra}): 8-bit storage would clip or round "
-                         "them; scale it to 8 or 16 bits first (float images cannot be stored yet)")
+                         "them; store its pixels exactly with --image_encoding raw (float32), or scale it to 8 or 16 bits first")
     return Image.fromarray(arr.astype(np.uint8), "L")
 
 
@@ -349,6 +351,13 @@ def _png_header(data: bytes) -> Tuple[int, int, bool]:
     return depth, colour, transparent
 
 
+def prepared_kind(image: "PreparedImage") -> str:
+    """stored_kind of a prepared image; a raw one says its channels: 'raw:C:float32'."""
+    if image.format == "raw":
+        return f"raw:{len(image.data) // (4 * max(image.height * image.width, 1))}:float32"
+    return stored_kind(image.data)
+
+
 def stored_kind(data: bytes) -> str:
     """'format:channels:dtype' of stored image bytes, as TensorFlow's decode_png / decode_jpeg
     (channels=0) return them, read from the header alone: e.g. 'png:1:uint16', 'jpeg:3:uint8'."""
@@ -371,6 +380,47 @@ def stored_kind(data: bytes) -> str:
             i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
         return "jpeg:3:uint8"
     return f"{fmt}:0:uint8"
+
+
+# Pillow modes whose pixels float32 holds exactly, as they are; other modes become RGB or RGBA first.
+_RAW_MODES = ("F", "I", "I;16", "I;16L", "I;16B", "I;16N", "L", "LA", "RGB", "RGBA")
+_FLOAT32_EXACT = 2**24  # integers beyond it are not all float32 values
+
+
+def _raw(data: bytes, fmt: str, options: ImageOptions) -> PreparedImage:
+    """--image_encoding raw: the decoded, upright pixels as little-endian float32 (H x W x C).
+    Exact unless --max_side/--short_side resample them (LANCZOS, in float32)."""
+    import numpy as np
+
+    try:
+        img = Image.open(io.BytesIO(data), formats=[_PILLOW_FORMATS[fmt]])
+        _check_pixels(*img.size)
+        orientation = _orientation(img)
+        img.load()
+        if img.mode not in _RAW_MODES:
+            img = img.convert("RGBA" if "A" in img.getbands() or "transparency" in img.info else "RGB")
+        if orientation in _TRANSPOSE:
+            img = img.transpose(_TRANSPOSE[orientation])
+        arr = np.asarray(img)
+        if arr.dtype.kind in "iu" and arr.size and (int(arr.min()) < -_FLOAT32_EXACT or int(arr.max()) > _FLOAT32_EXACT):
+            raise ImageError(f"a 32-bit integer image with values {arr.min()}..{arr.max()}: float32 holds integers "
+                             f"exactly only within ±{_FLOAT32_EXACT}; convert it to 16 bits first")
+        arr = arr.astype(np.float32)
+        if arr.ndim == 2:
+            arr = arr[..., None]
+        tw, th = target_size(arr.shape[1], arr.shape[0], options)
+        if (tw, th) != (arr.shape[1], arr.shape[0]):
+            arr = np.stack([np.asarray(Image.fromarray(arr[..., c], "F").resize((tw, th), Image.Resampling.LANCZOS))
+                            for c in range(arr.shape[2])], axis=-1)
+    except ImageError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise ImageError(f"image too large: {stable_text(str(e))}", type(e).__name__) from e
+    except _DECODE_ERRORS as e:
+        raise ImageError(_decode_reason(fmt, e), type(e).__name__) from e
+    height, width = arr.shape[:2]
+    return PreparedImage(np.ascontiguousarray(arr, dtype="<f4").tobytes(), height, width, fmt, passthrough=False,
+                         format="raw")
 
 
 def _target(fmt: str, options: ImageOptions) -> str:
@@ -404,6 +454,8 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
         _check_pixels(*size)
     target = _target(fmt, options)
     keep = options.image_encoding == "keep"
+    if target == "raw":
+        return _raw(data, fmt, options)
     try:
         img = Image.open(io.BytesIO(data), formats=[_PILLOW_FORMATS[fmt]])
         width, height = img.size

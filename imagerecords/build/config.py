@@ -140,6 +140,8 @@ class BuildConfig:
                 problems.append(f"feature {f.name!r}: the {self.schema} schema stores this key itself")
         if self.features and self.writer == "beam":
             problems.append("--writer beam does not write declared features; use the default writer (shards)")
+        if self.image.image_encoding == "raw" and self.writer == "beam":
+            problems.append("--writer beam does not write --image_encoding raw; use the default writer (shards)")
         sources = [f.source for f in self.features]
         for column in sorted({c for c in sources if sources.count(c) > 1}):
             problems.append(f"features: column {column!r} feeds more than one feature")

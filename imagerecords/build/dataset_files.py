@@ -142,6 +142,9 @@ def tfds_features(num_classes: int, declared: Optional[Mapping[str, Mapping[str,
     extra = {f.name: features_lib.tfds_feature(f) for f in features_lib.specs_from_json(declared or {})}
     image = tfds_image(image_kinds) if image_kinds is not None else {
         "dtype": "uint8", "encodingFormat": "jpeg", "shape": {"dimensions": ["-1", "-1", "3"]}}
+    raw = None  # --image_encoding raw: TFDS has no float image; a flat float32 tensor, shaped by height and width
+    if image_kinds and features_lib.image_summary(image_kinds)[0] == "raw":
+        raw = features_lib.tfds_feature(features_lib.Feature("image", "image", encoding="raw"))
 
     def tensor(dtype: str) -> Dict[str, object]:
         return {
@@ -152,7 +155,7 @@ def tfds_features(num_classes: int, declared: Optional[Mapping[str, Mapping[str,
     return {
         "pythonClassName": "tensorflow_datasets.core.features.features_dict.FeaturesDict",
         "featuresDict": {"features": {
-            "image": {
+            "image": raw if raw else {
                 "pythonClassName": "tensorflow_datasets.core.features.image_feature.Image",
                 "image": image,
             },

@@ -90,7 +90,7 @@ def encode_ref(
         width=image.width,
         extra=extra,
     )
-    kind = codec.stored_kind(image.data) if options.image_encoding != "jpeg" else ""
+    kind = codec.prepared_kind(image) if options.image_encoding != "jpeg" else ""
     return Encoded(record, ref.label_id, image.passthrough, content_digest(data), kind)
 
 

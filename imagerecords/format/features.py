@@ -350,6 +350,9 @@ def vocabulary_of(names: Sequence[str]) -> Dict[str, int]:
 def tfds_feature(feature: Feature) -> Dict[str, Any]:
     """TFDS's features.json entry for the feature (what tfds.builder_from_directory decodes by)."""
     prefix = "tensorflow_datasets.core.features."
+    if feature.dtype == "image" and feature.encoding == "raw":  # flat float32: reshape by image/height, width
+        return {"pythonClassName": prefix + "tensor_feature.Tensor",
+                "tensor": {"dtype": "float32", "encoding": "bytes", "shape": {"dimensions": ["-1"]}}}
     if feature.dtype == "image":
         return {"pythonClassName": prefix + "image_feature.Image",
                 "image": {"dtype": "uint16" if feature.bits == 16 else "uint8",
@@ -389,8 +392,8 @@ def stored(manifest) -> Tuple[Feature, ...]:
         image = Feature(k.image, "image", encoding="jpeg", channels=3, bits=8)
     else:
         fmt, channels, bits = image_summary(manifest.image_kinds)
-        image = Feature(k.image, "image", encoding=manifest.image_encoding if fmt == "png" else "jpeg",
-                        channels=channels, bits=bits)
+        encoding = "raw" if fmt == "raw" else manifest.image_encoding if fmt == "png" else "jpeg"
+        image = Feature(k.image, "image", encoding=encoding, channels=channels, bits=bits)
     implied = [image, Feature(k.label, "int64"),
                Feature(k.filename, "string"), Feature(k.height, "int64"), Feature(k.width, "int64")]
     implied += [Feature(key, "string") for key in (k.image_format, k.label_text) if key]
@@ -404,6 +407,8 @@ def image_summary(image_kinds: Mapping[str, int]) -> Tuple[str, int, int]:
     dropped), or 4 when every record is a PNG and some have alpha (a JPEG decodes to 1 or 3 only)."""
     formats = {k.split(":")[0] for k in image_kinds} or {"jpeg"}
     channels = {int(k.split(":")[1]) for k in image_kinds} or {3}
+    if formats == {"raw"}:  # --image_encoding raw: float32 pixels, their channels per record
+        return "raw", (channels.pop() if len(channels) == 1 else 0), 32
     bits = 16 if any(k.endswith(":uint16") for k in image_kinds) else 8
     if len(channels) == 1:
         count = channels.pop()
@@ -431,6 +436,8 @@ def tfrecord_description(features: Sequence[Feature]) -> Dict[str, str]:
 
 def describe(feature: Feature) -> str:
     """One feature in a line of `imagerecords inspect`: 'float32[?,4] (bytes)', 'class_list (3 names)'."""
+    if feature.dtype == "image" and feature.encoding == "raw":
+        return f"image raw float32, {feature.channels or 'mixed'} channel(s)"
     if feature.dtype == "image":
         return f"image {feature.encoding}, {feature.channels} channel(s), {feature.bits}-bit"
     if feature.dtype == "class_list":

@@ -110,6 +110,9 @@ def make_dataset(
     if problems:
         raise ValueError("make_dataset: " + "; ".join(problems))
     info = load_info(path)
+    if info.manifest.image_encoding == "raw":
+        raise ValueError(f"make_dataset: {info.path} was built with --image_encoding raw (float32 pixels, which "
+                         "the classification pipeline does not crop or resize); read it with reader.as_dataset")
     split_info = info.split(split)
     if config.check_files:
         missing = missing_files(split_info)

@@ -12,6 +12,7 @@ from typing import Dict, Optional, Sequence, Union
 import tensorflow as tf
 
 from imagerecords.format import features as features_lib
+from imagerecords.format import schema
 from imagerecords.format.features import Feature
 from imagerecords.reader import hosts as hosts_lib
 from imagerecords.reader.info import DatasetInfo, load_info
@@ -98,7 +99,8 @@ def as_dataset(
             ex["boxes"]    # float32 [n, 4]: a variable dimension is the example's own length
             ex["tags"]     # int64 [k]: class ids (names in manifest.json's features.tags.names)
 
-    Values: images decoded (uint8, or uint16 for a 16-bit image feature) with their channels; raw
+    Values: images decoded (uint8, or uint16 for a 16-bit image feature) with their channels (an
+    --image_encoding raw image: float32 [H, W, C], exactly the source's pixels); raw
     tensors decoded and reshaped to their dtype and shape; list tensors cast to their dtype;
     class lists as int64 ids; strings as tf.string. Without shuffling the order is deterministic:
     shards in index order, records in file order.
@@ -130,6 +132,7 @@ def as_dataset(
     unknown = [k for k in wanted if k not in spec]
     if unknown:
         raise ValueError(f"as_dataset: {info.path} has no feature(s) {', '.join(unknown)}; it has {', '.join(sorted(spec))}")
+    keys = schema.keys(info.schema)
     plan = hosts_lib.plan(split_info.files, split_info.shard_lengths, num_hosts, host_index, "drop")
     slices = plan.slices
     sizes = {s.path: s.num_bytes for s in split_info.shards}
@@ -148,11 +151,17 @@ def as_dataset(
         records = records.take(plan.records_per_epoch)
     if shuffle:
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    parse_spec = {k: _parse_spec(spec[k]) for k in wanted}
+    raw = [k for k in wanted if spec[k].dtype == "image" and spec[k].encoding == "raw"]
+    size_keys = [k for k in (keys.height, keys.width) if raw]  # a raw image's shape
+    parse_spec = {k: _parse_spec(spec[k]) for k in [*wanted, *size_keys]}
 
     def decode(serialized):
         parsed = tf.io.parse_single_example(serialized, parse_spec)
-        return {k: _decode(spec[k], parsed[k]) for k in wanted}
+        out = {k: _decode(spec[k], parsed[k]) for k in wanted if k not in raw}
+        for k in raw:
+            pixels = tf.io.decode_raw(parsed[k], tf.float32, little_endian=True)
+            out[k] = tf.reshape(pixels, [parsed[keys.height], parsed[keys.width], -1])
+        return out
 
     examples = records.map(decode, num_parallel_calls=num_parallel_calls, deterministic=not shuffle or seed is not None)
     if batch_size:
