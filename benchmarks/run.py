@@ -211,7 +211,7 @@ def _draft_decode(data: bytes) -> int:
 def _prepare(data: bytes) -> int:
     from imagerecords.build import codec
 
-    return len(codec.prepare_image(data).jpeg)
+    return len(codec.prepare_image(data).data)
 
 
 def pool_rate(fn: Callable[[bytes], int], blobs: List[bytes], processes: bool) -> float:

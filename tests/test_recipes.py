@@ -2,9 +2,11 @@
 
 import collections
 import importlib.util
+import json
 import os
 import re
 
+import numpy as np
 import pytest
 
 from conftest import build, skip_unless_ci
@@ -47,7 +49,8 @@ def _run(name, out):
 
 def test_every_recipe_block_is_found_and_compiles():
     found = recipes()
-    assert sorted(found) == ["dali", "jax", "model-garden", "pytorch", "pytorch-files", "tfds", "torch-reader"]
+    assert sorted(found) == ["dali", "features-dali", "features-tfrecord", "jax", "model-garden", "pytorch",
+                             "pytorch-files", "tfds", "torch-reader"]
     for name, code in found.items():
         compile(code, f"docs/recipes.md[{name}]", "exec")
 
@@ -119,6 +122,71 @@ def test_dali_feature_spec_reads_each_preset(datasets, preset):
     spec = {keys.image: tf.io.FixedLenFeature((), tf.string, ""), keys.label: tf.io.FixedLenFeature([1], tf.int64, -1)}
     labels = [int(tf.io.parse_single_example(raw, spec)[keys.label][0]) for raw in tf.data.TFRecordDataset(paths)]
     assert len(labels) == train.num_examples and min(labels) >= manifest.label_offset
+
+
+@pytest.fixture(scope="module")
+def features_dataset(tmp_path_factory):
+    """A declared-features build (tests/support/detection.py) with index files."""
+    from tests.support.detection import CONFIG, write_rows
+
+    folder = tmp_path_factory.mktemp("features")
+    rows = write_rows(folder)
+    with open(folder / "m.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    (folder / "f.yaml").write_text(CONFIG)
+    out = folder / "out"
+    build(folder / "m.jsonl", out, "--config", folder / "f.yaml", "--num_shards", 2, "--write_index")
+    return str(out), rows
+
+
+_FEATURES_TFRECORD = """
+scope = {"OUT": ARGS["out"]}
+exec(ARGS["code"], scope)
+RESULT = [{"boxes": e["boxes"].tolist(), "tags": e["tags"], "score": e["score"], "caption": e["caption"],
+           "mask": e["mask"].tolist()} for e in scope["examples"]]
+"""
+
+
+def test_features_recipe_with_the_tfrecord_package(features_dataset):
+    import numpy as np
+    from PIL import Image
+
+    out, rows = features_dataset
+    got = without_tensorflow(_FEATURES_TFRECORD, {"out": out, "code": recipes()["features-tfrecord"]})
+    assert len(got) == len(rows)
+    by_caption = {r["caption"]: r for r in rows}
+    folder = os.path.dirname(out)
+    for ex in got:
+        row = by_caption[ex["caption"]]
+        assert ex["boxes"] == np.array(row["boxes"], np.float32).reshape(-1, 4).tolist()
+        assert ex["tags"] == row["tags"] and np.float32(ex["score"]) == np.float32(row["score"])
+        assert ex["mask"] == np.asarray(Image.open(os.path.join(folder, row["mask"]))).tolist()
+
+
+def test_dali_features_parse_every_record_as_tensorflow_would(features_dataset):
+    """DALI needs a GPU; its tfrec specs mirror TensorFlow's, so the spec dali_features builds (with
+    TensorFlow's classes standing in for tfrec's) must parse every record."""
+    import types
+
+    import tensorflow as tf
+
+    from imagerecords.format import features
+    from imagerecords.format.manifest import Manifest
+
+    out, rows = features_dataset
+    with open(f"{out}/manifest.json", "rb") as f:
+        manifest = Manifest.loads(f.read())
+    stand_in = types.SimpleNamespace(
+        string=tf.string, float32=tf.float32, int64=tf.int64,
+        FixedLenFeature=lambda shape, dtype, default: tf.io.FixedLenFeature(shape, dtype, default),
+        VarLenFeature=lambda dtype, default: tf.io.VarLenFeature(dtype))
+    spec = features.dali_features(features.stored(manifest), stand_in)
+    train = manifest.split("train")
+    parsed = [tf.io.parse_single_example(raw, spec) for raw in tf.data.TFRecordDataset(
+        [f"{out}/{s.filename}" for s in train.shards])]
+    assert len(parsed) == len(rows)
+    assert sorted(float(p["score"]) for p in parsed) == sorted(float(np.float32(r["score"])) for r in rows)
+    assert all(os.path.isfile(f"{out}/{s.index_file}") for s in train.shards)
 
 
 _PYTORCH_FILES = """

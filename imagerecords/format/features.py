@@ -494,3 +494,19 @@ def spec_code(features: Sequence[Feature], kind: str) -> str:
             raise ValueError(f"spec kind {kind!r} is not tf, tfrecord or dali")
         lines.append(f"    {f.name!r}: {entry},")
     return "{\n" + "\n".join(lines) + "\n}"
+
+
+def dali_features(features: Sequence[Feature], tfrec) -> Dict[str, Any]:
+    """DALI's fn.readers.tfrecord `features` for these features; `tfrec` is nvidia.dali.tfrecord
+    (passed in: this module imports no DALI). Bytes-like values are scalar strings, a fixed list its
+    shape, a variable list or class list a VarLenFeature."""
+    out = {}
+    for f in features:
+        bytes_like = f.dtype in ("image", "string") or f.encoding == "bytes"
+        wire, default = ((tfrec.string, "") if bytes_like else
+                         (tfrec.float32, 0.0) if f.dtype in ("float16", "float32") else (tfrec.int64, 0))
+        if not bytes_like and (f.dtype == "class_list" or None in f.shape):
+            out[f.name] = tfrec.VarLenFeature(wire, default)
+        else:
+            out[f.name] = tfrec.FixedLenFeature([] if bytes_like else list(f.shape), wire, default)
+    return out
