@@ -325,6 +325,9 @@ class LabelMap:
     def label_id(self, label: str) -> Optional[int]:
         """Returns the stored id of `label`, or None when the map does not know it."""
         if self.integer:
+            found = self._index().get(label)  # the canonical spelling of an id: no regex per ref
+            if found is not None:
+                return found + self.offset
             if not is_int_label(label):
                 return None
             value = int(label)

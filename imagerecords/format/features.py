@@ -269,6 +269,12 @@ def _check_tensor(feature: Feature, value: Any) -> "np.ndarray":
     import numpy as np
 
     name, dtype = feature.name, feature.dtype
+    if isinstance(value, np.ndarray) and value.dtype == _NUMPY[dtype] and len(value.shape) == len(feature.shape) \
+            and all(d is None or d == n for d, n in zip(feature.shape, value.shape)):
+        # A NumPy row of the declared dtype and shape (an arrays build): only finiteness to check.
+        if dtype.startswith("float") and not feature.allow_nan and not np.isfinite(value).all():
+            raise ValueProblem(f"feature {name!r}: a value is not finite (NaN or infinity); declare allow_nan: true to store it")
+        return value
     try:
         arr = np.asarray(value)
     except (ValueError, TypeError):  # numpy refuses ragged nesting
