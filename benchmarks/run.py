@@ -302,6 +302,51 @@ def bench_builds(res: Results, root: str, work: str, n: int, keep: str, r: int, 
         res.add("build", f"shards_{path}_vs_threads", ours, "img/s", baseline=f"build/threads_{path}_img_s")
 
 
+def bench_encodings(res: Results, root: str, work: str, n: int, r: int):
+    """The lossless encodings against the default JPEG path, same corpus, same run."""
+    for encoding in ("jpeg", "keep", "png"):
+        out = os.path.join(work, f"build-{encoding}-{r}")
+        wall, rss = run_watched(build_cmd(root, out, "--image_encoding", encoding))
+        res.add("encodings", f"{encoding}_img_s", n / wall, "img/s",
+                baseline=None if encoding == "jpeg" else "encodings/jpeg_img_s")
+        res.add("encodings", f"{encoding}_mb", _tree_mb(out), "MB", higher_is_better=False,
+                baseline=None if encoding == "jpeg" else "encodings/jpeg_mb")
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _tree_mb(folder: str) -> float:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files) / 1e6
+
+
+def bench_arrays_group(res: Results, work: str, quick: bool, r: int):
+    """NumPy input against the seed tutorial's serial loop (tf.train.Example + TFRecordWriter), and
+    the records read back with plain tf.data + decode_raw / decode_png, same run."""
+    import numpy as np
+
+    from benchmarks import bench_arrays
+
+    import tensorflow as tf
+
+    rng = np.random.default_rng(r)
+    float_rows, rgb_rows = (600, 500) if quick else (60000, 50000)
+    folder = os.path.join(work, f"arrays-{r}")
+    os.makedirs(folder, exist_ok=True)
+    raw32 = lambda b: tf.reshape(tf.io.decode_raw(b, tf.float32), (28, 28))  # noqa: E731
+    x = rng.random((float_rows, 28, 28), dtype=np.float32)
+    runs = {"float32_28x28": bench_arrays.workload("float", x, rng.integers(0, 10, len(x)), folder, raw32, raw32)}
+    x = rng.integers(0, 256, (rgb_rows, 32, 32, 3), dtype=np.uint8)
+    runs["uint8_32x32x3"] = bench_arrays.workload(
+        "rgb", x, rng.integers(0, 10, len(x)), folder, lambda b: tf.io.decode_png(b, channels=3),
+        lambda b: tf.reshape(tf.io.decode_raw(b, tf.uint8), (32, 32, 3)))
+    for name, w in runs.items():
+        res.add("arrays", f"{name}_seed_loop_build", w["rows"] / w["seed_build_s"], "rows/s")
+        res.add("arrays", f"{name}_build", w["rows"] / w["ours_build_s"], "rows/s",
+                baseline=f"arrays/{name}_seed_loop_build")
+        res.add("arrays", f"{name}_seed_read", w["seed_read_per_s"], "rows/s")
+        res.add("arrays", f"{name}_read", w["ours_read_per_s"], "rows/s", baseline=f"arrays/{name}_seed_read")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def bench_startup(res: Results, tiny_root: str, work: str, r: int):
     modes = [("default", []), ("in_memory", ["--direct_running_mode=in_memory", "--direct_num_workers=1"]),
              ("multi_threading", ["--direct_running_mode=multi_threading", f"--direct_num_workers={CORES}"]),
@@ -414,7 +459,8 @@ def main(argv=None) -> int:
     p.add_argument("--train_model", choices=("resnet50", "tiny"),
                    help="also time a training step of this model fed by the reader and by plain tf.data "
                         "(the train group; meant for a machine with an accelerator)")
-    p.add_argument("--skip", default="", help="comma-separated groups to skip: codec,peers,tfds,build,startup,memory,reader")
+    p.add_argument("--skip", default="", help="comma-separated groups to skip: codec,peers,tfds,build,encodings,arrays,startup,memory,"
+                                                "reader")
     p.add_argument("--cache", default=corpus_lib.CACHE, help="where corpora are kept")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--quick", action="store_true",
@@ -456,6 +502,10 @@ def main(argv=None) -> int:
                 bench_peers(res, corpus.root, work, n, reason is None, a.quick, r)
             if "build" not in skip:
                 bench_builds(res, corpus.root, work, n, data, r, reason is None)
+            if "encodings" not in skip:
+                bench_encodings(res, corpus.root, work, n, r)
+            if "arrays" not in skip:
+                bench_arrays_group(res, work, a.quick, r)
             if "startup" not in skip:
                 bench_startup(res, tiny_root, work, r)
             if "memory" not in skip:

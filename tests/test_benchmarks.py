@@ -20,6 +20,9 @@ GROUPS = {
               "prepare_image_passthrough_threads"],
     "peers": ["loop_passthrough", "loop_reencode", "loop_peak_rss", "tfds_pass_wall", "tfds_reencode_wall"],
     "build": [f"{w}_{p}_{m}" for w in ("shards", "threads", "direct", "beam") for p in ("pass", "reencode") for m in ("img_s", "peak_rss")],
+    "encodings": [f"{e}_{m}" for e in ("jpeg", "keep", "png") for m in ("img_s", "mb")],
+    "arrays": [f"{w}_{f}" for w in ("float32_28x28", "uint8_32x32x3")
+               for f in ("seed_loop_build", "build", "seed_read", "read")],
     "startup": ["build16_default", "build16_in_memory", "build16_multi_threading", "build16_multi_processing"],
     "memory": ["default_base_peak_rss", "default_rows20_kib_per_image", "default_rows60_kib_per_image",
                "default_slope_kib_per_image"],
@@ -50,12 +53,14 @@ def test_corpus_is_seeded_varied_and_cached(tmp_path):
 # The CI smoke run measures the groups that need no extra build processes; the build, start-up,
 # memory and peer groups each start ~15 CLI builds (minutes on a loaded 2-core machine) and run in
 # the full benchmark. IMAGERECORDS_BENCH_ALL=1 smoke-tests every group.
-SMOKE_GROUPS = list(GROUPS) if os.environ.get("IMAGERECORDS_BENCH_ALL") == "1" else ["codec", "reader", "train"]
+SMOKE_GROUPS = list(GROUPS) if os.environ.get("IMAGERECORDS_BENCH_ALL") == "1" else ["codec", "reader", "train", "encodings",
+                                                                                   "arrays"]
 
 
 def test_quick_benchmark_reports_every_figure(tmp_path):
     out = tmp_path / "bench.json"
-    skip = ",".join(g for g in ("codec", "peers", "tfds", "build", "startup", "memory", "reader") if g not in SMOKE_GROUPS
+    skip = ",".join(g for g in ("codec", "peers", "tfds", "build", "encodings", "arrays", "startup", "memory",
+                                        "reader") if g not in SMOKE_GROUPS
                     and not (g == "tfds" and "peers" in SMOKE_GROUPS))
     cmd = [sys.executable, "-m", "benchmarks.run", "--quick", "--images", "12", "--manifest_rows", "20,60",
            "--cache", str(tmp_path / "cache"), "--json", str(out)] + (["--skip", skip] if skip else [])
