@@ -278,3 +278,25 @@ def test_readme_example_runs_against_a_build(tmp_path, monkeypatch):
     pairs = sorted((image.numpy().tobytes(), int(label)) for image, label in got["dataset"])
     want = sorted((made["x"][i].tobytes(), int(made["y"][i])) for i in range(len(made["x"])))
     assert len(pairs) == 1000 and pairs == want
+
+
+def test_resume_fingerprint_changes_when_the_arrays_are_rewritten(tmp_path):
+    """A row's ref holds its key and place, not its values: the input's files stand in for them, so
+    a resumed build never reuses a shard staged from arrays since rewritten at the same size."""
+    import time as time_lib
+
+    from imagerecords.build import stages
+    from imagerecords.build.config import BuildConfig
+
+    np.savez(tmp_path / "d.npz", **_arrays(seed=1))
+    config = BuildConfig(input=str(tmp_path / "d.npz"), output=str(tmp_path / "out"))
+    before = stages.ShardWriter.of(config, "b1").source
+    size = os.path.getsize(tmp_path / "d.npz")
+    deadline = time_lib.monotonic() + 10
+    while True:  # a rewrite whose mtime the filesystem can tell apart from the first
+        np.savez(tmp_path / "d.npz", **_arrays(seed=2))
+        after = stages.ShardWriter.of(config, "b2").source
+        if after != before or time_lib.monotonic() > deadline:
+            break
+    assert os.path.getsize(tmp_path / "d.npz") == size  # same shapes, same size: only the values differ
+    assert before and after != before, "the rewritten input's identity never changed"

@@ -168,8 +168,9 @@ def test_list_and_object_labels_are_rejected_rows():
     cols = ManifestColumns()
     _, rej = refs.parse_manifest_row({"path": "a.jpg", "label": ["cat", "dog"], "key": "k"}, "/d", cols)
     assert (rej.key, rej.stage) == ("k", "label")
-    assert rej.reason == ("label [\"cat\", \"dog\"] is a list, not a class label (multi-label class lists are not "
-                          "supported yet): give one class name in 'label'")
+    assert rej.reason == ("label [\"cat\", \"dog\"] is a list, not a class label: give one class name in 'label'; "
+                          "for several classes per image, put them in another column and declare it a class list "
+                          "(--feature tags=class_list)")
     _, rej = refs.parse_manifest_row({"path": "a.jpg", "label": {"name": "cat"}}, "/d", cols)
     assert rej.reason.startswith('label {"name": "cat"} is a JSON object, not a class label')
 

@@ -202,15 +202,19 @@ class ShardWriter:
     contents: bool = True
     resume_from: Tuple[str, ...] = ()
     features: Tuple[Any, ...] = ()  # imagerecords.format.features.Feature
+    source: str = ""  # an arrays input's files (arrays.input_identity), in the resume fingerprint
 
     @classmethod
     def of(cls, config, build_id: str) -> "ShardWriter":
         """The writer of `config` (a BuildConfig) for build `build_id`."""
         earlier = tuple(b for b in reversed(publish.staged_builds(config.output)) if b != build_id) if config.resume \
             else ()
+        from imagerecords.build import arrays
+
+        source = arrays.input_identity(config.input) if arrays.is_arrays_input(config.input) else ""
         return cls(output=config.output, build_id=build_id, name=config.name, preset=config.schema,
                    options=config.image, write_index=config.write_index, contents=not config.skip_duplicate_check,
-                   resume_from=earlier, features=tuple(config.features))
+                   resume_from=earlier, features=tuple(config.features), source=source)
 
     def write(self, shard: Tuple[str, int, int], refs: Sequence[ImageRef], labels: LabelMap, *,
               read_bytes: Callable[[str], bytes], executor: Optional[concurrent.futures.Executor] = None,
@@ -232,7 +236,7 @@ class ShardWriter:
         staging = publish.staging_dir(self.output, self.build_id)
         fingerprint = shard_fingerprint(shard, refs, name=self.name, preset=self.preset, labels=labels,
                                         options=self.options, write_index=self.write_index, contents=self.contents,
-                                        features=self.features)
+                                        features=self.features, source=self.source)
         if self.resume_from:
             reused = _reuse_staged(self.output, self.build_id, self.resume_from, filename, fingerprint)
             if reused is not None:
@@ -291,7 +295,7 @@ class ShardWriter:
 
 def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, name: str, preset: str,
                       labels: LabelMap, options: codec.ImageOptions, write_index: bool, contents: bool,
-                      features: Sequence[Any] = ()) -> str:
+                      features: Sequence[Any] = (), source: str = "") -> str:
     """sha256 of everything a shard's bytes depend on: its place, its refs in order (key, path,
     label, size), the label map, the encoding settings and the code version. A changed input file
     changes its size only if its length changes; with --skip_stat sizes are not known (-1)."""
@@ -301,7 +305,8 @@ def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, 
     h.update(json.dumps({"shard": list(shard), "name": name, "preset": preset, "labels": labels.to_json(),
                          "options": dataclasses.asdict(options), "write_index": write_index, "contents": contents,
                          "code": __version__, "pillow": _pillow_version(),
-                         **({"features": [f.to_json() | {"name": f.name} for f in features]} if features else {})},
+                         **({"features": [f.to_json() | {"name": f.name} for f in features]} if features else {}),
+                         **({"source": source} if source else {})},
                         sort_keys=True, default=str).encode())
     for r in refs:
         h.update(json.dumps([r.key, r.uri, r.label, r.label_id, r.split, r.size, *([r.extras] if r.extras else [])]
