@@ -414,13 +414,18 @@ def _raw(data: bytes, fmt: str, options: ImageOptions) -> PreparedImage:
                             for c in range(arr.shape[2])], axis=-1)
     except ImageError:
         raise
-    except Image.DecompressionBombError as e:
-        raise ImageError(f"image too large: {stable_text(str(e))}", type(e).__name__) from e
-    except _DECODE_ERRORS as e:
-        raise ImageError(_decode_reason(fmt, e), type(e).__name__) from e
+    except (Image.DecompressionBombError, *_DECODE_ERRORS) as e:
+        raise _as_image_error(fmt, e) from e
     height, width = arr.shape[:2]
     return PreparedImage(np.ascontiguousarray(arr, dtype="<f4").tobytes(), height, width, fmt, passthrough=False,
                          format="raw")
+
+
+def _as_image_error(fmt: str, e: BaseException) -> ImageError:
+    """The rejected row's error for a failure while decoding bytes sniffed as `fmt`."""
+    if isinstance(e, Image.DecompressionBombError):
+        return ImageError(f"image too large: {stable_text(str(e))}", type(e).__name__)
+    return ImageError(_decode_reason(fmt, e), type(e).__name__)
 
 
 def _target(fmt: str, options: ImageOptions) -> str:
@@ -496,7 +501,5 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
         return PreparedImage(out.getvalue(), img.height, img.width, fmt, passthrough=False)
     except ImageError:
         raise
-    except Image.DecompressionBombError as e:
-        raise ImageError(f"image too large: {stable_text(str(e))}", type(e).__name__) from e
-    except _DECODE_ERRORS as e:
-        raise ImageError(_decode_reason(fmt, e), type(e).__name__) from e
+    except (Image.DecompressionBombError, *_DECODE_ERRORS) as e:
+        raise _as_image_error(fmt, e) from e

@@ -147,14 +147,7 @@ def make_dataset(
 
     # --- serialized records of one epoch, this host only
     slices = plan.slices
-    sizes = {s.path: s.num_bytes for s in split_info.shards}
-    files = tf.data.Dataset.from_tensor_slices((
-        tf.constant([s.path for s in slices], tf.string),
-        tf.constant([s.count for s in slices], tf.int64),
-        tf.constant([sizes[s.path] for s in slices], tf.int64),
-        tf.constant([s.stride for s in slices], tf.int64),
-        tf.constant([s.offset for s in slices], tf.int64),
-    ))
+    files = slice_files(slices, split_info)
     if r.shuffle_files and len(slices) > 1:
         files = files.shuffle(len(slices), seed=_derive(seed, host, "files"), reshuffle_each_iteration=True)
     read = functools.partial(shard_records, policy=config.corrupt_records, stats=stats, dataset=info.path)
@@ -257,6 +250,18 @@ def _resume_problems(start_step, start_example, config: ReadConfig, seed, r: con
         out.append("cache keeps the first epoch's order, but the resumable order (start_step/start_example) "
                    "differs each epoch; drop cache")
     return out
+
+
+def slice_files(slices, split_info) -> tf.data.Dataset:
+    """The (path, count, num_bytes, stride, offset) elements shard_records reads, one per FileSlice."""
+    sizes = {s.path: s.num_bytes for s in split_info.shards}
+    return tf.data.Dataset.from_tensor_slices((
+        tf.constant([s.path for s in slices], tf.string),
+        tf.constant([s.count for s in slices], tf.int64),
+        tf.constant([sizes[s.path] for s in slices], tf.int64),
+        tf.constant([s.stride for s in slices], tf.int64),
+        tf.constant([s.offset for s in slices], tf.int64),
+    ))
 
 
 def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_lib.Resolved, augment_seed: int,

@@ -15,6 +15,7 @@ from imagerecords.format import features as features_lib
 from imagerecords.format import schema
 from imagerecords.format.features import Feature
 from imagerecords.reader import hosts as hosts_lib
+from imagerecords.reader.dataset import slice_files
 from imagerecords.reader.info import DatasetInfo, load_info
 from imagerecords.reader.shards import ReadStats, shard_records
 
@@ -135,14 +136,7 @@ def as_dataset(
     keys = schema.keys(info.schema)
     plan = hosts_lib.plan(split_info.files, split_info.shard_lengths, num_hosts, host_index, "drop")
     slices = plan.slices
-    sizes = {s.path: s.num_bytes for s in split_info.shards}
-    files = tf.data.Dataset.from_tensor_slices((
-        tf.constant([s.path for s in slices], tf.string),
-        tf.constant([s.count for s in slices], tf.int64),
-        tf.constant([sizes[s.path] for s in slices], tf.int64),
-        tf.constant([s.stride for s in slices], tf.int64),
-        tf.constant([s.offset for s in slices], tf.int64),
-    ))
+    files = slice_files(slices, split_info)
     if shuffle and len(slices) > 1:
         files = files.shuffle(len(slices), seed=seed, reshuffle_each_iteration=True)
     read = functools.partial(shard_records, policy=corrupt_records, stats=stats or ReadStats(), dataset=info.path)
