@@ -158,6 +158,49 @@ def test_detached_submit_returns_and_finish_publishes(cluster, image_tree, direc
     assert_same_dataset(out, direct)
 
 
+# Before the TaskManager-loss test: the cluster it leaves behind has lost a TaskManager's slot.
+def test_a_declared_features_build_on_flink_is_byte_identical(cluster, tmp_path):
+    """Issue 17: boxes, class lists, a float, a caption and two image features, written by the SDK
+    workers on the cluster, give the local engine's bytes."""
+    from imagerecords.cli.launcher import run
+    from tests.support.detection import CONFIG, write_rows
+
+    cluster.restart_worker_pools()
+    rows = write_rows(tmp_path)
+    with open(tmp_path / "m.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    (tmp_path / "f.yaml").write_text(CONFIG)
+    args = ["--input", str(tmp_path / "m.jsonl"), "--config", str(tmp_path / "f.yaml"), "--num_shards", "2",
+            "--no_progress"]
+    run([*args, "--output", str(tmp_path / "local")])
+    run([*args, "--output", str(tmp_path / "flink"), *cluster.pipeline_args()])
+    local, on_flink = shard_files(tmp_path / "local"), shard_files(tmp_path / "flink")
+    assert [os.path.basename(p) for p in local] == [os.path.basename(p) for p in on_flink] and len(local) == 2
+    for a, b in zip(local, on_flink):
+        assert filecmp.cmp(a, b, shallow=False), b
+    assert manifest_without_time(tmp_path / "local") == manifest_without_time(tmp_path / "flink")
+
+
+def test_arrays_build_on_flink_is_byte_identical_to_direct_runner(cluster, tmp_path):
+    """An .npz input (float32 28x28 raw, uint8 labels as classes, a float64 tensor) on the cluster's
+    SDK workers writes the bytes DirectRunner writes."""
+    import numpy as np
+
+    from imagerecords.cli.launcher import run
+
+    r = np.random.default_rng(7)
+    npz = tmp_path / "data.npz"
+    np.savez(npz, image=r.random((200, 28, 28), dtype=np.float32), label=r.integers(0, 10, 200),
+             extra=r.standard_normal((200, 2)))
+    args = ["--input", str(npz), "--splits", "train=0.7,validation=0.3", "--num_shards", "2"]
+    reference = tmp_path / "direct"
+    run([*args, "--output", str(reference), "--no_progress", "--runner=DirectRunner"])
+    out = tmp_path / "flink"
+    run([*args, "--output", str(out), *cluster.pipeline_args()])
+    assert_same_dataset(out, reference)
+    assert json.loads((out / "manifest.json").read_text())["features"]["extra"]["dtype"] == "float64"
+
+
 def test_taskmanager_lost_mid_build(cluster, image_tree, direct, tmp_path):
     """Kills TaskManager 1 and its worker pool while a shard writer beside it is paused after its first
     shard (IMAGERECORDS_TEST_PAUSE=mid_shards, on that pool only). The other TaskManager has one slot
@@ -200,45 +243,3 @@ def test_taskmanager_lost_mid_build(cluster, image_tree, direct, tmp_path):
     assert not (out / ".imagerecords.lock").exists()  # the failed build let go of the folder
     assert {p: open(p, "rb").read() for p in shard_files(out)} == before
     assert (out / "manifest.json").read_bytes() == before_manifest
-
-
-def test_a_declared_features_build_on_flink_is_byte_identical(cluster, tmp_path):
-    """Issue 17: boxes, class lists, a float, a caption and two image features, written by the SDK
-    workers on the cluster, give the local engine's bytes."""
-    from imagerecords.cli.launcher import run
-    from tests.support.detection import CONFIG, write_rows
-
-    cluster.restart_worker_pools()
-    rows = write_rows(tmp_path)
-    with open(tmp_path / "m.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
-    (tmp_path / "f.yaml").write_text(CONFIG)
-    args = ["--input", str(tmp_path / "m.jsonl"), "--config", str(tmp_path / "f.yaml"), "--num_shards", "2",
-            "--no_progress"]
-    run([*args, "--output", str(tmp_path / "local")])
-    run([*args, "--output", str(tmp_path / "flink"), *cluster.pipeline_args()])
-    local, on_flink = shard_files(tmp_path / "local"), shard_files(tmp_path / "flink")
-    assert [os.path.basename(p) for p in local] == [os.path.basename(p) for p in on_flink] and len(local) == 2
-    for a, b in zip(local, on_flink):
-        assert filecmp.cmp(a, b, shallow=False), b
-    assert manifest_without_time(tmp_path / "local") == manifest_without_time(tmp_path / "flink")
-
-
-def test_arrays_build_on_flink_is_byte_identical_to_direct_runner(cluster, tmp_path):
-    """An .npz input (float32 28x28 raw, uint8 labels as classes, a float64 tensor) on the cluster's
-    SDK workers writes the bytes DirectRunner writes."""
-    import numpy as np
-
-    from imagerecords.cli.launcher import run
-
-    r = np.random.default_rng(7)
-    npz = tmp_path / "data.npz"
-    np.savez(npz, image=r.random((200, 28, 28), dtype=np.float32), label=r.integers(0, 10, 200),
-             extra=r.standard_normal((200, 2)))
-    args = ["--input", str(npz), "--splits", "train=0.7,validation=0.3", "--num_shards", "2"]
-    reference = tmp_path / "direct"
-    run([*args, "--output", str(reference), "--no_progress", "--runner=DirectRunner"])
-    out = tmp_path / "flink"
-    run([*args, "--output", str(out), *cluster.pipeline_args()])
-    assert_same_dataset(out, reference)
-    assert json.loads((out / "manifest.json").read_text())["features"]["extra"]["dtype"] == "float64"

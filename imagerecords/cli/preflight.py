@@ -96,16 +96,22 @@ def _open_input(path: str) -> Iterator[IO[bytes]]:
         yield f
 
 
-def _non_blank_lines(path: str, f: IO[bytes], wanted: int) -> List[str]:
-    """Up to `wanted` non-blank lines from the start of `f`, decoded, line breaks removed."""
+def _non_blank_lines(path: str, f: IO[bytes], wanted: int, strict: Optional[int] = None,
+                     limit: Optional[int] = None) -> List[str]:
+    """Up to `wanted` non-blank lines from the start of `f`, decoded, line breaks removed. A line that
+    is not UTF-8 among the first `strict` (default: all wanted) is an InputError; a later one is
+    passed over (the build rejects it as a row). At most `limit` lines are read."""
     lines: List[str] = []
-    for i in range(_MAX_HEAD_LINES):
+    strict = wanted if strict is None else strict
+    for i in range(max(limit or 0, _MAX_HEAD_LINES)):
         raw = f.readline()
         if not raw:
             break
         try:
             text = raw.decode("utf-8-sig" if i == 0 else "utf-8").rstrip("\r\n")
         except UnicodeDecodeError as e:
+            if len(lines) >= strict:
+                continue
             raise InputError(f"--input {path}: line {i + 1} is not UTF-8 text ({e.reason}); "
                              "save the manifest as UTF-8") from None
         if text.strip():
@@ -126,7 +132,8 @@ def read_manifest_head(path: str) -> InputInfo:
     if kind is None:
         raise ValueError(f"{path} is not a .csv or .jsonl manifest")
     with _open_input(path) as f:
-        lines = _non_blank_lines(path, f, 2 if kind == "csv" else JSONL_COLUMN_ROWS)
+        lines = (_non_blank_lines(path, f, 2) if kind == "csv"
+                 else _non_blank_lines(path, f, JSONL_COLUMN_ROWS, strict=1, limit=JSONL_COLUMN_ROWS * 2))
     if not lines:
         raise InputError(f"--input {path}: the manifest is empty; it needs "
                          + ("a header line (path,label) and one line per image" if kind == "csv"
