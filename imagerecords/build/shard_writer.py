@@ -177,6 +177,8 @@ def write_shard(
     passthrough = 0
     done = 0
     contents: List[Tuple[bytes, ImageRef]] = []
+    if refs and arrays.is_row(refs[0].uri):
+        executor = None  # array rows hold the GIL and wait on no I/O: a thread hop costs 4x their encoding
     encoded = _ordered_map(lambda r: (r, encode_ref(r, read_bytes, preset, labels, options, features)), refs, executor, window)
     for ref, result in encoded:
         done += 1
