@@ -166,6 +166,18 @@ def test_as_dataset_hands_back_every_array_bit_for_bit(float_build, rgb_build):
         assert ex["image"].dtype == np.uint8 and np.array_equal(ex["image"], rgb["image"][ex["row"]])
 
 
+def test_make_dataset_reads_png_arrays_and_refuses_raw_ones_in_one_line(float_build, rgb_build):
+    from imagerecords import reader
+
+    rgb, out = rgb_build
+    images, labels = next(iter(reader.make_dataset(str(out), "train", batch_size=4, image_size=16)))
+    assert images.shape == (4, 16, 16, 3) and labels.shape == (4,)
+    _, out, _ = float_build
+    with pytest.raises(ValueError, match=r"hold a float32\[28,28\] \(bytes\) tensor \(an arrays build\), not an "
+                                         r"encoded image; read them with reader.as_dataset"):
+        reader.make_dataset(str(out), "train", batch_size=4, image_size=16)
+
+
 def test_local_engine_and_direct_runner_write_the_same_bytes(rgb_build, tmp_path):
     _, out = rgb_build
     src = glob.glob(os.path.join(os.path.dirname(out), "*.npz"))[0]

@@ -10,6 +10,7 @@ from typing import Iterator, List, Optional, Tuple, Union
 
 import tensorflow as tf
 
+from imagerecords.format import features as features_lib
 from imagerecords.format import schema
 from imagerecords.reader import config as config_lib
 from imagerecords.reader import formats as formats_lib
@@ -113,6 +114,11 @@ def make_dataset(
     if info.manifest.image_encoding == "raw":
         raise ValueError(f"make_dataset: {info.path} was built with --image_encoding raw (float32 pixels, which "
                          "the classification pipeline does not crop or resize); read it with reader.as_dataset")
+    image = next((f for f in features_lib.stored(info.manifest) if f.name == schema.keys(info.schema).image), None)
+    if image is None or image.dtype != "image":
+        what = f"a {features_lib.describe(image)} tensor" if image is not None else "no image feature"
+        raise ValueError(f"make_dataset: {info.path}'s records hold {what} (an arrays build), not an encoded "
+                         "image; read them with reader.as_dataset")
     split_info = info.split(split)
     if config.check_files:
         missing = missing_files(split_info)
