@@ -405,7 +405,8 @@ def test_control_character_and_list_labels_in_a_jsonl_manifest_are_rows(tmp_path
     assert rows["nl.jpg"]["reason"].startswith("label 'cat\\ndog' holds control character U+000A: class names go "
                                                "one per line into label.labels.txt")
     assert rows["tab.jpg"]["reason"].startswith("label 'a\\tb' holds control character U+0009")
-    assert rows["list.jpg"]["reason"].startswith('label ["cat", "dog"] is a list, not a class label (multi-label')
+    assert rows["list.jpg"]["reason"].startswith('label ["cat", "dog"] is a list, not a class label: give one class '
+                                                 'name in \'label\'; for several classes per image')
     assert rows["nl.jpg"]["uri"] == "img/nl.jpg"
 
 

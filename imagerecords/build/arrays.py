@@ -83,8 +83,7 @@ def _headers(path: str) -> Dict[str, Tuple[Tuple[int, ...], Any]]:
                 if not member.endswith(".npy"):
                     continue
                 with z.open(member) as f:
-                    version = np.lib.format.read_magic(f)
-                    shape, _, dtype = np.lib.format._read_array_header(f, version)
+                    shape, dtype = _member_header(np, z, member, f)
                 out[member[:-4]] = (tuple(shape), dtype)
         return out
     for name in sorted(os.listdir(path)):
@@ -92,6 +91,19 @@ def _headers(path: str) -> Dict[str, Tuple[Tuple[int, ...], Any]]:
             a = np.load(os.path.join(path, name), mmap_mode="r", allow_pickle=False)
             out[name[:-4]] = (a.shape, a.dtype)
     return out
+
+
+def _member_header(np, z: zipfile.ZipFile, member: str, f) -> Tuple[Tuple[int, ...], Any]:
+    """(shape, dtype) of one .npy member of an .npz from its header (numpy's public readers; the
+    rare format 3.0 header, for non-Latin-1 field names, by loading the member)."""
+    version = np.lib.format.read_magic(f)
+    read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read is None:
+        with z.open(member) as whole:
+            a = np.lib.format.read_array(whole, allow_pickle=False)
+        return tuple(a.shape), a.dtype
+    shape, _, dtype = read(f)
+    return tuple(shape), dtype
 
 
 @functools.lru_cache(maxsize=4)
