@@ -400,6 +400,10 @@ def test_raw_stores_float_and_integer_pixels_exactly(float_tiffs, tmp_path):
     assert seen == set(pixels)
     with pytest.raises(ValueError, match="built with --image_encoding raw .* read it with reader.as_dataset"):
         reader.make_dataset(str(tmp_path / "out"), "train", batch_size=2, image_size=8)
+    from imagerecords.cli import inspection
+
+    lines, _ = inspection.inspect(str(tmp_path / "out"))
+    assert f"  images: --image_encoding raw (raw:1:float32 {len(pixels)})" in lines
 
 
 def test_raw_datasets_load_in_tfds_as_flat_float32(float_tiffs, tmp_path):

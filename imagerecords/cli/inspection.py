@@ -224,6 +224,9 @@ def inspect(output: str) -> Tuple[List[str], List[str]]:
     lines.append(f"  rejected: {manifest.num_rejected}, skipped: {manifest.num_skipped} (see {manifest.errors_file})")
     names_shown = ", ".join(manifest.label_names[:20]) + (" ..." if len(manifest.label_names) > 20 else "")
     lines.append(f"  labels: {names_shown}")
+    if manifest.image_encoding != "jpeg":
+        kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(manifest.image_kinds.items()))
+        lines.append(f"  images: --image_encoding {manifest.image_encoding} ({kinds or 'no records'})")
     if manifest.features:
         for feature in features_lib.specs_from_json(manifest.features):
             lines.append(f"  feature {feature.name}: {features_lib.describe(feature)}")
