@@ -45,7 +45,7 @@ BUILD = [
 ]
 # imagerecords.torch: a PyTorch dataset and loader decoding with Pillow; no TensorFlow. The floor is
 # not run by CI (it runs constraints.txt's torch). gs:// needs google-cloud-storage too (in `gcp`).
-TORCH = ["torch>=2.1", "pillow>=12.3"]
+TORCH = ["torch>=2.3", "pillow>=12.3"]  # 2.3: uint16 tensors (16-bit image features)
 # gs:// inputs and outputs (Beam's GcsIO and google-cloud-storage) and Dataflow.
 GCP = [f"apache-beam[gcp]{BEAM_RANGE}", *BUILD]
 

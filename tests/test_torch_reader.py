@@ -346,3 +346,40 @@ def test_benchmark_reports_every_loader_and_ratio(tmp_path):
     for name, r in result["ratios"].items():
         peer = name[len("records_vs_"):]
         assert r["ratio"] == pytest.approx(result["figures"]["records"]["img_s"] / result["figures"][peer]["img_s"])
+
+
+def test_declared_features_come_back_decoded(tmp_path):
+    """A declared-features build read through RecordDataset(features=...) and a DataLoader: every
+    value as the manifest row gave it (boxes, class ids, score, caption, the mask's ids, 16 bits)."""
+    import numpy as np
+    from PIL import Image
+
+    from tests.support.detection import CONFIG, write_rows
+
+    rows = write_rows(tmp_path)
+    with open(tmp_path / "m.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    (tmp_path / "f.yaml").write_text(CONFIG)
+    manifest = build(tmp_path / "m.jsonl", tmp_path / "out", "--config", tmp_path / "f.yaml", "--num_shards", 2,
+                     "--write_index")
+    names = manifest.features["tags"]["names"]
+    wanted = ["boxes", "tags", "score", "caption", "mask", "depth"]
+    ds = irt.RecordDataset(str(tmp_path / "out"), "train", image_size=SIZE, features=wanted)
+    by_caption = {r["caption"]: r for r in rows}
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, collate_fn=list)
+    seen = 0
+    for batch in loader:
+        for image, label, values in batch:
+            row = by_caption[values["caption"]]
+            assert image.shape == (3, SIZE, SIZE) and label == ["cat", "dog"].index(row["label"])
+            assert values["boxes"].dtype == torch.float32
+            assert np.array_equal(values["boxes"].numpy(), np.array(row["boxes"], np.float32).reshape(-1, 4))
+            assert [names[i] for i in values["tags"].tolist()] == row["tags"]
+            assert values["score"].item() == np.float32(row["score"])
+            assert np.array_equal(values["mask"][..., 0].numpy(), np.asarray(Image.open(tmp_path / row["mask"])))
+            assert values["depth"].dtype == torch.uint16
+            assert np.array_equal(values["depth"][..., 0].numpy(), np.asarray(Image.open(tmp_path / row["depth"])))
+            seen += 1
+    assert seen == len(rows)
+    with pytest.raises(ValueError, match="no feature\\(s\\) ghost; its records hold boxes, caption"):
+        irt.RecordDataset(str(tmp_path / "out"), "train", features=["ghost"])

@@ -516,3 +516,36 @@ def dali_features(features: Sequence[Feature], tfrec) -> Dict[str, Any]:
         else:
             out[f.name] = tfrec.FixedLenFeature([] if bytes_like else list(f.shape), wire, default)
     return out
+
+
+def to_numpy(feature: Feature, values: Sequence[Any]) -> Any:
+    """One record's stored values of a non-image feature (schema.parse_example's list) as NumPy: a
+    tensor of its dtype and shape, a class list as int64 ids, a string as str.
+
+    Raises:
+      ValueError: the values do not fit the feature (wrong kind, or not filling its shape).
+    """
+    import numpy as np
+
+    if feature.dtype == "string":
+        if len(values) != 1 or not isinstance(values[0], bytes):
+            raise ValueError(f"feature {feature.name!r}: expected one bytes value, got {len(values)} values")
+        return values[0].decode("utf-8")
+    if feature.dtype == "class_list":
+        return np.asarray(values, dtype=np.int64)
+    if not feature.numeric:
+        raise ValueError(f"feature {feature.name!r}: a {feature.dtype} feature is decoded by its image codec")
+    dtype = np.dtype(_NUMPY[feature.dtype])
+    if feature.encoding == "bytes":
+        if len(values) != 1 or not isinstance(values[0], bytes):
+            raise ValueError(f"feature {feature.name!r}: expected one bytes value, got {len(values)} values")
+        if len(values[0]) % dtype.itemsize:
+            raise ValueError(f"feature {feature.name!r}: {len(values[0])} bytes are not a whole number of "
+                             f"{feature.dtype} values")
+        flat = np.frombuffer(values[0], dtype)
+    else:
+        flat = np.asarray(values, dtype=dtype)
+    try:
+        return flat.reshape(tuple(-1 if d is None else d for d in feature.shape))
+    except ValueError:
+        raise ValueError(f"feature {feature.name!r}: {flat.size} values do not fill {describe(feature)}") from None

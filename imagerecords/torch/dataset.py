@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from imagerecords.format import features as features_lib
 from imagerecords.format import schema
 from imagerecords.format.manifest import MANIFEST, STAGING, Manifest, no_manifest_hint, unfinished_hint
 from imagerecords.format.paths import has_scheme, join
@@ -73,6 +75,10 @@ class RecordDataset(torch.utils.data.Dataset):
     Each element is `(image, label)` (`(image, label, record index)` with with_index): image a
     uint8 tensor, [3, H, W] ("chw") or [H, W, 3] ("hwc"); label an int. A padding element (see
     imagerecords.torch.order) has label PAD_LABEL (-1), an all-zero image and record index -1.
+    With `features`, a last item is added: {name: value} of those stored features, decoded by
+    manifest.json's spec (a tensor of its dtype and shape, a class list as int64 ids, a string as
+    str, an image feature as a uint8/uint16 [H, W, C] tensor); a padding element's are a real
+    record's, so mask them by its label. Variable shapes (boxes) need a collate_fn that keeps lists.
 
     Usage:
       from imagerecords import torch as irt
@@ -96,6 +102,7 @@ class RecordDataset(torch.utils.data.Dataset):
         "scan": find such a shard's offsets by reading it once, here, when the dataset is made.
       with_index: also return each element's record index.
       read_threads: concurrent ranged reads per batch for gs:// shards (hides request latency).
+      features: declared (or arrays) features to return besides the image and label, by name.
 
     Raises:
       FileNotFoundError: when `path` holds no published dataset.
@@ -105,7 +112,7 @@ class RecordDataset(torch.utils.data.Dataset):
 
     def __init__(self, path: str, split: str, *, image_size: Optional[int] = None, training: bool = False,
                  transform: Optional[Callable] = None, layout: str = "chw", index: str = "require",
-                 with_index: bool = False, read_threads: int = 16):
+                 with_index: bool = False, read_threads: int = 16, features: Sequence[str] = ()):
         problems = []
         if layout not in LAYOUTS:
             problems.append(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -126,6 +133,12 @@ class RecordDataset(torch.utils.data.Dataset):
             raise ValueError(f"{self.path}: {e.args[0]}") from None
         self.split = split
         self.keys = schema.keys(self.manifest.schema)
+        stored = {f.name: f for f in features_lib.stored(self.manifest)}
+        unknown = [name for name in features if name not in stored]
+        if unknown:
+            raise ValueError(f"{self.path}: no feature(s) {', '.join(unknown)}; its records hold "
+                             f"{', '.join(sorted(stored))}")
+        self.features = tuple(stored[name] for name in features)
         if transform is None and image_size is not None:
             transform = T.RandomResizedCrop(image_size) if training else T.CenterCrop(image_size)
         self.transform, self.layout, self.with_index, self.read_threads = transform, layout, with_index, read_threads
@@ -231,7 +244,8 @@ class RecordDataset(torch.utils.data.Dataset):
         return Ticket(i, 0, 0, i)
 
     def _element(self, ticket: Ticket, record: bytes):
-        example = schema.parse_example(record, only=(self.keys.image, self.keys.label))
+        example = schema.parse_example(record, only=(self.keys.image, self.keys.label,
+                                                     *(f.name for f in self.features)))
         encoded, labels = example.get(self.keys.image), example.get(self.keys.label)
         if not encoded or not labels:
             raise KeyError(f"{self.shard_paths[self.shard_of[ticket.record]]}: record {ticket.record} has no "
@@ -240,7 +254,28 @@ class RecordDataset(torch.utils.data.Dataset):
         label, index = int(labels[0]), ticket.record
         if ticket.pad:
             image, label, index = torch.zeros_like(image), PAD_LABEL, -1
-        return (image, label, index) if self.with_index else (image, label)
+        element = (image, label, index) if self.with_index else (image, label)
+        if self.features:
+            element += (self._features(example, ticket),)
+        return element
+
+    def _features(self, example, ticket: Ticket) -> dict:
+        out = {}
+        for feature in self.features:
+            values = example.get(feature.name)
+            if values is None:
+                raise KeyError(f"{self.shard_paths[self.shard_of[ticket.record]]}: record {ticket.record} has no "
+                               f"{feature.name!r} feature")
+            if feature.dtype == "image":
+                from PIL import Image
+
+                with Image.open(io.BytesIO(values[0])) as img:
+                    array = np.array(img, dtype=np.uint16 if feature.bits == 16 else np.uint8)
+                out[feature.name] = torch.from_numpy(array[:, :, None] if array.ndim == 2 else array)
+                continue
+            value = features_lib.to_numpy(feature, values)
+            out[feature.name] = value if isinstance(value, str) else torch.from_numpy(np.array(value))
+        return out
 
     def _image(self, data: bytes, ticket: Ticket) -> torch.Tensor:
         transform = self.transform

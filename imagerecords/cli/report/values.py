@@ -46,23 +46,12 @@ def tensor(feature: Feature, values: Sequence[Any]) -> "np.ndarray":
     Raises:
       Undecodable: the values do not fill the declared shape.
     """
-    import numpy as np
+    from imagerecords.format import features as features_lib
 
-    dtype = np.dtype(feature.dtype).newbyteorder("<")  # raw bytes are little-endian (features.encode)
-    if feature.encoding == "bytes":
-        if len(values) != 1 or not isinstance(values[0], bytes):
-            raise Undecodable(f"expected one bytes value, got {len(values)} values")
-        if len(values[0]) % dtype.itemsize:
-            raise Undecodable(f"{len(values[0])} bytes are not a whole number of {feature.dtype} values")
-        flat = np.frombuffer(values[0], dtype)
-    else:
-        flat = np.asarray(values, dtype=dtype)
-    shape = tuple(-1 if d is None else d for d in feature.shape)
     try:
-        return flat.reshape(shape)
-    except ValueError:
-        want = "[" + ", ".join("?" if d is None else str(d) for d in feature.shape) + "]"
-        raise Undecodable(f"{flat.size} values do not fill shape {want}") from None
+        return features_lib.to_numpy(feature, values)
+    except ValueError as e:
+        raise Undecodable(str(e).split(": ", 1)[-1]) from None
 
 
 def picture(feature: Feature, values: Sequence[Any]) -> "Image.Image":
