@@ -175,3 +175,18 @@ def test_resume_arguments_are_checked(indexed):
         reader.make_dataset(indexed, "train", batch_size=2, image_size=SIZE, training=True, start_step=1)
     with pytest.raises(ValueError, match="start_step must be an int >= 0"):
         reader.make_dataset(indexed, "train", batch_size=2, image_size=SIZE, training=True, seed=0, start_step=-1)
+
+
+@pytest.mark.parametrize("remainder", ["drop", "pad"])
+def test_the_remainder_log_line_counts_the_resumable_order(indexed, remainder, caplog):
+    import logging
+
+    total = reader.load_info(indexed).split("train").num_examples
+    hosts = next(h for h in range(3, total) if total % h)  # a host count that leaves a remainder
+    per_host = total // hosts if remainder == "drop" else -(-total // hosts)
+    caplog.set_level(logging.INFO, logger="imagerecords.reader")
+    reader.make_dataset(indexed, "train", batch_size=2, image_size=SIZE, training=True, seed=SEED, num_hosts=hosts,
+                        host_index=0, start_step=0, config=ReadConfig(**{**CONFIG, "host_remainder": remainder}))
+    lines = [r.getMessage() for r in caplog.records if "records per host per epoch" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].split(": ", 1)[1].startswith(f"{per_host} records per host per epoch; "
+                                                                       f"{abs(total - per_host * hosts)} ")

@@ -130,18 +130,22 @@ def make_dataset(
     if stats is None:
         stats = ReadStats()
     stats.plan = plan
-    if plan.dropped_total:
+    resumable = start_step is not None or start_example is not None
+    per_host, dropped, padded = plan.records_per_epoch, plan.dropped_total, plan.padded_total
+    if resumable:  # the resumable order deals positions, not shards: its own counts
+        total = split_info.num_examples
+        per_host = resume_lib.per_host_records(total, 0, n_hosts, r.host_remainder)
+        dropped, padded = max(total - per_host * n_hosts, 0), max(per_host * n_hosts - total, 0)
+    if dropped:
         log.info("%s/%s: %d records per host per epoch; %d record(s) over all %d hosts are left out each epoch "
-                 "(host_remainder='drop')", info.path, split, plan.records_per_epoch, plan.dropped_total, n_hosts)
-    if plan.padded_total:
+                 "(host_remainder='drop')", info.path, split, per_host, dropped, n_hosts)
+    if padded:
         log.info("%s/%s: %d records per host per epoch; %d padding element(s) with label %d over all %d hosts "
-                 "(host_remainder='pad')", info.path, split, plan.records_per_epoch, plan.padded_total,
-                 PAD_LABEL, n_hosts)
+                 "(host_remainder='pad')", info.path, split, per_host, padded, PAD_LABEL, n_hosts)
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
         log.info("make_dataset(%s, %r): seed=None, drew seed %d", info.path, split, seed)
 
-    resumable = start_step is not None or start_example is not None
     if resumable:
         # (stream index, serialized record) of the global order's positions this host takes
         records = _resumable_records(split_info, seed, n_hosts, host, r, config, stats, batch_size,
