@@ -190,3 +190,41 @@ def test_the_remainder_log_line_counts_the_resumable_order(indexed, remainder, c
     lines = [r.getMessage() for r in caplog.records if "records per host per epoch" in r.getMessage()]
     assert len(lines) == 1 and lines[0].split(": ", 1)[1].startswith(f"{per_host} records per host per epoch; "
                                                                        f"{abs(total - per_host * hosts)} ")
+
+
+def test_a_corrupt_record_fails_or_becomes_padding_in_place(indexed, tmp_path):
+    """A record whose checksum fails: 'fail' names its shard; 'skip' keeps every other record at its
+    position and puts one padding element (label -1) where it was, so the hosts stay in step."""
+    import shutil
+
+    import tensorflow as tf
+
+    copy = tmp_path / "ds"
+    shutil.copytree(indexed, copy)
+    info = reader.load_info(str(copy))
+    shard = info.split("train").shards[0]
+    with open(shard.path, "rb") as f:
+        data = bytearray(f.read())
+    with open(shard.path, "rb") as f:
+        from imagerecords.format.records import read_records
+
+        records = list(read_records(f))
+    start = 12 + len(records[0]) + 4  # the second frame
+    victim = tf.train.Example.FromString(records[1]).features.feature["image/filename"].bytes_list.value[0].decode()
+    data[start + 12 + len(records[1]) // 2] ^= 0x08
+    with open(shard.path, "wb") as f:
+        f.write(data)
+    total = info.split("train").num_examples
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"shard .*{shard.path.rsplit('/', 1)[-1]} is corrupt"):
+        _batches(str(copy), 0, 4, start_step=0, config={"repeat": 1})
+    # batch size 1: training drops a last partial batch, and every record must be seen
+    clean = [n for _, _, names in _batches(indexed, 0, 1, start_step=0, config={"repeat": 1}) for n in names]
+    stats = ReadStats()
+    got = _batches(str(copy), 0, 1, start_step=0, stats=stats, config={"repeat": 1, "corrupt_records": "skip"})
+    names = [n for _, _, batch in got for n in batch]
+    labels = [int(x) for _, batch, _ in got for x in batch]
+    assert len(names) == len(clean) == total
+    at = clean.index(victim)
+    assert names[at] == "" and labels[at] == -1  # padding in the victim's place
+    assert names[:at] + names[at + 1:] == clean[:at] + clean[at + 1:]
+    assert sum(stats.skipped.values()) == 1
