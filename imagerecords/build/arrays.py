@@ -38,7 +38,6 @@ ROW_MARK = "#row="
 _DTYPES = {"uint8": "uint8", "int32": "int32", "int64": "int64", "float16": "float16", "float32": "float32",
            "float64": "float64", "bool": "bool"}
 _WIDER = {"int8": "int32", "int16": "int32", "uint16": "int32", "uint32": "int64"}
-PNG_COMPRESS_LEVEL = codec.PNG_COMPRESS_LEVEL
 
 
 def is_arrays_input(path: str) -> bool:
@@ -273,12 +272,11 @@ def encode_image(pixels, encoding: str, quality: int) -> bytes:
 
     if pixels.ndim == 3 and pixels.shape[2] == 1:
         pixels = pixels[:, :, 0]
-    out = io.BytesIO()
     img = Image.fromarray(pixels)
-    if encoding == "jpeg":
-        img.save(out, format="JPEG", quality=quality)
-    else:
-        img.save(out, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
+    if encoding != "jpeg":
+        return codec.png_bytes(img)
+    out = io.BytesIO()
+    img.save(out, format="JPEG", quality=quality)
     return out.getvalue()
 
 

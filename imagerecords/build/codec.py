@@ -253,7 +253,7 @@ def _orientation(img: Image.Image) -> int:
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
 
-def _sixteen_bit(img: Image.Image):
+def sixteen_bit(img: Image.Image):
     """The pixels of a 16-bit (or 32-bit integer) greyscale image as a uint16 array."""
     import numpy as np  # only these rare modes need it; most builds never import NumPy
 
@@ -287,7 +287,7 @@ def _to_rgb(img: Image.Image) -> Image.Image:
         return img
     if mode in _SIXTEEN_BIT:
         # 16-bit greyscale (PNG, TIFF): keep the top 8 bits. Pillow's own convert clips at 255.
-        return Image.fromarray((_sixteen_bit(img) >> 8).astype("uint8"), "L").convert("RGB")
+        return Image.fromarray((sixteen_bit(img) >> 8).astype("uint8"), "L").convert("RGB")
     if mode == "F":
         return _float_to_l(img).convert("RGB")
     if mode == "P" and "transparency" in img.info:
@@ -312,7 +312,7 @@ def _lossless(img: Image.Image) -> Image.Image:
     mode = img.mode
     keyed = "transparency" in img.info
     if mode in _SIXTEEN_BIT:
-        return Image.fromarray(_sixteen_bit(img))  # I;16: PNG's 16-bit greyscale
+        return Image.fromarray(sixteen_bit(img))  # I;16: PNG's 16-bit greyscale
     if mode == "F":
         return _float_to_l(img)
     if mode in ("L", "RGB") and not keyed:
@@ -328,7 +328,7 @@ def _lossless(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def _png_bytes(img: Image.Image) -> bytes:
+def png_bytes(img: Image.Image) -> bytes:
     """Deterministic PNG bytes: fixed zlib level, no metadata (text, time, ICC, EXIF, DPI) carried over."""
     clean = img.copy()
     clean.info = {}
@@ -495,7 +495,7 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
         if orientation in _TRANSPOSE:
             img = img.transpose(_TRANSPOSE[orientation])
         if target == "png":
-            return PreparedImage(_png_bytes(img), img.height, img.width, fmt, passthrough=False, format="png")
+            return PreparedImage(png_bytes(img), img.height, img.width, fmt, passthrough=False, format="png")
         out = io.BytesIO()
         img.save(out, format="JPEG", quality=options.quality)
         return PreparedImage(out.getvalue(), img.height, img.width, fmt, passthrough=False)

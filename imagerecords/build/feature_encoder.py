@@ -67,23 +67,17 @@ def _image(feature: Feature, path: str, read_bytes: Callable[[str], bytes], qual
         img = Image.frombytes("L", img.size, img.tobytes())  # palette indices, not the colours they show
     elif img.mode == "1":
         img = img.convert("L")
-    elif img.mode == "I":
-        low, high = img.getextrema()
-        if low < 0 or high > 65535:
-            raise ValueProblem(f"feature {name!r}: {path} holds values {low}..{high}, beyond 16 bits")
-        img = img.convert("I;16")
-    elif img.mode in ("I;16B", "I;16L"):
-        img = img.convert("I;16")
+    elif img.mode in ("I", "I;16B", "I;16L"):
+        try:
+            img = Image.fromarray(codec.sixteen_bit(img))  # I;16, values unchanged (refused beyond 0..65535)
+        except codec.ImageError as e:
+            raise ValueProblem(f"feature {name!r}: {path}: {e}") from None
     if feature.bits == 16 and img.mode == "L":
         img = img.convert("I;16")  # widened: the feature's one pixel type, values unchanged
+    if feature.encoding != "jpeg":
+        return codec.png_bytes(img)
+    if img.mode.startswith("I;16"):
+        raise ValueProblem(f"feature {name!r}: {path} is a 16-bit image; JPEG stores 8 bits: use encoding png")
     buf = io.BytesIO()
-    if feature.encoding == "jpeg":
-        if img.mode.startswith("I;16"):
-            raise ValueProblem(f"feature {name!r}: {path} is a 16-bit image; JPEG stores 8 bits: use encoding png")
-        img.convert("L" if feature.channels == 1 else "RGB").save(buf, "JPEG", quality=quality)
-    else:
-        # Fixed settings and no metadata: equal pixels give equal bytes.
-        codec_free = img.copy()
-        codec_free.info.clear()
-        codec_free.save(buf, "PNG", compress_level=codec.PNG_COMPRESS_LEVEL)
+    img.convert("L" if feature.channels == 1 else "RGB").save(buf, "JPEG", quality=quality)
     return buf.getvalue()
