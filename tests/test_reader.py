@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import shard_files
+from conftest import build, shard_files
 from imagerecords import reader
 from imagerecords.build import example_images
 from imagerecords.format import records
@@ -29,10 +29,8 @@ SIZE = 32
 
 
 def _build(images, output, *extra):
-    from imagerecords.cli.launcher import run
-
-    return run(["--input", str(images), "--output", str(output), "--splits", "train=0.75,validation=0.25",
-                "--num_shards", "4", "--direct_num_workers=1", "--no_progress", *extra])
+    """A 4-shard build with a validation split, on DirectRunner (one worker)."""
+    return build(images, output, "--splits", "train=0.75,validation=0.25", "--num_shards", "4", *extra, workers=1)
 
 
 @pytest.fixture(scope="module")

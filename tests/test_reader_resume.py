@@ -8,6 +8,8 @@ order's blocks and windows are made small (3 records, 7 positions) so a 30-recor
 import numpy as np
 import pytest
 
+from conftest import build
+
 from imagerecords import reader
 from imagerecords.build import example_images
 from imagerecords.reader import ReadConfig, ReadStats
@@ -19,10 +21,8 @@ CONFIG = dict(with_filename=True, dtype="uint8", order_block=3, order_window=7, 
 
 
 def _build(images, output, *extra):
-    from imagerecords.cli.launcher import run
-
-    return run(["--input", str(images), "--output", str(output), "--splits", "train=0.75,validation=0.25",
-                "--num_shards", "4", "--direct_num_workers=1", "--no_progress", *extra])
+    """A 4-shard build with a validation split, on DirectRunner (one worker)."""
+    return build(images, output, "--splits", "train=0.75,validation=0.25", "--num_shards", "4", *extra, workers=1)
 
 
 @pytest.fixture(scope="module")

@@ -220,19 +220,12 @@ def manifest_features(config) -> Dict[str, Any]:
     return features.specs_to_json([c.feature for c in columns])
 
 
-def label_role(config) -> str:
-    """'class', 'names' or '' (no class label) of an arrays build."""
-    _, columns = columns_of(_headers(config.input), config.schema, config.image.image_encoding)
-    return next((c.role for c in columns if c.role in ("class", "names")), "")
-
-
 # Listing -----------------------------------------------------------------------------------------
 
 
 def list_refs(path: str, preset: str, image_encoding: str) -> Iterator[Union[ImageRef, Rejected]]:
     """One ref per row, in row order; a row whose class label cannot be one is a rejected row."""
-    arrays = open_arrays(path)
-    n, columns = columns_of({k: (a.shape, a.dtype) for k, a in arrays.items()}, preset, image_encoding)
+    arrays, n, columns = _source(path, preset, image_encoding)
     label = next((c for c in columns if c.role in ("class", "names")), None)
     values = arrays[label.array] if label is not None else None
     base = os.path.basename(path.rstrip("/"))
@@ -260,10 +253,11 @@ def list_refs(path: str, preset: str, image_encoding: str) -> Iterator[Union[Ima
 
 
 @functools.lru_cache(maxsize=8)
-def _source(path: str, preset: str, image_encoding: str) -> Tuple[Dict[str, Any], Tuple[Column, ...]]:
+def _source(path: str, preset: str, image_encoding: str) -> Tuple[Dict[str, Any], int, Tuple[Column, ...]]:
+    """The input's arrays, row count and columns (cached per process: listing and every row use them)."""
     arrays = open_arrays(path)
-    _, columns = columns_of({k: (a.shape, a.dtype) for k, a in arrays.items()}, preset, image_encoding)
-    return arrays, tuple(columns)
+    n, columns = columns_of({k: (a.shape, a.dtype) for k, a in arrays.items()}, preset, image_encoding)
+    return arrays, n, tuple(columns)
 
 
 def encode_image(pixels, encoding: str, quality: int) -> bytes:
@@ -287,7 +281,7 @@ def encode_ref(ref: ImageRef, preset: str, labels: LabelMap, options):
 
     path, _, row = ref.uri.rpartition(ROW_MARK)
     i = int(row)
-    arrays, columns = _source(path, preset, options.image_encoding)
+    arrays, _, columns = _source(path, preset, options.image_encoding)
     small: Dict[str, bytes] = {}
     large_key: Optional[str] = None
     large = b""

@@ -140,11 +140,13 @@ def tfds_features(num_classes: int, declared: Optional[Mapping[str, Mapping[str,
     declared features (manifest.json's "features"); the image feature is an RGB JPEG unless
     `image_kinds` (Manifest.image_kinds) says otherwise."""
     extra = {f.name: features_lib.tfds_feature(f) for f in features_lib.specs_from_json(declared or {})}
-    image = tfds_image(image_kinds) if image_kinds is not None else {
-        "dtype": "uint8", "encodingFormat": "jpeg", "shape": {"dimensions": ["-1", "-1", "3"]}}
-    raw = None  # --image_encoding raw: TFDS has no float image; a flat float32 tensor, shaped by height and width
     if image_kinds and features_lib.image_summary(image_kinds)[0] == "raw":
-        raw = features_lib.tfds_feature(features_lib.Feature("image", "image", encoding="raw"))
+        # --image_encoding raw: TFDS has no float image; a flat float32 tensor, shaped by height and width
+        image_entry = features_lib.tfds_feature(features_lib.Feature("image", "image", encoding="raw"))
+    else:
+        image_entry = {"pythonClassName": "tensorflow_datasets.core.features.image_feature.Image",
+                       "image": tfds_image(image_kinds) if image_kinds is not None else {
+                           "dtype": "uint8", "encodingFormat": "jpeg", "shape": {"dimensions": ["-1", "-1", "3"]}}}
 
     def tensor(dtype: str) -> Dict[str, object]:
         return {
@@ -155,10 +157,7 @@ def tfds_features(num_classes: int, declared: Optional[Mapping[str, Mapping[str,
     return {
         "pythonClassName": "tensorflow_datasets.core.features.features_dict.FeaturesDict",
         "featuresDict": {"features": {
-            "image": raw if raw else {
-                "pythonClassName": "tensorflow_datasets.core.features.image_feature.Image",
-                "image": image,
-            },
+            "image": image_entry,
             "label": {
                 "pythonClassName": "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
                 "classLabel": {"numClasses": str(num_classes)},
@@ -181,7 +180,7 @@ def _arrays_spec(manifest: Manifest) -> bool:
 
 def tfds_declared(manifest: Manifest) -> Dict[str, object]:
     """TFDS's features.json from the manifest's feature spec; the preset's int64 label is a ClassLabel."""
-    from imagerecords.format import features as features_lib, schema
+    from imagerecords.format import schema
 
     label = schema.keys(manifest.schema).label
     out: Dict[str, object] = {}

@@ -15,7 +15,6 @@ from imagerecords.format.features import Feature, ValueProblem
 # Pillow modes an image feature stores as they are, by channel count; 'P' is stored as its indices
 # (a palette mask's class ids), '1' as 0/255 greyscale.
 _MODES = {1: ("L", "I;16", "I;16B", "I;16L", "I", "P", "1"), 3: ("RGB",), 4: ("RGBA",)}
-_PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def encode_extras(ref: ImageRef, features: Sequence[Feature], labels: LabelMap,
@@ -59,7 +58,8 @@ def _image(feature: Feature, path: str, read_bytes: Callable[[str], bytes], qual
     sixteen = img.mode.startswith("I")
     if sixteen and feature.bits != 16:
         raise ValueProblem(f"feature {name!r}: {path} is a 16-bit image; declare bits: 16 to keep its 16 bits")
-    if feature.encoding == "keep" and data.startswith(_PNG) and img.mode != "P" and sixteen == (feature.bits == 16):
+    if (feature.encoding == "keep" and codec.sniff_format(data) == "png" and img.mode != "P"
+            and sixteen == (feature.bits == 16)):
         return data  # the source bytes, byte for byte
     if feature.encoding == "keep" and data[:2] == b"\xff\xd8" and feature.bits == 8:
         return data
