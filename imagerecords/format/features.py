@@ -76,6 +76,11 @@ class Feature:
     def numeric(self) -> bool:
         return self.dtype in NUMERIC
 
+    @property
+    def bytes_like(self) -> bool:
+        """Stored as one BytesList value: an image, a string or a raw-bytes tensor."""
+        return self.dtype in ("image", "string") or self.encoding == "bytes"
+
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"dtype": self.dtype}
         if self.numeric:
@@ -289,7 +294,7 @@ def _check_tensor(feature: Feature, value: Any) -> "np.ndarray":
         want = "[" + ", ".join("?" if d is None else str(d) for d in feature.shape) + "]"
         raise ValueProblem(f"feature {name!r}: shape [{', '.join(map(str, dims))}] does not fit the declared {want}")
     if arr.size == 0:
-        return np.zeros(dims, dtype=_numpy_dtype(dtype))
+        return np.zeros(dims, dtype=_NUMPY[dtype])
     if dtype == "bool":
         if arr.dtype.kind != "b" and not np.isin(arr, (0, 1)).all():
             raise ValueProblem(f"feature {name!r}: {_short(value)} holds values other than true/false or 0/1")
@@ -304,13 +309,9 @@ def _check_tensor(feature: Feature, value: Any) -> "np.ndarray":
             raise ValueProblem(f"feature {name!r}: {_short(value)} is a bool, not a number ({dtype})")
         if not feature.allow_nan and not np.isfinite(arr.astype(np.float64)).all():
             raise ValueProblem(f"feature {name!r}: {_short(value)} is not finite; declare allow_nan: true to store it")
-        if not feature.allow_nan and not np.isfinite(arr.astype(_numpy_dtype(dtype))).all():
+        if not feature.allow_nan and not np.isfinite(arr.astype(_NUMPY[dtype])).all():
             raise ValueProblem(f"feature {name!r}: {_short(value)} is outside {dtype}'s range")
-    return arr.astype(_numpy_dtype(dtype))
-
-
-def _numpy_dtype(dtype: str) -> str:
-    return _NUMPY[dtype]
+    return arr.astype(_NUMPY[dtype])
 
 
 _NUMPY = {"bool": "bool", "uint8": "u1", "int32": "<i4", "int64": "<i8", "float16": "<f2", "float32": "<f4",
@@ -431,7 +432,7 @@ def tfrecord_description(features: Sequence[Feature]) -> Dict[str, str]:
     """The `description` of the `tfrecord` package's readers (PyTorch): {key: 'byte' | 'int' | 'float'}."""
     out = {}
     for f in features:
-        if f.dtype in ("image", "string") or f.encoding == "bytes":
+        if f.bytes_like:
             out[f.name] = "byte"
         elif f.dtype in ("float16", "float32"):
             out[f.name] = "float"
@@ -458,7 +459,7 @@ def stored_problem(feature: Feature, values: Optional[List[Any]]) -> Optional[st
     """Why one record's parsed values (schema.parse_example's list) do not fit the feature, or None."""
     if values is None:
         return f"feature {feature.name!r} is missing"
-    bytes_like = feature.dtype in ("image", "string") or feature.encoding == "bytes"
+    bytes_like = feature.bytes_like
     if bytes_like:
         if len(values) != 1 or not isinstance(values[0], bytes):
             return f"feature {feature.name!r}: expected one bytes value"
@@ -486,7 +487,7 @@ def spec_code(features: Sequence[Feature], kind: str) -> str:
     if kind == "tfrecord":
         return json.dumps(tfrecord_description(features), indent=2, sort_keys=True)
     for f in features:
-        bytes_like = f.dtype in ("image", "string") or f.encoding == "bytes"
+        bytes_like = f.bytes_like
         wire = "string" if bytes_like else "float32" if f.dtype in ("float16", "float32") else "int64"
         variable = f.dtype == "class_list" or (not bytes_like and None in f.shape)
         shape = [] if bytes_like else list(f.shape)
@@ -508,7 +509,7 @@ def dali_features(features: Sequence[Feature], tfrec) -> Dict[str, Any]:
     shape, a variable list or class list a VarLenFeature."""
     out = {}
     for f in features:
-        bytes_like = f.dtype in ("image", "string") or f.encoding == "bytes"
+        bytes_like = f.bytes_like
         wire, default = ((tfrec.string, "") if bytes_like else
                          (tfrec.float32, 0.0) if f.dtype in ("float16", "float32") else (tfrec.int64, 0))
         if not bytes_like and (f.dtype == "class_list" or None in f.shape):

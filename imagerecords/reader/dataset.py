@@ -248,7 +248,8 @@ def _resumable_records(split_info, seed: int, n_hosts: int, host: int, r: config
 
 def _resume_problems(start_step, start_example, config: ReadConfig, seed, r: config_lib.Resolved) -> List[str]:
     out = []
-    if (start_step is not None or start_example is not None) and seed is None and (r.shuffles or r.random_crop):
+    resumable = start_step is not None or start_example is not None
+    if resumable and seed is None and (r.shuffles or r.random_crop):
         out.append("start_step/start_example resume the order and crops of a seed, but seed=None draws a new one; "
                    "pass the seed of the run you resume")
     if start_step is not None and start_example is not None:
@@ -256,7 +257,7 @@ def _resume_problems(start_step, start_example, config: ReadConfig, seed, r: con
     for name, value in (("start_step", start_step), ("start_example", start_example)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             out.append(f"{name} must be an int >= 0, got {value!r}")
-    if (start_step is not None or start_example is not None) and config.cache:
+    if resumable and config.cache:
         out.append("cache keeps the first epoch's order, but the resumable order (start_step/start_example) "
                    "differs each epoch; drop cache")
     return out

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-import threading
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -26,8 +25,8 @@ import tensorflow as tf
 
 from imagerecords.format.paths import has_scheme
 from imagerecords.format.records import FRAME_OVERHEAD, masked_crc32c, parse_index
+from imagerecords.reader.shards import FRAME_HEADER, check_frame
 
-_HEADER = 12  # uint64 length + masked crc32c of the length
 # Records handed to one read call: enough to make the call's fixed cost small per record, few
 # enough that parallel reads stay many.
 TASK_RECORDS = 32
@@ -127,7 +126,6 @@ class RecordTable:
         self.shard = np.concatenate(shard) if shard else np.zeros(0, np.int32)
         self.offset = np.concatenate(offset) if offset else np.zeros(0, np.int64)
         self.length = np.concatenate(length) if length else np.zeros(0, np.int64)
-        self._lock = threading.Lock()
 
     def read(self, ids: np.ndarray) -> List[bytes]:
         """The records `ids` names, in that order; id -1 (padding) and a skipped bad record are b""."""
@@ -161,13 +159,13 @@ class RecordTable:
                 pos = 0
                 for i in run:
                     size = int(self.length[ids[i]])
-                    record = _unframe(data[pos:pos + size])
-                    pos += size
-                    if record is None:
+                    length = check_frame(data, pos)  # both checksums, and the index's frame length
+                    if length is None or length + FRAME_OVERHEAD != size:
                         self._bad(shard, f"the frame at byte {int(self.offset[ids[i]])} fails its checks")
                     else:
-                        out[i] = record
+                        out[i] = data[pos + FRAME_HEADER:pos + FRAME_HEADER + length]
                         n_records += 1
+                    pos += size
         finally:
             for f in handles.values():
                 f.close()
@@ -186,22 +184,6 @@ class RecordTable:
 
 def _open(path: str):
     return tf.io.gfile.GFile(path, "rb") if has_scheme(path) else open(path, "rb", buffering=0)
-
-
-def _unframe(frame: bytes) -> Optional[bytes]:
-    """The record of one whole frame, or None when its length or a checksum does not hold."""
-    if len(frame) < FRAME_OVERHEAD:
-        return None
-    length_bytes = frame[:8]
-    (length,) = struct.unpack("<Q", length_bytes)
-    if length != len(frame) - FRAME_OVERHEAD:
-        return None
-    if masked_crc32c(length_bytes) != struct.unpack("<I", frame[8:12])[0]:
-        return None
-    record = frame[_HEADER:_HEADER + length]
-    if masked_crc32c(record) != struct.unpack("<I", frame[_HEADER + length:])[0]:
-        return None
-    return record
 
 
 def _index_entries(path: str, count: int, index: Optional[str], policy: str) -> List[Tuple[int, int]]:
@@ -225,8 +207,8 @@ def scan_headers(path: str, count: int) -> List[Tuple[int, int]]:
         pos = 0
         for _ in range(count):
             f.seek(pos)
-            header = f.read(_HEADER)
-            if len(header) < _HEADER or masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
+            header = f.read(FRAME_HEADER)
+            if len(header) < FRAME_HEADER or masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
                 break
             (length,) = struct.unpack("<Q", header[:8])
             out.append((pos, length + FRAME_OVERHEAD))

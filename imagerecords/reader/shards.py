@@ -14,7 +14,7 @@ from imagerecords.format.records import masked_crc32c
 
 log = logging.getLogger("imagerecords.reader")
 
-_HEADER = 12  # uint64 length + masked crc32c of the length
+FRAME_HEADER = 12  # uint64 length + masked crc32c of the length
 _FOOTER = 4  # masked crc32c of the data
 
 # The dataset functions here have no Python control flow on tensors; AutoGraph has nothing to do.
@@ -199,27 +199,27 @@ def _recover(path: str, start: int, count: int, stats: ReadStats) -> Iterator[Tu
         data = f.read()
     pos = 0
     for _ in range(start):  # these frames were read (and checked) by TFRecordDataset already
-        if pos + _HEADER > len(data):
+        if pos + FRAME_HEADER > len(data):
             break
         (length,) = struct.unpack("<Q", data[pos:pos + 8])
-        pos += _HEADER + length + _FOOTER
+        pos += FRAME_HEADER + length + _FOOTER
     index, good, first_problem = start, start, None
     while pos < len(data):
-        frame = _check_frame(data, pos)
+        frame = check_frame(data, pos)
         if frame is not None:
             length = frame
-            yield index, data[pos + _HEADER:pos + _HEADER + length]
+            yield index, data[pos + FRAME_HEADER:pos + FRAME_HEADER + length]
             good += 1
             index += 1
-            pos += _HEADER + length + _FOOTER
+            pos += FRAME_HEADER + length + _FOOTER
             continue
-        header_ok = (pos + _HEADER <= len(data)
+        header_ok = (pos + FRAME_HEADER <= len(data)
                      and masked_crc32c(data[pos:pos + 8]) == struct.unpack("<I", data[pos + 8:pos + 12])[0])
         if header_ok:
             (length,) = struct.unpack("<Q", data[pos:pos + 8])
-            if pos + _HEADER + length + _FOOTER <= len(data):
+            if pos + FRAME_HEADER + length + _FOOTER <= len(data):
                 first_problem = first_problem or f"data checksum fails at byte {pos}"
-                pos += _HEADER + length + _FOOTER
+                pos += FRAME_HEADER + length + _FOOTER
                 index += 1
                 continue
         first_problem = first_problem or f"bad or truncated frame at byte {pos}"
@@ -242,26 +242,26 @@ def _report_extra(path: str, count: int, found: int, stats: ReadStats) -> None:
                 "ReadStats.extra)", path, found, count, count, found - count)
 
 
-def _check_frame(data: bytes, pos: int) -> Optional[int]:
+def check_frame(data: bytes, pos: int) -> Optional[int]:
     """Returns the data length of the frame at `pos` when both checksums hold, else None."""
-    if pos + _HEADER > len(data):
+    if pos + FRAME_HEADER > len(data):
         return None
     length_bytes = data[pos:pos + 8]
     if masked_crc32c(length_bytes) != struct.unpack("<I", data[pos + 8:pos + 12])[0]:
         return None
     (length,) = struct.unpack("<Q", length_bytes)
-    end = pos + _HEADER + length
+    end = pos + FRAME_HEADER + length
     if end + _FOOTER > len(data):
         return None
-    if masked_crc32c(data[pos + _HEADER:end]) != struct.unpack("<I", data[end:end + _FOOTER])[0]:
+    if masked_crc32c(data[pos + FRAME_HEADER:end]) != struct.unpack("<I", data[end:end + _FOOTER])[0]:
         return None
     return length
 
 
 def _next_frame(data: bytes, pos: int) -> int:
     """Returns the first offset >= pos where a whole frame checks out, or len(data)."""
-    while pos + _HEADER <= len(data):
-        if _check_frame(data, pos) is not None:
+    while pos + FRAME_HEADER <= len(data):
+        if check_frame(data, pos) is not None:
             return pos
         pos += 1
     return len(data)

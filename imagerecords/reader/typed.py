@@ -15,6 +15,7 @@ from imagerecords.format import features as features_lib
 from imagerecords.format import schema
 from imagerecords.format.features import Feature
 from imagerecords.reader import hosts as hosts_lib
+from imagerecords.reader.config import CORRUPT_POLICIES
 from imagerecords.reader.dataset import slice_files
 from imagerecords.reader.info import DatasetInfo, load_info
 from imagerecords.reader.shards import ReadStats, shard_records
@@ -44,7 +45,7 @@ def tfrecord_description(path: Union[str, DatasetInfo]) -> Dict[str, str]:
 
 
 def _parse_spec(f: Feature):
-    if f.dtype in ("image", "string") or f.encoding == "bytes":
+    if f.bytes_like:
         return tf.io.FixedLenFeature([], tf.string)
     if f.dtype == "class_list":
         return tf.io.VarLenFeature(tf.int64)
@@ -122,7 +123,7 @@ def as_dataset(
     """
     if host_remainder not in ("uneven", "drop"):
         raise ValueError(f"as_dataset: host_remainder {host_remainder!r} is not 'uneven' or 'drop'")
-    if corrupt_records not in ("fail", "skip"):
+    if corrupt_records not in CORRUPT_POLICIES:
         raise ValueError(f"as_dataset: corrupt_records {corrupt_records!r} is not 'fail' or 'skip'")
     if input_context is not None:
         num_hosts, host_index = input_context.num_input_pipelines, input_context.input_pipeline_id
