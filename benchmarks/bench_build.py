@@ -18,7 +18,7 @@ import time
 import numpy as np
 from PIL import Image, ImageFilter
 
-from imagerecords.build import codec
+from imagerecords.pipeline import codec
 
 
 def photo(rng, side):

@@ -1,10 +1,11 @@
-"""Shuffle quality of the default order against the resumable one: label autocorrelation and digits accuracy.
+"""Shuffle quality of make_dataset's one order against the former default: label autocorrelation and digits accuracy.
 
 Usage:
     python -m benchmarks.order_quality --work /tmp/order [--epochs 30] [--json out.json]
 
 Builds scikit-learn's digits (examples/train_digits.py) once into WORK, then for each order
-(default: shuffle buffer; resumable: start_step=0) reads three epochs of labels and reports the
+(default: the former default, shard interleave + shuffle buffer, now kept only under cache;
+resumable: make_dataset's one order) reads three epochs of labels and reports the
 lag-1 same-label rate of consecutive examples next to 1/num_classes (an order with no label
 correlation has it at 1/num_classes), and trains the example's CNN for --epochs epochs with each
 order, side by side in the same run (validation accuracy; same seed, same model).
@@ -34,12 +35,18 @@ def lag1_same_label(labels) -> float:
     return sum(a == b for a, b in pairs) / max(len(pairs), 1)
 
 
-def labels_of(dataset: str, start_step, epochs: int = 3, batch_size: int = 64):
+def _in_order(name: str, make):
+    from benchmarks.workloads import _former_default
+
+    return _former_default(make) if name == "default" else make()
+
+
+def labels_of(dataset: str, name: str, epochs: int = 3, batch_size: int = 64):
     from imagerecords import reader
 
-    steps = reader.steps_per_epoch(dataset, "train", batch_size, training=True, resumable=start_step is not None)
-    ds = reader.make_dataset(dataset, "train", batch_size=batch_size, image_size=8, training=True, seed=0,
-                             start_step=start_step, config=reader.ReadConfig(dtype="uint8"))
+    steps = reader.steps_per_epoch(dataset, "train", batch_size, training=True, resumable=name != "default")
+    ds = _in_order(name, lambda: reader.make_dataset(dataset, "train", batch_size=batch_size, image_size=8,
+                                                     training=True, seed=0, config=reader.ReadConfig(dtype="uint8")))
     out = []
     for _, labels in ds.take(steps * epochs):
         out += labels.numpy().tolist()
@@ -61,12 +68,13 @@ def main(argv=None) -> int:
 
     classes = reader.load_info(dataset).num_classes
     out = {"chance_same_label": 1 / classes}
-    orders = (("default", None), ("resumable", 0))
-    for name, start in orders:
-        out[f"{name}_lag1_same_label"] = lag1_same_label(labels_of(dataset, start))
+    orders = (("default", None), ("resumable", 0))  # "default": the former default order
+    for name, _ in orders:
+        out[f"{name}_lag1_same_label"] = lag1_same_label(labels_of(dataset, name))
     if a.epochs:
         for name, start in orders:
-            out[f"{name}_accuracy"] = example.train(dataset, a.epochs, start_step=start)["accuracy"]
+            out[f"{name}_accuracy"] = _in_order(name, lambda: example.train(dataset, a.epochs, start_step=start))[
+                "accuracy"]
     print(f"lag-1 same-label rate (chance {out['chance_same_label']:.4f}): "
           + ", ".join(f"{n} {out[f'{n}_lag1_same_label']:.4f} ({out[f'{n}_lag1_same_label'] * classes:.2f} x chance)"
                       for n, _ in orders))

@@ -29,6 +29,24 @@ Groups (printed as one table each):
   memory   manifest builds of many rows pointing at 64 tiny JPEGs under distinct keys:
            (peak memory - base) / rows, base being a 16-row manifest build's peak; and the slope
            between the two sizes. Modes: default (the local engine) and DirectRunner's modes.
+  append   a dataset of --append_images images (default 20,000) built, --append_added (1,000) appended
+           (--append), and a full rebuild (--overwrite) of all of them: the append's wall time as
+           a ratio of the rebuild's (target <= 0.1).
+  scale    the launcher at scale (README "Scale"): a --scale_rows manifest build (default 1M rows on 64
+           tiny JPEGs, local engine): wall time, peak memory and (peak - base) per row, base being a
+           16-row build's peak, against 1 KiB/row; and a planning-only pass (list, assign, plan with
+           the local engine's own functions, no shard written) of --plan_rows rows (default 10M):
+           wall time per step and the launcher's peak RSS (getrusage maxrss) per row above its base.
+  flink    (Java and a cached Flink distribution needed, else a note says why it skipped) the
+           harness's cluster (tests/support/flink.py: 2 TaskManagers, a worker pool beside each)
+           started once; builds of --flink_sizes images (1,000 and 4,000; at most --images) on the local engine,
+           DirectRunner, Flink with the job server FlinkRunner starts per job, and Flink through a
+           job server kept up (--job_endpoint), that with --environment_cache_millis=60000 (a
+           TaskManager keeps the job's SDK worker between stages), and that with warm worker pools
+           (SDK workers as threads of a pool that has Beam and imagerecords imported); each Flink build split by the REST API's timestamps
+           into submit (launcher start -> job INITIALIZING), schedule, run, after (commit), with
+           per-vertex durations in the notes, SDK workers started per job, and the shards checked
+           equal to the local engine's.
   train    (with --train_model) one SGD step of ResNet-50 (mixed bfloat16 on a GPU) fed by the
            reader's uint8 batches, normalised in the step, and by plain tf.data: images/s and the
            share of the time spent waiting for input (the accelerator's idle share).
@@ -36,8 +54,8 @@ Groups (printed as one table each):
            against plain tf.data (interleave, shuffle, parse, decode_jpeg, resize, batch) and
            the decode limit (tf.io.decode_jpeg alone on all cores) and the crop-resize limit (the
            training crop's decode, resize and rounding alone on all cores); time to first batch;
-           the resumable order (start_step given) of the train and eval pipelines against the
-           default ones.
+           make_dataset's one order (the resumable one) of the train and eval pipelines against
+           the former default order (shard interleave + shuffle buffer, now only under cache).
 """
 
 from __future__ import annotations
@@ -209,7 +227,7 @@ def _draft_decode(data: bytes) -> int:
 
 
 def _prepare(data: bytes) -> int:
-    from imagerecords.build import codec
+    from imagerecords.pipeline import codec
 
     return len(codec.prepare_image(data).data)
 
@@ -302,23 +320,44 @@ def bench_builds(res: Results, root: str, work: str, n: int, keep: str, r: int, 
         res.add("build", f"shards_{path}_vs_threads", ours, "img/s", baseline=f"build/threads_{path}_img_s")
 
 
-def bench_encodings(res: Results, root: str, work: str, n: int, r: int):
-    """The lossless encodings against the default JPEG path, same corpus, same run."""
-    for encoding in ("jpeg", "keep", "png"):
-        out = os.path.join(work, f"build-{encoding}-{r}")
-        wall, rss = run_watched(build_cmd(root, out, "--image_encoding", encoding))
-        res.add("encodings", f"{encoding}_img_s", n / wall, "img/s",
+# PNG zlib levels measured: 6 was the level before --png_level (zlib's default), 1 is the default now.
+PNG_LEVELS = (0, 1, 3, 6)
+
+
+def bench_encodings(res: Results, root: str, work: str, n: int, r: int, png_levels=PNG_LEVELS):
+    """The lossless encodings against the default JPEG path, same corpus, same run; png at each
+    of `png_levels`, its bytes also against level 6's (the level every PNG had before the setting)."""
+    from imagerecords.pipeline.codec import LEGACY_PNG_LEVEL, PNG_LEVEL
+
+    runs = [("jpeg", None), ("keep", None)] + [("png", level) for level in png_levels]
+    for encoding, level in runs:
+        name = encoding if level is None else f"png{level}"
+        out = os.path.join(work, f"build-{name}-{r}")
+        wall, rss = run_watched(build_cmd(root, out, "--image_encoding", encoding,
+                                          *(() if level is None else ("--png_level", str(level)))))
+        res.add("encodings", f"{name}_img_s", n / wall, "img/s",
                 baseline=None if encoding == "jpeg" else "encodings/jpeg_img_s")
-        res.add("encodings", f"{encoding}_mb", _tree_mb(out), "MB", higher_is_better=False,
+        res.add("encodings", f"{name}_mb", _tree_mb(out), "MB", higher_is_better=False,
                 baseline=None if encoding == "jpeg" else "encodings/jpeg_mb")
         shutil.rmtree(out, ignore_errors=True)
+    if LEGACY_PNG_LEVEL in png_levels:
+        for level in png_levels:
+            if level != LEGACY_PNG_LEVEL:
+                res.add("encodings", f"png{level}_mb_vs_png{LEGACY_PNG_LEVEL}",
+                        res.groups["encodings"][f"png{level}_mb"]["runs"][-1], "MB", higher_is_better=False,
+                        baseline=f"encodings/png{LEGACY_PNG_LEVEL}_mb")
+                res.add("encodings", f"png{level}_img_s_vs_png{LEGACY_PNG_LEVEL}",
+                        res.groups["encodings"][f"png{level}_img_s"]["runs"][-1], "img/s",
+                        baseline=f"encodings/png{LEGACY_PNG_LEVEL}_img_s")
+    if PNG_LEVEL not in png_levels:
+        res.notes.append(f"encodings: the default --png_level {PNG_LEVEL} was not measured")
 
 
 def _tree_mb(folder: str) -> float:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files) / 1e6
 
 
-def bench_arrays_group(res: Results, work: str, quick: bool, r: int):
+def bench_arrays_group(res: Results, work: str, quick: bool, r: int, float_rows: int = 0, rgb_rows: int = 0):
     """NumPy input against the seed tutorial's serial loop (tf.train.Example + TFRecordWriter), and
     the records read back with plain tf.data + decode_raw / decode_png, same run."""
     import numpy as np
@@ -328,7 +367,8 @@ def bench_arrays_group(res: Results, work: str, quick: bool, r: int):
     import tensorflow as tf
 
     rng = np.random.default_rng(r)
-    float_rows, rgb_rows = (600, 500) if quick else (60000, 50000)
+    float_rows = float_rows or (600 if quick else 200000)
+    rgb_rows = rgb_rows or (500 if quick else 50000)
     folder = os.path.join(work, f"arrays-{r}")
     os.makedirs(folder, exist_ok=True)
     raw32 = lambda b: tf.reshape(tf.io.decode_raw(b, tf.float32), (28, 28))  # noqa: E731
@@ -340,8 +380,11 @@ def bench_arrays_group(res: Results, work: str, quick: bool, r: int):
         lambda b: tf.reshape(tf.io.decode_raw(b, tf.uint8), (32, 32, 3)))
     for name, w in runs.items():
         res.add("arrays", f"{name}_seed_loop_build", w["rows"] / w["seed_build_s"], "rows/s")
+        res.add("arrays", f"{name}_seed_loop_per_core_build", w["rows"] / w["per_core_build_s"], "rows/s")
         res.add("arrays", f"{name}_build", w["rows"] / w["ours_build_s"], "rows/s",
                 baseline=f"arrays/{name}_seed_loop_build")
+        res.add("arrays", f"{name}_build_vs_per_core", w["rows"] / w["ours_build_s"], "rows/s",
+                baseline=f"arrays/{name}_seed_loop_per_core_build")
         res.add("arrays", f"{name}_seed_read", w["seed_read_per_s"], "rows/s")
         res.add("arrays", f"{name}_read", w["ours_read_per_s"], "rows/s", baseline=f"arrays/{name}_seed_read")
     shutil.rmtree(folder, ignore_errors=True)
@@ -357,6 +400,55 @@ def bench_startup(res: Results, tiny_root: str, work: str, r: int):
         res.add("startup", f"build16_{mode}", wall, "s", higher_is_better=False,
                 baseline=None if mode == "default" else "startup/build16_default")
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _link_tree(files: Sequence[str], src_root: str, dst_root: str) -> None:
+    """`files` (under `src_root`) at the same relative paths under `dst_root`: hard links where the
+    file system allows (no copy of the corpus), copies elsewhere."""
+    for path in files:
+        dst = os.path.join(dst_root, os.path.relpath(path, src_root))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        try:
+            os.link(path, dst)
+        except OSError:
+            shutil.copyfile(path, dst)
+
+
+def _settle(root: str) -> None:
+    """Waits until every file under `root` changed longer ago than --append's clock slack: a
+    dataset's files are older than the build that stores them, and the benchmark must not time
+    the re-read an append gives files changed (here: just linked) as its base build started."""
+    from imagerecords.pipeline.appending import _CLOCK_SLACK_NS
+
+    newest = max(os.stat(os.path.join(d, f)).st_ctime_ns for d, _, files in os.walk(root) for f in files)
+    while time.time_ns() < newest + _CLOCK_SLACK_NS + 10**8:
+        time.sleep(0.1)
+
+
+def bench_append(res: Results, work: str, n: int, added: int, seed: int, classes: int, cache: str, r: int):
+    """A dataset of `n` images, then `added` new ones appended (timed), against a full rebuild
+    (--overwrite) of all n + added in the same run. The new images are spread over every class."""
+    corpus = corpus_lib.ensure_corpus(n + added, seed, classes, cache)
+    step = len(corpus.files) / max(added, 1)
+    new = {int(i * step) for i in range(added)}
+    tree, out = os.path.join(work, f"append-tree-{r}"), os.path.join(work, f"append-out-{r}")
+    _link_tree([f for i, f in enumerate(corpus.files) if i not in new], corpus.root, tree)
+    _settle(tree)
+    wall, _ = run_watched(build_cmd(tree, out))
+    res.add("append", f"build{n}_wall", wall, "s", higher_is_better=False)
+    _link_tree([f for i, f in enumerate(corpus.files) if i in new], corpus.root, tree)
+    wall, rss = run_watched(build_cmd(tree, out, "--append"))
+    res.add("append", f"append{added}_wall", wall, "s", higher_is_better=False,
+            baseline=f"append/rebuild{n + added}_wall")
+    res.add("append", f"append{added}_peak_rss", rss, "MB", higher_is_better=False)
+    with open(os.path.join(out, "manifest.json")) as f:
+        records = sum(s["num_examples"] for s in json.load(f)["splits"].values())
+    if records != n + added:
+        raise RuntimeError(f"the appended dataset holds {records} records, not {n + added}")
+    wall, _ = run_watched(build_cmd(tree, out, "--overwrite"))
+    res.add("append", f"rebuild{n + added}_wall", wall, "s", higher_is_better=False)
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def write_manifest(path: str, rows: int, files: List[str]):
@@ -391,6 +483,40 @@ def bench_memory(res: Results, work: str, sizes: Sequence[int], r: int, modes: S
                     "KiB", higher_is_better=False)
 
 
+def bench_scale(res: Results, work: str, build_rows: int, plan_rows: int):
+    tiny = corpus_lib.ensure_tiny_images()
+    peaks = {}
+    for rows in (16, build_rows):
+        man = os.path.join(work, f"manifest-{rows}.csv")
+        if not os.path.exists(man):
+            write_manifest(man, rows, tiny)
+        out = os.path.join(work, f"scale-{rows}")
+        wall, peaks[rows] = run_watched(build_cmd(man, out))
+        shutil.rmtree(out, ignore_errors=True)
+        if rows != 16:
+            res.add("scale", f"build_rows{rows}_wall", wall, "s", higher_is_better=False)
+            res.add("scale", f"build_rows{rows}_peak", peaks[rows], "MB", higher_is_better=False)
+            res.add("scale", f"build_rows{rows}_bytes_per_row", (peaks[rows] - peaks[16]) * 1e6 / rows, "B",
+                    higher_is_better=False, baseline="scale/promise_bytes_per_row")
+    res.add("scale", "build_base_peak", peaks[16], "MB", higher_is_better=False)
+    res.add("scale", "promise_bytes_per_row", 1024, "B", higher_is_better=False)
+    man = os.path.join(work, f"manifest-{plan_rows}.csv")
+    if not os.path.exists(man):
+        write_manifest(man, plan_rows, tiny)
+    js = os.path.join(work, "plan.json")
+    run_watched([sys.executable, "-m", "benchmarks.bench_scale", "--manifest", man, "--json", js])
+    os.remove(man)
+    with open(js) as f:
+        pl = json.load(f)
+    for step in ("list", "assign", "plan", "total"):
+        res.add("scale", f"plan_rows{plan_rows}_{step}", pl[f"{step}_s"], "s", higher_is_better=False)
+    res.add("scale", f"plan_rows{plan_rows}_peak_rss", pl["peak_rss_mb"], "MB", higher_is_better=False)
+    res.add("scale", f"plan_rows{plan_rows}_bytes_per_row", pl["bytes_per_row"], "B", higher_is_better=False,
+            baseline="scale/promise_bytes_per_row")
+    res.notes.append(f"scale: planning pass of {pl['rows']:,} rows into {pl['shards']} shards, launcher base RSS "
+                     f"{pl['base_rss_mb']:.0f} MB")
+
+
 def bench_reader(res: Results, data: str, work: str, batches: int, repeats: int):
     js = os.path.join(work, "reader.json")
     run_watched([sys.executable, "-m", "benchmarks.workloads", "reader", "--data", data, "--json", js,
@@ -409,8 +535,17 @@ def bench_reader(res: Results, data: str, work: str, batches: int, repeats: int)
     for v in rd["reader_train_img_s_runs"]:
         res.add("reader", "reader_train_vs_plain", v, "img/s", baseline="reader/plain_train_img_s")
     for name in ("train", "eval"):
-        for v in rd[f"reader_{name}_resumable_img_s_runs"]:
-            res.add("reader", f"reader_{name}_resumable_img_s", v, "img/s", baseline=f"reader/reader_{name}_img_s")
+        res_base = f"reader/reader_{name}_interleave_img_s"
+        for v in rd[f"reader_{name}_interleave_img_s_runs"]:
+            res.add("reader", f"reader_{name}_interleave_img_s", v, "img/s")
+        for v in rd[f"reader_{name}_img_s_runs"]:
+            res.add("reader", f"reader_{name}_vs_interleave", v, "img/s", baseline=res_base)
+        # CPU per image moves less with the neighbours' load than images per second do.
+        for v in rd[f"reader_{name}_interleave_cpu_ms_per_img_runs"]:
+            res.add("reader", f"reader_{name}_interleave_cpu_ms_per_img", v, "ms", higher_is_better=False)
+        for v in rd[f"reader_{name}_cpu_ms_per_img_runs"]:
+            res.add("reader", f"reader_{name}_cpu_ms_per_img_vs_interleave", v, "ms", higher_is_better=False,
+                    baseline=f"reader/reader_{name}_interleave_cpu_ms_per_img")
     res.add("reader", "ttfb_train", rd["ttfb_train_s"], "s", higher_is_better=False)
     res.add("reader", "ttfb_train_make_dataset", rd["ttfb_train_make_dataset_s"], "s", higher_is_better=False)
     res.add("reader", "ttfb_eval", rd["ttfb_eval_s"], "s", higher_is_better=False)
@@ -446,6 +581,10 @@ def tfds_usable() -> Optional[str]:
     return None
 
 
+GROUPS = ("codec", "peers", "tfds", "build", "encodings", "arrays", "startup", "memory", "append", "scale", "reader", "flink")
+CORPUS_GROUPS = ("codec", "peers", "tfds", "build", "encodings", "startup", "reader")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--images", type=int, help="corpus size (default 4000; --quick: 24)")
@@ -455,27 +594,44 @@ def main(argv=None) -> int:
     p.add_argument("--manifest_rows", help="row counts of the memory builds (default 20000,100000; --quick: 200,600)")
     p.add_argument("--memory_modes", default="default,multi_processing",
                    help="engines of the memory builds: default (local engine) and DirectRunner modes")
+    p.add_argument("--float_rows", type=int, help="rows of the arrays group's float32 28x28 build (default 200000)")
+    p.add_argument("--rgb_rows", type=int, help="rows of the arrays group's uint8 32x32x3 build (default 50000)")
+    p.add_argument("--scale_rows", type=int, help="rows of the scale group's build (default 1000000; --quick: 2000)")
+    p.add_argument("--plan_rows", type=int, help="rows of the scale group's planning pass (default 10000000; "
+                                                 "--quick: 5000)")
     p.add_argument("--reader_batches", type=int, help="batches per reader measurement (default 16; --quick: 1)")
     p.add_argument("--train_model", choices=("resnet50", "tiny"),
                    help="also time a training step of this model fed by the reader and by plain tf.data "
                         "(the train group; meant for a machine with an accelerator)")
-    p.add_argument("--skip", default="", help="comma-separated groups to skip: codec,peers,tfds,build,encodings,arrays,startup,memory,"
-                                                "reader")
+    p.add_argument("--append_images", type=int,
+                   help="images of the append group's dataset before 1,000 more are appended (default 20000; "
+                        "--quick: 200)")
+    p.add_argument("--append_added", type=int,
+                   help="images the append group appends (default 1000; --quick: 50)")
+    p.add_argument("--skip", default="", help="comma-separated groups to skip: " + ",".join(GROUPS))
+    p.add_argument("--only", default="", help="comma-separated groups to run (the others are skipped)")
+    p.add_argument("--flink_sizes", default="1000,4000", help="image counts of the flink group's builds (at most --images)")
     p.add_argument("--cache", default=corpus_lib.CACHE, help="where corpora are kept")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes and TFDS on in_memory DirectRunner: a smoke run of every figure")
     a = p.parse_args(argv)
-    quick = {"images": 24, "manifest_rows": "200,600", "reader_batches": 1}
-    full = {"images": 4000, "manifest_rows": "20000,100000", "reader_batches": 16}
+    quick = {"images": 24, "manifest_rows": "200,600", "reader_batches": 1, "append_images": 200,
+             "append_added": 50, "scale_rows": 2000, "plan_rows": 5000}
+    full = {"images": 4000, "manifest_rows": "20000,100000", "reader_batches": 16, "append_images": 20000,
+            "append_added": 1000, "scale_rows": 1000000, "plan_rows": 10000000}
     for key, value in (quick if a.quick else full).items():
         if getattr(a, key) is None:
             setattr(a, key, value)
     skip = set(filter(None, a.skip.split(",")))
+    if a.only:
+        skip |= set(GROUPS) - set(filter(None, a.only.split(",")))
     sizes = [int(x) for x in a.manifest_rows.split(",")]
     res = Results()
     t0 = time.perf_counter()
-    corpus = corpus_lib.ensure_corpus(a.images, a.seed, a.classes, a.cache)
+    # The groups that read the --images corpus (the append group draws its own size).
+    corpus = corpus_lib.ensure_corpus(a.images if set(CORPUS_GROUPS) - skip or a.train_model else 1, a.seed,
+                                      a.classes, a.cache)
     res.notes.append(f"corpus: {len(corpus.files)} images in {corpus.classes} classes, {corpus.num_bytes / 1e6:.1f} MB "
                      f"(mean {corpus.mean_kb:.0f} KB), kinds {corpus.kinds}, at {corpus.root}")
     print(res.notes[-1], f"(ready after {time.perf_counter() - t0:.0f} s)", flush=True)
@@ -505,12 +661,21 @@ def main(argv=None) -> int:
             if "encodings" not in skip:
                 bench_encodings(res, corpus.root, work, n, r)
             if "arrays" not in skip:
-                bench_arrays_group(res, work, a.quick, r)
+                bench_arrays_group(res, work, a.quick, r, a.float_rows or 0, a.rgb_rows or 0)
             if "startup" not in skip:
                 bench_startup(res, tiny_root, work, r)
             if "memory" not in skip:
                 bench_memory(res, work, sizes, r, a.memory_modes.split(","))
+            if "append" not in skip:
+                bench_append(res, work, a.append_images, a.append_added, a.seed, a.classes, a.cache, r)
+            if "scale" not in skip and r == 0:  # once: minutes, and one figure is enough for a bound
+                bench_scale(res, work, a.scale_rows, a.plan_rows)
             print(f"round {r + 1}/{a.repeats} done after {time.perf_counter() - t0:.0f} s", flush=True)
+        if "flink" not in skip:
+            from benchmarks import bench_flink
+
+            sizes = [size for size in map(int, a.flink_sizes.split(",")) if size <= n] or [n]
+            bench_flink.bench_flink(res, corpus.files, corpus.root, work, run_watched, build_cmd, sizes)
         if "reader" not in skip:
             if not os.path.exists(data):
                 run_watched(build_cmd(corpus.root, data))

@@ -102,7 +102,7 @@ def test_seed_parse_reads_every_array_bit_for_bit(float_build):
 
 
 def test_keys_are_stable_and_splits_hash_them(float_build):
-    from imagerecords.build import refs
+    from imagerecords.pipeline import refs
 
     arrays, out, manifest = float_build
     want = {s: sum(1 for i in range(N) if refs.assign_split([("train", 0.8), ("test", 0.2)], 0,
@@ -193,7 +193,7 @@ def test_local_engine_and_direct_runner_write_the_same_bytes(rgb_build, tmp_path
 
 
 def test_npy_folder_is_memory_mapped_and_builds_the_same_records(float_build, tmp_path):
-    from imagerecords.build import arrays as arrays_lib
+    from imagerecords.pipeline import arrays as arrays_lib
 
     arrays, out, _ = float_build
     folder = tmp_path / "data"
@@ -297,8 +297,8 @@ def test_resume_fingerprint_changes_when_the_arrays_are_rewritten(tmp_path):
     a resumed build never reuses a shard staged from arrays since rewritten at the same size."""
     import time as time_lib
 
-    from imagerecords.build import stages
-    from imagerecords.build.config import BuildConfig
+    from imagerecords.pipeline import stages
+    from imagerecords.pipeline.config import BuildConfig
 
     np.savez(tmp_path / "d.npz", **_arrays(seed=1))
     config = BuildConfig(input=str(tmp_path / "d.npz"), output=str(tmp_path / "out"))
@@ -312,3 +312,32 @@ def test_resume_fingerprint_changes_when_the_arrays_are_rewritten(tmp_path):
             break
     assert os.path.getsize(tmp_path / "d.npz") == size  # same shapes, same size: only the values differ
     assert before and after != before, "the rewritten input's identity never changed"
+
+
+@pytest.mark.parametrize("layout", ["npz", "npy"])
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_rebuild_in_the_same_process_reads_the_rewritten_arrays(tmp_path, monkeypatch, layout, workers):
+    """The arrays are cached per process by the path as given: a second build in the same process
+    after the input was rewritten in place (or from another folder's input of the same relative
+    name) writes the new rows, never the cached old ones."""
+    import tensorflow as tf
+
+    def write(folder, seed):
+        arrays = dict(_arrays(seed), image=np.full((N, 28, 28), seed, np.float32))
+        folder.mkdir(exist_ok=True)
+        if layout == "npz":
+            np.savez(folder / "data.npz", **arrays)
+        else:
+            (folder / "data").mkdir(exist_ok=True)
+            for name, a in arrays.items():
+                np.save(folder / "data" / f"{name}.npy", a)  # in place: the same files truncated and rewritten
+
+    given = "data.npz" if layout == "npz" else "data"
+    spec = {"image": tf.io.FixedLenFeature([], tf.string)}
+    for step, (folder, seed) in enumerate([(tmp_path / "a", 1), (tmp_path / "a", 2), (tmp_path / "b", 3)]):
+        write(folder, seed)
+        monkeypatch.chdir(folder)
+        extra = ["--overwrite"] if step == 1 else []
+        build(given, folder / "out", "--num_shards", 1, "--local_workers", workers, *extra)
+        values = {np.frombuffer(r["image"], np.float32)[0] for r in _parse_all(folder / "out", spec)}
+        assert values == {seed}, f"build {step + 1} wrote the rows of another input: {values}"

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from conftest import build, manifest_without_time, read_examples, shard_files
-from imagerecords.build.errors import BudgetExceeded, OutputError
+from imagerecords.pipeline.errors import BudgetExceeded, OutputError
 from imagerecords.cli import main as cli
 
 SPLITS = "train=0.7,validation=0.3"

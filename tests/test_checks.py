@@ -1,4 +1,4 @@
-"""Pre-flight checks (imagerecords.cli.preflight) on real files in tmp_path.
+"""Pre-flight checks (imagerecords.pipeline.checks) on real files in tmp_path.
 
 Fixtures are made by the tests: tiny files stand in for images (the checks read no more than the
 first bytes of files directly under a folder root, and those only to tell images apart), CSV
@@ -14,9 +14,10 @@ import subprocess
 import pytest
 
 from conftest import skip_unless_ci
-from imagerecords.build.config import BuildConfig, parse_splits
-from imagerecords.build.errors import InputError, OutputError, UsageError
-from imagerecords.cli import preflight
+from imagerecords.pipeline.config import BuildConfig, parse_splits
+from imagerecords.pipeline.errors import InputError, OutputError, UsageError
+from imagerecords.pipeline import checks as preflight
+from imagerecords.cli.exit_codes import exit_code
 
 
 def _config(input_path, output_path="unused-out", **kwargs):
@@ -68,7 +69,7 @@ def test_missing_input(tmp_path):
     with pytest.raises(InputError) as e:
         preflight.check_input(_config(path))
     assert str(e.value) == f"--input {path}: no such file or folder"
-    assert e.value.exit_code == 3
+    assert exit_code(e.value) == 3
 
 
 def test_missing_manifest(tmp_path):
@@ -116,7 +117,7 @@ def test_one_class_folder_given_as_the_root_is_refused_naming_its_parent(tmp_pat
                             "images (cat0.jpg, cat1.jpg, cat2.jpg, ...) beside one sub-folder, 'more', which would "
                             f"be the only class and the images skipped; pass its parent {tmp_path / 'photos'} as "
                             "--input")
-    assert e.value.exit_code == 3
+    assert exit_code(e.value) == 3
 
 
 def test_root_images_are_told_by_their_first_bytes_when_their_name_says_nothing(tmp_path):
@@ -285,7 +286,7 @@ def test_splits_with_a_csv_split_column_is_refused(tmp_path):
     message = str(e.value)
     assert message.startswith(f"--splits would replace the 'split' column of {path}")
     assert "--ignore_split_column" in message
-    assert e.value.exit_code == 2
+    assert exit_code(e.value) == 2
 
 
 def test_splits_with_a_split_column_is_accepted_when_told_to_ignore_it(tmp_path):
@@ -368,7 +369,7 @@ def test_output_that_is_a_file(tmp_path):
     with pytest.raises(OutputError) as e:
         preflight.check_output(_config(_tree(tmp_path / "in"), out))
     assert str(e.value) == f"--output {out}: is a file, not a folder; choose a folder path"
-    assert e.value.exit_code == 4
+    assert exit_code(e.value) == 4
 
 
 def test_output_below_a_file(tmp_path):

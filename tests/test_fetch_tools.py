@@ -96,3 +96,25 @@ def test_a_second_run_waits_for_the_first_fetch_and_reuses_it(empty_cache, monke
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+PRISM = os.path.join(ROOT, ".ci", "get_prism.sh")
+
+
+def test_get_prism_without_go_is_one_line_and_a_built_binary_is_kept(empty_cache, tmp_path):
+    env = dict(os.environ, PRISM_VERSION="2.77.0")
+    done = subprocess.run(["bash", PRISM], env=env, capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == "get_prism: the Go toolchain is required to build Prism 2.77.0\n"
+    binary = tmp_path / "cache" / "bin" / "prism-2.77.0"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    done = subprocess.run(["bash", PRISM], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == f"{binary}\n"
+
+
+def test_get_prism_refuses_a_version_that_is_not_a_beam_release(empty_cache):
+    done = subprocess.run(["bash", PRISM], env=dict(os.environ, PRISM_VERSION="2.77; rm -rf /"), capture_output=True,
+                          text=True)
+    assert done.returncode == 1 and done.stderr == "get_prism: not a Beam release version: '2.77; rm -rf /'\n"

@@ -7,10 +7,11 @@ import re
 
 import pytest
 
-from imagerecords.build.codec import ImageOptions
-from imagerecords.build.config import BuildConfig
-from imagerecords.build.errors import UsageError
+from imagerecords.pipeline.codec import ImageOptions
+from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline.errors import UsageError
 from imagerecords.cli import flags
+from imagerecords.cli.exit_codes import exit_code
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IO = ["--input", "in/", "--output", "out/"]
@@ -45,8 +46,10 @@ CURRENT_FLAGS = [
     (["--overwrite"], "config.overwrite", True),
     (["--no_progress"], "launcher.no_progress", True),
     (["--verbose"], "launcher.verbose", True),
-    (["--ignore_split_column"], "launcher.ignore_split_column", True),
-    (["--break_lock"], "launcher.break_lock", True),
+    (["--ignore_split_column"], "options.ignore_split_column", True),
+    (["--break_lock"], "options.break_lock", True),
+    (["--detached"], "options.detached", True),
+    (["--local_workers", "3"], "options.local_workers", 3),
 ]
 
 
@@ -151,7 +154,7 @@ def test_unknown_flag_is_refused_with_a_suggestion(typo, meant):
     with pytest.raises(UsageError) as e:
         flags.parse_args(IO + [typo, "2"])
     assert str(e.value) == f"unknown flag {typo} (did you mean {meant}?)"
-    assert e.value.exit_code == 2
+    assert exit_code(e.value) == 2
 
 
 def test_unknown_flag_with_equals_is_named_without_its_value():
@@ -234,7 +237,7 @@ def test_missing_config_file(tmp_path):
     with pytest.raises(UsageError) as e:
         flags.parse_args(IO + ["--config", path])
     assert str(e.value) == f"--config {path}: no such file"
-    assert e.value.exit_code == 2
+    assert exit_code(e.value) == 2
 
 
 @pytest.mark.parametrize("argv,missing", [
@@ -336,7 +339,7 @@ def test_a_mistyped_runner_is_a_usage_error_naming_the_known_runners(runner, hin
         flags.parse_args(IO + ["--runner", runner])
     assert str(e.value).startswith(f"--runner {runner}: no such Beam runner{hint}; known runners: DataflowRunner, ")
     assert "FlinkRunner" in str(e.value) and "\n" not in str(e.value)
-    assert e.value.exit_code == 2
+    assert exit_code(e.value) == 2
 
 
 def test_known_runners_pass_in_the_forms_beam_takes(tmp_path):

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import build, manifest_without_time, shard_files, skip_unless_ci
+from conftest import build, manifest_without_time, shard_files, skip_unless_flink_cluster_runs
 from tests.support import flink
 
 pytestmark = [pytest.mark.flink, pytest.mark.slow]
@@ -29,11 +29,7 @@ JOB_TIMEOUT = 900  # seconds: a job takes 1-4 min on 2 busy cores
 
 @pytest.fixture(scope="module")
 def cluster():
-    if not flink.java_available():
-        skip_unless_ci("no Java runtime: the Flink tests need Java 11+ on PATH or JAVA_HOME")
-    reason = flink.beam_on_flink_unavailable_reason() or flink.can_isolate_hosts()
-    if reason:
-        skip_unless_ci(reason)
+    skip_unless_flink_cluster_runs()
     started = time.monotonic()
     # 1 slot per TaskManager: a job of parallelism 2 must use both, so both pools get work.
     with flink.FlinkCluster.start(taskmanagers=2, slots=1, parallelism=2, worker_pools=True,

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from conftest import build
-from imagerecords.build import errors, publish
+from imagerecords.pipeline import errors, publish
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
 from tests.support.gcs import GcsEmulator
 from test_failures import ARGS, kill_at, without_created  # ARGS[:-1]: without --no_progress, which build() adds

@@ -13,10 +13,10 @@ import sys
 import pytest
 
 from conftest import build, read_examples, skip_unless_ci
-from imagerecords.build import dataset_files, publish
+from imagerecords.pipeline import dataset_files, publish
 from imagerecords.format import records
 from imagerecords.format.manifest import MANIFEST, STAGING, Manifest, Shard
-from imagerecords.build.dataset_files import ShardResult
+from imagerecords.pipeline.dataset_files import ShardResult
 from imagerecords.cli import inspection
 
 SPLITS = "train=0.7,validation=0.3"
@@ -184,16 +184,20 @@ def test_verify_checks_index_files(indexed, tmp_path):
     # A changed length: the sha256 catches it; --records also names the line and the true frame.
     off, length = entries[2]
     index.write_bytes(records.format_index(entries[:2] + [(off, length + 1)] + entries[3:]))
-    assert inspection.verify(str(ds))[0] == [f"{index}: sha256 differs from the manifest"]
+    assert inspection.verify(str(ds))[0] == [f"{index}: its sha256 differs from manifest.json's"]
     problems = inspection.verify(str(ds), records=True)[0]
-    assert problems[0] == f"{index}: sha256 differs from the manifest"
+    assert problems[0] == f"{index}: its sha256 differs from manifest.json's"
     assert problems[1] == (f"{index}: line 3 says offset {off} length {length + 1}; record 3 of {shard.filename} "
                            f"is at {off} with {length} bytes")
 
-    # A line short: --records says how many entries the shard needs.
+    # A line short: the count and the end offset are checked against the manifest, with or without --records.
     index.write_bytes(records.format_index(entries[:-1]))
-    problems = inspection.verify(str(ds), records=True)[0]
-    assert problems[-1] == f"{index}: {shard.count - 1} entries, {shard.filename} has {shard.count} records"
+    end = entries[-1][0]
+    short = [f"{index}: its sha256 differs from manifest.json's",
+             f"{index}: it lists {shard.count - 1} records, manifest.json says {shard.count} for its shard",
+             f"{index}: its records end at byte {end}, manifest.json says its shard is {shard.num_bytes} bytes"]
+    assert inspection.verify(str(ds))[0] == short
+    assert inspection.verify(str(ds), records=True)[0] == short
 
     index.unlink()
     assert inspection.verify(str(ds))[0] == [f"{index}: missing"]

@@ -16,10 +16,10 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
-from imagerecords.build import codec, example_images, input_files, refs, shard_writer
-from imagerecords.build.refs import ImageRef, LabelMap, Rejected
-from imagerecords.build.engines.beam import ListImages, ReadManifest
-from imagerecords.build.engines.beam.common import REJECTED
+from imagerecords.pipeline import codec, example_images, input_files, refs, shard_writer
+from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
+from imagerecords.transforms import ReadImages, ReadManifest
+from imagerecords.transforms.common import REJECTED
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,12 +36,12 @@ def row_tuple(r: Rejected):
 
 
 def check_listing(root, want_refs, want_rows, max_file_bytes=None):
-    """Runs ListImages on a real TestPipeline; asserts (key, uri, label, size) of every ref and
+    """Runs ReadImages on a real TestPipeline; asserts (key, uri, label, size) of every ref and
     (uri, key, stage, reason, error, skipped) of every row. Also run in a subprocess (JSON args)."""
     want_refs = [tuple(r) for r in want_refs]
     want_rows = [tuple(r) for r in want_rows]
     with TestPipeline() as p:
-        listed = p | "List" >> ListImages(root, max_file_bytes)
+        listed = p | "List" >> ReadImages(root, max_file_bytes)
         assert_that(listed.refs | "Refs" >> beam.Map(lambda r: (r.key, r.uri, r.label, r.size)),
                     equal_to(want_refs), label="CheckRefs")
         assert_that(listed[REJECTED] | "Rows" >> beam.Map(row_tuple), equal_to(want_rows), label="CheckRows")
@@ -315,7 +315,7 @@ def test_max_file_mb_is_validated():
         with pytest.raises(ValueError, match="max_file_mb"):
             codec.ImageOptions(max_file_mb=bad)
     with pytest.raises(ValueError, match="max_file_bytes"):
-        ListImages("/data", max_file_bytes=0)
+        ReadImages("/data", max_file_bytes=0)
 
 
 # Deterministic reasons --------------------------------------------------------------------------
@@ -433,7 +433,7 @@ def test_float_tiffs_of_values_0_to_1_are_rejected_rows_not_clipped_images(tmp_p
     out of 255 with 'rejected 0'. Now each is a row naming the value range, counted against the
     budget; 8-bit images beside them are written as usual."""
     from conftest import build
-    from imagerecords.build.errors import BudgetExceeded
+    from imagerecords.pipeline.errors import BudgetExceeded
 
     root = tmp_path / "tree"
     rng = np.random.default_rng(0)

@@ -15,7 +15,7 @@ import pytest
 from conftest import published_version, build, manifest_without_time, shard_files, tree_with_twins
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
 from imagerecords.cli import main as cli
-from imagerecords.build.engines import uses_local_engine
+from imagerecords.pipeline.engines import uses_local_engine
 
 SPLITS = "train=0.7,validation=0.3"
 
@@ -160,7 +160,7 @@ def test_one_file_listed_under_two_labels_is_a_label_conflict_on_every_engine(im
 
 
 def test_the_content_index_groups_each_digest_once_whatever_the_order():
-    from imagerecords.build.engines.local import _Contents
+    from imagerecords.pipeline.engines.local import _Contents
 
     index = _Contents()
     members = [(b"a" * 16, ("a1", "train", "/a", "cat")), (b"b" * 16, ("b1", "train", "/b", "cat")),
@@ -175,16 +175,21 @@ def test_the_content_index_groups_each_digest_once_whatever_the_order():
 
 
 def test_the_engine_is_chosen_by_what_the_build_needs():
-    from imagerecords.build.config import make_config
+    from imagerecords.pipeline.config import make_config
+
+    from imagerecords.cli.flags import runner_of
 
     local = make_config({}, {"input": "in", "output": "out"})
-    assert uses_local_engine(local, [])
-    assert not uses_local_engine(local, ["--runner=DirectRunner"])
-    assert not uses_local_engine(local, ["--direct_num_workers=2"])
-    assert not uses_local_engine(local, [], detached=True)
-    assert not uses_local_engine(make_config({}, {"input": "in", "output": "out", "writer": "beam"}), [])
-    assert not uses_local_engine(make_config({}, {"input": "gs://b/in", "output": "out"}), [])
-    assert not uses_local_engine(make_config({}, {"input": "in", "output": "gs://b/out"}), [])
+    assert uses_local_engine(local, None)
+    assert not uses_local_engine(local, "DirectRunner")
+    assert not uses_local_engine(local, None, detached=True)
+    assert not uses_local_engine(make_config({}, {"input": "in", "output": "out", "writer": "beam"}), None)
+    assert not uses_local_engine(make_config({}, {"input": "gs://b/in", "output": "out"}), None)
+    assert not uses_local_engine(make_config({}, {"input": "in", "output": "gs://b/out"}), None)
+    # The command names the runner for Beam options that name none: any Beam option chooses Beam.
+    assert runner_of([]) is None
+    assert runner_of(["--direct_num_workers=2"]) == "DirectRunner"
+    assert runner_of(["--runner", "FlinkRunner", "--runner=PrismRunner"]) == "PrismRunner"
 
 
 @pytest.mark.parametrize("workers,engine", [("0", "local engine, in-process"), ("2", "local engine, 2 worker processes")])
@@ -304,6 +309,7 @@ def test_a_killed_worker_process_fails_the_build_in_one_line_and_a_rerun_publish
     assert proc.returncode == 1, err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert "a worker process of the local engine ended abruptly" in err and "nothing was published" in err, err
+    assert f"worker {workers[0].pid} killed by SIGKILL" in err, err  # which worker, and how it ended
     assert not shard_files(out) and not (out / MANIFEST).exists() and not (out / LOCK).exists()
     left = [f for _, _, files in os.walk(out / STAGING) for f in files]
     plain = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -323,7 +329,7 @@ def test_a_killed_worker_process_fails_the_build_in_one_line_and_a_rerun_publish
 def test_manifest_parts_hold_every_line_once_in_order(tmp_path, csv, ending):
     """Worker processes list a manifest in byte ranges; together the ranges give exactly the lines
     of one serial read, whatever the cut points hit (line ends, CRLF, blank lines, no final newline)."""
-    from imagerecords.build.engines import local
+    from imagerecords.pipeline.engines import local
 
     lines = [f"row{i},{'x' * (i % 7)}".encode() for i in range(40)]
     lines[5] = lines[17] = b""  # blank lines

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from imagerecords.build import dataset_files, errors, publish
+from imagerecords.pipeline import dataset_files, errors, publish
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, Shard, Split
-from imagerecords.build.dataset_files import ShardResult
+from imagerecords.pipeline.dataset_files import ShardResult
+from imagerecords.cli.exit_codes import exit_code
 
 
 def _results(name="images", shards=(("train", 0, b"new0"), ("train", 1, b"new1")), rejected=0, budget=0.5,
@@ -227,7 +228,7 @@ def test_a_lock_that_is_a_folder_is_named_as_one(tmp_path):
         with pytest.raises(errors.OutputError) as e:
             publish.OutputLock(str(out), "b1", break_lock=break_lock).acquire()
         assert str(e.value) == f"{out / LOCK} is a folder, not a lock file; remove it (rm -r {out / LOCK}) and rerun"
-        assert e.value.exit_code == 4
+        assert exit_code(e.value) == 4
     assert (out / LOCK).is_dir()
 
 

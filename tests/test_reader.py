@@ -1,6 +1,6 @@
 """Reader end to end: datasets built by the real builder (DirectRunner), read back with imagerecords.reader.
 
-Fixtures: imagerecords.build.example_images draws 4 classes x 6 images of mixed formats (JPEG, PNG, GIF,
+Fixtures: imagerecords.pipeline.example_images draws 4 classes x 6 images of mixed formats (JPEG, PNG, GIF,
 greyscale, CMYK, EXIF-rotated); the builder writes them with --num_shards 4, in both schema presets.
 """
 
@@ -20,9 +20,10 @@ import tensorflow as tf
 
 from conftest import build, shard_files
 from imagerecords import reader
-from imagerecords.build import example_images
+from imagerecords.pipeline import example_images
 from imagerecords.format import records
 from imagerecords.reader import ReadConfig, ReadStats
+from imagerecords.reader.hosts import per_host_records
 
 PER_CLASS = 6
 SIZE = 32
@@ -166,9 +167,9 @@ def test_eval_is_deterministic_and_in_file_order(ds_path):
         assert la == lb and fa == fb
     assert reader.make_dataset(ds_path, "train", batch_size=4, image_size=SIZE).options().deterministic is True
     names = [n for _, _, f in first for n in f]
-    # One host, evaluation: shards interleaved one record at a time, each in its file order.
+    # One host, evaluation: the split's own order, shard after shard, each in its file order.
     per_shard = [_shard_filenames_of(path) for path in reader.load_info(ds_path).splits["train"].files]
-    expected = [s[i] for i in range(max(map(len, per_shard))) for s in per_shard if i < len(s)]
+    expected = [name for s in per_shard for name in s]
     assert names == expected
 
 
@@ -219,7 +220,10 @@ def test_hosts_eval_pad_disjoint_complete_equal(ds_path, num_hosts):
                                  config=ReadConfig(with_filename=True), stats=stats)
         names, labels, batches = _collect(ds)
         real = [x for x in names if x]
-        assert labels.count(reader.PAD_LABEL) == names.count("") == stats.plan.padded
+        # The global order's position p goes to host p % hosts; positions past the split are padding.
+        per = per_host_records(n, 0, num_hosts, "pad")
+        padded = sum(1 for j in range(per) if h + num_hosts * j >= n)
+        assert labels.count(reader.PAD_LABEL) == names.count("") == padded
         assert batches == reader.steps_per_epoch(ds_path, "train", 2, num_hosts=num_hosts, host_index=h)
         per_host.append((real, batches, len(names)))
     all_real = [x for real, _, _ in per_host for x in real]
@@ -327,7 +331,7 @@ def corrupt(ds_path, tmp_path):
 
 def test_corrupt_record_fails_naming_the_shard(corrupt):
     path, shard, _, frames, _ = corrupt
-    ds = reader.make_dataset(path, "train", batch_size=2, image_size=SIZE)
+    ds = reader.make_dataset(path, "train", batch_size=2, image_size=SIZE, config=ReadConfig(cache=True))
     # Record 1 fails its data checksum, so one record was read of the manifest's count.
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=rf"{os.path.basename(shard)}.* is corrupt.*: 1 records read .*says {len(frames)} "):
@@ -359,8 +363,13 @@ def resized(ds_path, tmp_path):
     return str(copy), files[0], own, other, _shard_filenames(ds_path, "train"), rewrite
 
 
+# The streaming shard reader's damage checks (counts read against the manifest's): make_dataset
+# reads through it with cache; the default resumable order's are in test_reader_resume.py.
+STREAMING = dict(cache=True)
+
+
 def _read_train(path, policy, stats=None):
-    config = ReadConfig(corrupt_records=policy, with_filename=True)
+    config = ReadConfig(corrupt_records=policy, with_filename=True, **STREAMING)
     return _collect(reader.make_dataset(path, "train", batch_size=2, image_size=SIZE, config=config, stats=stats))[0]
 
 
@@ -426,7 +435,7 @@ def test_corrupt_record_skip_yields_the_others(corrupt, caplog):
     stats = ReadStats()
     with caplog.at_level(logging.WARNING, logger="imagerecords.reader"):
         names, _, _ = _collect(reader.make_dataset(path, "train", batch_size=2, image_size=SIZE, stats=stats,
-                                                   config=ReadConfig(corrupt_records="skip", with_filename=True)))
+                                                   config=ReadConfig(corrupt_records="skip", with_filename=True, **STREAMING)))
     assert sorted(names) == sorted(x for x in original if x != victim)
     assert stats.total_skipped == 1 and dict(stats.skipped) == {shard: 1}
     assert shard in caplog.text
@@ -441,7 +450,7 @@ def test_corrupt_length_field_skip_resyncs(corrupt):
         f.write(data)
     stats = ReadStats()
     names, _, _ = _collect(reader.make_dataset(path, "train", batch_size=2, image_size=SIZE, stats=stats,
-                                               config=ReadConfig(corrupt_records="skip", with_filename=True)))
+                                               config=ReadConfig(corrupt_records="skip", with_filename=True, **STREAMING)))
     second = [tf.train.Example.FromString(bytes(data[p + 12:p + 12 + n])).features.feature["image/filename"]
                 .bytes_list.value[0].decode() for p, n in frames[2:3]]
     assert sorted(names) == sorted(x for x in original if x not in (victim, *second))
@@ -569,7 +578,7 @@ def test_tf_data_options_are_applied(ds_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
         assert la.numpy().tolist() == lb.numpy().tolist()
     train = reader.make_dataset(ds_path, "train", batch_size=4, image_size=8, training=True)
-    assert train.options().deterministic is False  # unseeded training: order may follow thread timing
+    assert train.options().deterministic is True  # one order, a function of the seed: never thread timing
     with pytest.raises(ValueError, match="private_threadpool_size must be >= 0.*autotune_ram_budget_mb must be >= 0"):
         ReadConfig(private_threadpool_size=-1, autotune_ram_budget_mb=-5)
 
@@ -580,7 +589,7 @@ def test_shuffle_buffer_is_capped_at_one_epoch(ds_path):
 
     def names(buffer):
         ds = reader.make_dataset(ds_path, "train", batch_size=1, image_size=8, training=True, seed=11,
-                                 config=ReadConfig(shuffle_buffer=buffer, with_filename=True, repeat=2))
+                                 config=ReadConfig(shuffle_buffer=buffer, with_filename=True, repeat=2, cache=True))
         return [f.numpy()[0] for _, _, f in ds]
 
     big = names(10_000)

@@ -1,6 +1,6 @@
 """Resumable reading (make_dataset's start_step / start_example): exact, elastic and cheap resumes.
 
-Fixtures: imagerecords.build.example_images draws 4 classes x 10 images; the real builder writes
+Fixtures: imagerecords.pipeline.example_images draws 4 classes x 10 images; the real builder writes
 them into 4 shards per split, with index files (--write_index) and, apart, without them. The
 order's blocks and windows are made small (3 records, 7 positions) so a 30-record split has many.
 """
@@ -11,7 +11,7 @@ import pytest
 from conftest import build
 
 from imagerecords import reader
-from imagerecords.build import example_images
+from imagerecords.pipeline import example_images
 from imagerecords.reader import ReadConfig, ReadStats
 from imagerecords.reader import resume
 
@@ -192,7 +192,7 @@ def test_the_remainder_log_line_counts_the_resumable_order(indexed, remainder, c
                                                                        f"{abs(total - per_host * hosts)} ")
 
 
-def test_a_corrupt_record_fails_or_becomes_padding_in_place(indexed, tmp_path):
+def test_a_corrupt_record_fails_or_becomes_padding_in_place(indexed, tmp_path, caplog):
     """A record whose checksum fails: 'fail' names its shard; 'skip' keeps every other record at its
     position and puts one padding element (label -1) where it was, so the hosts stay in step."""
     import shutil
@@ -220,7 +220,10 @@ def test_a_corrupt_record_fails_or_becomes_padding_in_place(indexed, tmp_path):
     # batch size 1: training drops a last partial batch, and every record must be seen
     clean = [n for _, _, names in _batches(indexed, 0, 1, start_step=0, config={"repeat": 1}) for n in names]
     stats = ReadStats()
-    got = _batches(str(copy), 0, 1, start_step=0, stats=stats, config={"repeat": 1, "corrupt_records": "skip"})
+    with caplog.at_level("WARNING", logger="imagerecords.reader"):
+        got = _batches(str(copy), 0, 1, start_step=0, stats=stats, config={"repeat": 1, "corrupt_records": "skip"})
+    warned = [r.getMessage() for r in caplog.records if "skipped a bad record" in r.getMessage()]
+    assert len(warned) == 1 and shard.path in warned[0]  # skipped, but never silently
     names = [n for _, _, batch in got for n in batch]
     labels = [int(x) for _, batch, _ in got for x in batch]
     assert len(names) == len(clean) == total

@@ -49,7 +49,7 @@ def _run(name, out):
 
 def test_every_recipe_block_is_found_and_compiles():
     found = recipes()
-    assert sorted(found) == ["dali", "features-dali", "features-tfrecord", "jax", "model-garden", "pytorch",
+    assert sorted(found) == ["dali", "features-dali", "features-tfrecord", "grain", "jax", "model-garden", "pytorch",
                              "pytorch-files", "tfds", "torch-reader"]
     for name, code in found.items():
         compile(code, f"docs/recipes.md[{name}]", "exec")
@@ -82,6 +82,21 @@ def test_jax_recipe_numpy_batches(datasets):
     assert labels.shape == (8,) and labels.dtype == np.int32 and set(labels) <= set(range(4))
     seen = sum(len(lbl) for _, lbl in scope["validation"])
     assert seen == manifest.split("validation").num_examples
+
+
+@pytest.mark.parametrize("preset", ["tfds", "tf-models"])  # the recipe takes the keys from the manifest
+def test_grain_recipe_restores_the_next_batch(datasets, preset):
+    if importlib.util.find_spec("grain") is None:
+        skip_unless_ci("grain is not installed (pip install -e '.[grain]')")
+    out, manifest = datasets[preset]
+    scope = _run("grain", out)
+    it, following, state = scope["it"], scope["following"], scope["state"]
+    assert state["iterator"] == {"next_index": 3} and json.loads(json.dumps(state)) == state
+    expected = next(it)  # the first iterator, carried on past the checkpoint
+    assert following["image"].shape == (8, 64, 64, 3) and following["image"].dtype == np.float32
+    assert np.array_equal(following["image"], expected["image"])
+    assert np.array_equal(following["label"], expected["label"])
+    assert set(following["label"].tolist()) <= set(range(len(manifest.label_names) + manifest.label_offset))
 
 
 def test_model_garden_recipe_glob_picks_exactly_the_shards(datasets):

@@ -42,7 +42,8 @@ def test_read_records_names_the_file_and_offset_of_a_flipped_byte():
     w.write(b"second")
     data = bytearray(buf.getvalue())
     data[w.offsets[1] + 14] ^= 0x01
-    with pytest.raises(records.CorruptRecordError, match=r"shard-7: bad data checksum at byte 21"):
+    with pytest.raises(records.CorruptRecordError,
+                       match=r"shard-7: record 1 at byte 21: bad data checksum \(its data, bytes 33 to 38, "):
         list(records.read_records(io.BytesIO(bytes(data)), "shard-7"))
     assert list(records.read_records(io.BytesIO(buf.getvalue()))) == [b"first", b"second"]
 
@@ -89,3 +90,16 @@ def test_index_is_what_tfrecord2idx_writes_for_a_tensorflow_file(tmp_path):
 def test_parse_index_names_the_file_and_the_bad_line(data, line):
     with pytest.raises(ValueError, match=rf"^idx-7: line {line} is not '<offset> <length>'"):
         records.parse_index(data, "idx-7")
+
+
+def test_the_writers_crc32c_is_the_one_gcs_shows_for_the_object():
+    # GCS's object metadata holds base64 of the big-endian crc32c of the whole object; the
+    # Castagnoli check value of b"123456789" is 0xE3069283.
+    assert records.crc32c_text(records.google_crc32c.Checksum(b"123456789")) == "4waSgw=="
+    buf = io.BytesIO()
+    writer = records.RecordWriter(buf)
+    for record in (b"a", b"bb" * 1000, b""):
+        writer.write(record)
+    assert writer.crc32c() == records.crc32c_text(records.google_crc32c.Checksum(buf.getvalue()))
+    reader = records.HashingReader(io.BytesIO(buf.getvalue())).drain(7)
+    assert reader.crc32c() == writer.crc32c() and reader.sha256() == writer.sha256()

@@ -2,8 +2,8 @@
 
 import pytest
 
-from imagerecords.build import config, planning, refs
-from imagerecords.build.refs import ManifestColumns
+from imagerecords.pipeline import config, planning, refs
+from imagerecords.pipeline.refs import ManifestColumns
 
 
 def test_golden_shuffle_order():

@@ -188,11 +188,17 @@ def run(dataset, tmp_path_factory):
     return proc, cwd, before
 
 
+def _written(cwd):
+    """The one default-named page in `cwd`."""
+    (found,) = cwd.glob("images-????????-report.html")
+    return found
+
+
 @pytest.fixture(scope="module")
 def page(run):
     proc, cwd, _ = run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(cwd / "images-report.html", encoding="utf-8") as f:
+    with open(_written(cwd), encoding="utf-8") as f:
         text = f.read()
     return text, Page(text)
 
@@ -202,8 +208,8 @@ def test_runs_without_tensorflow_or_beam_and_leaves_the_dataset_alone(run, datas
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[-1] == "[]"  # neither was imported (the import hook would have refused them anyway)
-    assert lines[0] == "imagerecords report: wrote images-report.html"
-    assert os.listdir(cwd) == ["images-report.html"]  # the default: ./<name>-report.html
+    assert lines[0] == f"imagerecords report: wrote {_written(cwd).name}"
+    assert os.listdir(cwd) == [_written(cwd).name]  # the default: ./<name>-<8 hex of the dataset's path>-report.html
     assert sorted(os.listdir(dataset[0])) == before
 
 
@@ -515,7 +521,7 @@ def test_renders_in_headless_chromium(page, run, tmp_path):
     browser = shutil.which("chromium")
     if browser is None:
         skip_unless_ci("Debian's chromium is not installed; the page is checked by parsing it and decoding every image")
-    html_path = run[1] / "images-report.html"
+    html_path = _written(run[1])
     png = tmp_path / "page.png"
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                     "--window-size=1200,2400", f"--screenshot={png}", html_path.as_uri()],

@@ -125,7 +125,7 @@ def test_exact_resume_gives_the_same_remaining_batches(built, workers):
     path, _ = built["indexed"]
     whole, end_states = _run_ranks(path, 3, 2, workers=workers)  # 32 // 6 = 5 steps per rank
     assert [len(b) for b in whole] == [5, 5, 5]
-    assert end_states[0] == {"seed": 3, "epoch": 1, "consumed": 0, "num_examples": 32}
+    assert end_states[0] == {"seed": 3, "epoch": 1, "consumed": 0, "num_examples": 32, "dataset": _dataset(path).digest}
     first, states = _run_ranks(path, 3, 2, steps=2, workers=workers)
     assert states == [states[0]] * 3 and states[0]["consumed"] == 12  # 2 steps x 2 x 3 ranks
     rest, after = _run_ranks(path, 3, 2, state=states[0], workers=workers)
@@ -167,7 +167,7 @@ def test_state_dict_is_under_one_kilobyte(built):
     loader = irt.Loader(_dataset(path), 2, seed=2**31 - 1, rank=0, world_size=3)
     next(iter(loader))
     state = loader.state_dict()
-    assert state == {"seed": 2**31 - 1, "epoch": 0, "consumed": 6, "num_examples": 32}
+    assert state == {"seed": 2**31 - 1, "epoch": 0, "consumed": 6, "num_examples": 32, "dataset": _dataset(path).digest}
     assert len(pickle.dumps(state)) < 1024 and len(json.dumps(state)) < 1024
     saved, empty = io.BytesIO(), io.BytesIO()
     torch.save(state, saved)
@@ -274,7 +274,7 @@ def test_the_package_never_imports_tensorflow(built):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.splitlines()[-1])
     assert sorted(i for i, _, _ in result["rows"]) == list(range(32))
-    assert result["state"] == {"seed": 0, "epoch": 1, "consumed": 0, "num_examples": 32}
+    assert result["state"] == {"seed": 0, "epoch": 1, "consumed": 0, "num_examples": 32, "dataset": _dataset(path).digest}
 
 
 @pytest.mark.gcs
@@ -322,7 +322,7 @@ def test_torch_reader_recipe_resumes_where_it_stopped(built):
                           cwd=os.path.join(ROOT, "tests"), env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.splitlines()[-1])
-    assert result["state"] == {"seed": 0, "epoch": 0, "consumed": 16, "num_examples": 32}
+    assert result["state"] == {"seed": 0, "epoch": 0, "consumed": 16, "num_examples": 32, "dataset": _dataset(path).digest}
     assert result["again"] == result["cont"] and len(result["again"]) == 2  # 32 // 8 = 4 batches, 2 taken
     want = sorted(label for s in manifest.split("validation").shards for label, n in s.labels for _ in range(n))
     assert sorted(v for v in result["val"] if v != irt.PAD_LABEL) == want

@@ -4,10 +4,10 @@ import apache_beam as beam
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from imagerecords.build import refs as refs_lib
-from imagerecords.build.refs import ImageRef, LabelMap
-from imagerecords.build.engines.beam import AssignLabels, GlobalShuffle, ListImages, ReadManifest
-from imagerecords.build.engines.beam.common import REJECTED
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import ImageRef, LabelMap
+from imagerecords.transforms import AssignLabels, GlobalShuffle, ReadImages, ReadManifest
+from imagerecords.transforms.common import REJECTED
 
 
 def _refs(n, split="train"):
@@ -68,7 +68,7 @@ def test_list_images_and_read_manifest_agree(image_tree, tmp_path):
     rows = ["path,label"] + [f"{root}/{cls}/{rel},{cls}" for cls, rels in files.items() for rel in rels]
     manifest.write_text("\n".join(rows) + "\n/nowhere/x.jpg,cat\n")
     with TestPipeline() as p:
-        listed = p | "List" >> ListImages(str(root))
+        listed = p | "List" >> ReadImages(str(root))
         read = p | "Read" >> ReadManifest(str(manifest), header="path,label")
         want = sorted((f"{root}/{c}/{r}", c) for c, rels in files.items() for r in rels) + [(f"{root}/circle/truncated.jpg", "circle")]
         assert_that(listed.refs | "L" >> beam.Map(lambda r: (r.uri, r.label)), equal_to(want), label="Listed")
@@ -92,7 +92,7 @@ def test_repeated_keys_are_ordered_whatever_the_grouping():
 def test_refs_cross_stages_with_the_compact_deterministic_coder():
     from apache_beam.coders import typecoders
 
-    from imagerecords.build.engines.beam.coders import ImageRefCoder
+    from imagerecords.transforms.coders import ImageRefCoder
 
     coder = typecoders.registry.get_coder(ImageRef)
     ref = ImageRef("n01440764/n01440764_10026.JPEG", "gs://b/train/n01440764/n01440764_10026.JPEG", "n01440764",

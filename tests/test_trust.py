@@ -1,6 +1,6 @@
 """No silent mix: a writer that outlives its launcher, a reader during rebuilds, resumed builds.
 
-Real CLI builds into tmp_path; the test hooks of imagerecords/build/_hooks.py hold a process at a phase
+Real CLI builds into tmp_path; the test hooks of imagerecords/pipeline/_hooks.py hold a process at a phase
 until the test releases it, so each race happens in one fixed order.
 """
 
@@ -66,9 +66,9 @@ def tree(image_tree, tmp_path_factory):
 
 ORPHAN = r"""
 import json, os, sys
-from imagerecords.build import codec, shard_writer, stages
-from imagerecords.build import refs as refs_lib
-from imagerecords.build.refs import ImageRef
+from imagerecords.pipeline import codec, shard_writer, stages
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import ImageRef
 
 root, out, build_id = sys.argv[1:4]
 labels = refs_lib.vocabulary(sorted(os.listdir(root)), "auto", 0)

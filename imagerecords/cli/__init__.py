@@ -1,1 +1,1 @@
-"""The `imagerecords` command: flags, pre-flight checks, the launcher, verify, inspect and report."""
+"""The `imagerecords` command: argv to build options, exit codes, progress and summary, verify, inspect, report."""

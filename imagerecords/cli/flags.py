@@ -11,16 +11,17 @@ import typing
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
-from imagerecords.build import config as config_lib
+from imagerecords.pipeline import config as config_lib
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
-from imagerecords.build import codec
-from imagerecords.build.codec import ImageOptions
-from imagerecords.build.config import BuildConfig
-from imagerecords.build.errors import UsageError
+from imagerecords.pipeline import codec
+from imagerecords.pipeline.codec import ImageOptions
+from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline.errors import UsageError
+from imagerecords.pipeline.options import BuildOptions, runner_in
 
 __all__ = ["LauncherFlags", "Parsed", "beam_flag_names", "build_flag_names", "check_beam_args", "check_runner",
-           "parse_args", "parser"]
+           "parse_args", "parser", "runner_of"]
 
 PROG = "imagerecords build"
 
@@ -41,53 +42,55 @@ _TEXT_FORMS: Dict[str, str] = {
 
 @dataclasses.dataclass(frozen=True)
 class LauncherFlags:
-    """Flags that steer the launcher and are not part of BuildConfig.
+    """Flags that steer the command only: where its output goes (the build reads them nowhere).
 
     Attributes:
       config_file: the YAML preset given with --config, or None.
       no_progress: do not print progress on local runs.
       progress: print progress on local runs even when stderr is not a terminal (a log, a pipe).
       verbose: keep Beam and worker logs on the terminal instead of only in the log file.
-      ignore_split_column: with --splits, reassign splits by hash although the manifest has a
-        split column.
-      break_lock: take over the output folder's lock that another build left behind.
-      detached: on a cluster runner, return once the job is submitted; `imagerecords finish OUT`
-        publishes it after the job has finished.
-      local_workers: the local engine's worker processes (0: threads in the launcher's process);
-        None picks by input size (see pipeline/local.py).
     """
 
     config_file: Optional[str] = None
     no_progress: bool = False
     progress: bool = False
     verbose: bool = False
-    ignore_split_column: bool = False
-    break_lock: bool = False
-    detached: bool = False
-    local_workers: Optional[int] = None
+
+
+# Flags that fill BuildOptions' run fields (the same names).
+_RUN_FLAGS = ("ignore_split_column", "break_lock", "detached", "local_workers")
 
 
 @dataclasses.dataclass(frozen=True)
 class Parsed:
-    """The command line, split into what the build, Beam and the launcher each need.
+    """The command line: the build's options (the object imagerecords.build fills too) and the
+    command's own flags.
 
     Attributes:
-      config: the validated build configuration (defaults < YAML preset < flags).
-      beam_args: Beam pipeline options: the preset's `beam_options:` first, then the command
-        line's (so a flag wins over the preset); every one is a flag PipelineOptions knows.
-      launcher: the launcher-only flags.
+      options: the validated BuildOptions: config (defaults < YAML preset < flags), the runner
+        (the last --runner; 'DirectRunner' when only other Beam options are given; None for none)
+        and the Beam pipeline options: the preset's `beam_options:` first, then the command line's
+        (so a flag wins over the preset); every one is a flag PipelineOptions knows.
+      launcher: the command-only flags.
     """
 
-    config: BuildConfig
-    beam_args: List[str]
+    options: BuildOptions
     launcher: LauncherFlags
+
+    @property
+    def config(self) -> BuildConfig:
+        return self.options.config
+
+    @property
+    def beam_args(self) -> List[str]:
+        return list(self.options.pipeline_options)
 
 
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are UsageError (one line, exit code 2), not SystemExit."""
 
     def error(self, message):
-        raise UsageError(f"{self.prog}: {message} (see {PROG} --help)")
+        raise UsageError(f"{message} (see {PROG} --help)")
 
 
 # Launcher flags: (flag, dest, help). All are on/off switches except --config.
@@ -239,7 +242,7 @@ class _BeamChecker(argparse.ArgumentParser):
     """A parser of Beam's pipeline options whose errors are UsageError, one line naming the option."""
 
     def error(self, message):
-        raise UsageError(f"{PROG}: Beam option: {message}")
+        raise UsageError(f"Beam option: {message}")
 
 
 def _beam_parser() -> argparse.ArgumentParser:
@@ -425,7 +428,7 @@ def parse_args(argv: Sequence[str]) -> Parsed:
       argv: the arguments after `imagerecords build`.
 
     Returns:
-      Parsed(config, beam_args, launcher).
+      Parsed(options, launcher).
 
     Raises:
       UsageError: an unknown or malformed flag, a missing --config file, a bad preset, missing
@@ -436,12 +439,13 @@ def parse_args(argv: Sequence[str]) -> Parsed:
     check_beam_args(rest)
     values = vars(known)
     launcher = LauncherFlags(**{f.name: values.pop(f.name) for f in dataclasses.fields(LauncherFlags)})
+    run = {name: values.pop(name) for name in _RUN_FLAGS}
     preset, preset_beam_args = ({}, [])
     if launcher.config_file:
         preset, preset_beam_args = _load_preset(launcher.config_file)
     missing = [f"--{k}" for k in ("input", "output") if not (values.get(k) or preset.get(k))]
     if missing:
-        raise UsageError(f"{PROG}: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required "
+        raise UsageError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required "
                          f"(see {PROG} --help)")
     try:
         values["features"] = _features(preset.pop("features", None), values.pop("features", None))
@@ -450,4 +454,16 @@ def parse_args(argv: Sequence[str]) -> Parsed:
         raise UsageError(str(e)) from None
     beam_args = list(preset_beam_args) + list(rest)
     check_runner(beam_args)
-    return Parsed(config=config, beam_args=beam_args, launcher=launcher)
+    try:
+        options = BuildOptions(config=config, runner=runner_of(beam_args), pipeline_options=tuple(beam_args), **run)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return Parsed(options=options, launcher=launcher)
+
+
+def runner_of(beam_args: Sequence[str]) -> Optional[str]:
+    """The runner the Beam options name (the last --runner), 'DirectRunner' (Beam's default) when
+    they name none, or None without any Beam option: a build without one runs the local engine."""
+    if not beam_args:
+        return None
+    return runner_in(beam_args) or "DirectRunner"

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import List, Optional, Tuple
 
-from imagerecords.build import dataset_files, errors, storage
-from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError, no_manifest_hint, unfinished_hint
+from imagerecords.pipeline import dataset_files, errors, storage
+from imagerecords.format import manifest as manifest_lib
+from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError
 from imagerecords.format import features as features_lib
+from imagerecords.format import schema
 from imagerecords.format.paths import has_scheme
-from imagerecords.build.storage import join, open_read
+from imagerecords.pipeline.storage import join, open_read
 
 
 def _names(folder: str) -> List[str]:
@@ -19,15 +20,9 @@ def _names(folder: str) -> List[str]:
             return sorted(os.listdir(folder))
         except (FileNotFoundError, NotADirectoryError):
             return []
-    from imagerecords.build import publish
-
-    names = set(storage.list_names(folder))
-    if storage.list_tree(publish.staging_root(folder)):
-        names.add(STAGING)
-    prefix = folder.rstrip("/") + "/"
-    names.update(p[len(prefix):].split("/", 1)[0] for p in storage.list_tree(folder)
-                 if p[len(prefix):].startswith(VERSION_PREFIX) and "/" in p[len(prefix):])
-    return sorted(names)
+    # One delimited listing: files and folders of `folder`, never the shards inside the folders.
+    files, folders = storage.list_folder(folder)
+    return sorted(set(files) | {f for f in folders if f == STAGING or f.startswith(VERSION_PREFIX)})
 
 
 def _present(output: str, manifest: Manifest) -> set:
@@ -45,14 +40,17 @@ def load(output: str) -> Manifest:
       errors.UnfinishedBuild: no manifest, but a staging area (says how to finish or clear it).
       errors.InputError: no manifest at all, or an unreadable one.
     """
-    path = join(output, MANIFEST)
     names = _names(output)
-    if MANIFEST not in names:
-        if STAGING in names:
-            raise errors.UnfinishedBuild(unfinished_hint(output))
-        raise errors.InputError(no_manifest_hint(output))
+
+    def read(path: str) -> bytes:
+        if MANIFEST not in names:  # one listing says it, on gs:// too
+            raise FileNotFoundError(path)
+        return storage.read_bytes(path)
+
     try:
-        return Manifest.loads(storage.read_bytes(path), path)
+        return manifest_lib.load(output, read, lambda _: STAGING in names)
+    except manifest_lib.NotPublished as e:
+        raise (errors.UnfinishedBuild if e.unfinished else errors.InputError)(str(e)) from None
     except ManifestError as e:
         raise errors.InputError(str(e)) from None
 
@@ -70,12 +68,12 @@ def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[s
             notes.append(f"{join(output, STAGING)}: leftover staging area of an unfinished or failed build "
                             "(remove it, or rebuild with --overwrite)")
         elif name == LOCK:
-            from imagerecords.build import publish
+            from imagerecords.pipeline import publish
 
             holder = publish.read_lock(output)
             state = "stale lock of" if holder and holder.is_dead_here() else "lock held by"
             notes.append(f"{join(output, LOCK)}: {state} {holder.describe() if holder else 'an unknown build'}")
-        elif name.startswith(VERSION_PREFIX) and name != manifest.version:
+        elif (name.startswith(VERSION_PREFIX) or name in manifest.previous_versions) and name != manifest.version:
             notes.append(f"{join(output, name)}: an earlier version, kept for readers that loaded its manifest "
                          "(--keep_versions)")
         elif ".tfrecord" in name or name.endswith((".index", ".tmp")):
@@ -98,8 +96,9 @@ def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[s
 
 
 def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> List[str]:
-    """Problems of one shard's index file: missing, another sha256 than the manifest's, or (given
-    the shard's frame lengths, read with --records) entries that do not match its frames."""
+    """Problems of one shard's index file: missing, or failing the one index loader's checks
+    against the manifest (sha256, lines, count, end), or (given the shard's frame lengths, read
+    with --records) entries that do not match its frames."""
     from imagerecords.format import records
 
     path = join(output, shard.index_file)
@@ -107,27 +106,18 @@ def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> L
         data = storage.read_bytes(path)
     except OSError:  # FileNotFoundError locally; BeamIOError (an IOError) on remote filesystems
         return [f"{path}: missing"]
-    problems = []
-    if shard.index_sha256 and hashlib.sha256(data).hexdigest() != shard.index_sha256:
-        problems.append(f"{path}: sha256 differs from the manifest")
-    if frame_lengths is None:
+    got, found = records.index_problems(data, path, count=shard.count, num_bytes=shard.num_bytes,
+                                        sha256=shard.index_sha256)
+    problems = [f"{path}: {problem}" for problem in found]
+    if frame_lengths is None or not got:
         return problems
-    want, at = [], 0
-    for length in frame_lengths:
-        want.append((at, length))
-        at += length
-    try:
-        got = records.parse_index(data, path)
-    except ValueError as e:
-        return problems + [str(e)]
-    for line, (g, w) in enumerate(zip(got, want), 1):
-        if g != w:
-            problems.append(f"{path}: line {line} says offset {g[0]} length {g[1]}; record {line} of "
-                            f"{shard.filename} is at {w[0]} with {w[1]} bytes")
+    at = 0
+    for line, ((offset, length), frame) in enumerate(zip(got, frame_lengths), 1):
+        if (offset, length) != (at, frame):
+            problems.append(f"{path}: line {line} says offset {offset} length {length}; record {line} of "
+                            f"{shard.filename} is at {at} with {frame} bytes")
             break
-    else:
-        if len(got) != len(want):
-            problems.append(f"{path}: {len(got)} entries, {shard.filename} has {len(want)} records")
+        at += frame
     return problems
 
 
@@ -224,7 +214,9 @@ def inspect(output: str) -> Tuple[List[str], List[str]]:
     lines.append(f"  rejected: {manifest.num_rejected}, skipped: {manifest.num_skipped} (see {manifest.errors_file})")
     names_shown = ", ".join(manifest.label_names[:20]) + (" ..." if len(manifest.label_names) > 20 else "")
     lines.append(f"  labels: {names_shown}")
-    if manifest.image_encoding != "jpeg":
+    if features_lib.declared_only(manifest) and schema.keys(manifest.schema).image not in manifest.features:
+        lines.append("  images: none (the records hold the features below only)")
+    elif manifest.image_encoding != "jpeg":
         kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(manifest.image_kinds.items()))
         lines.append(f"  images: --image_encoding {manifest.image_encoding} ({kinds or 'no records'})")
     if manifest.features:
@@ -237,3 +229,27 @@ def spec(output: str, kind: str) -> str:
     """The parse spec of `output`'s records for another reader: 'tf' (tf.io.parse_example), 'tfrecord'
     (the PyTorch `tfrecord` package's description) or 'dali' (fn.readers.tfrecord's features)."""
     return features_lib.spec_code(features_lib.stored(load(output)), kind)
+
+
+def _split(output: str, split: str):
+    """(manifest, split) of the published dataset; an unknown split is one line naming the splits."""
+    manifest = load(output)
+    try:
+        return manifest, manifest.split(split)
+    except KeyError as e:
+        raise errors.UsageError(f"{output}: {e.args[0]}") from None
+
+
+def shard_files(output: str, split: str) -> List[str]:
+    """The paths of the shards of `split` the published manifest lists, in shard order: what a
+    script hands a reader that takes a file list."""
+    _, found = _split(output, split)
+    return [join(output, shard.filename) for shard in found.shards]
+
+
+def shard_glob(output: str, split: str) -> str:
+    """The glob matching exactly the published version's shards of `split` (no other version,
+    split, index file or staged file): `OUT/<version>/<name>-<split>.tfrecord-*`."""
+    manifest, found = _split(output, split)
+    pattern = f"{manifest.name}-{found.name}.tfrecord-*"
+    return join(output, manifest.version, pattern) if manifest.version else join(output, pattern)

@@ -16,7 +16,8 @@ commands:
   build    build a sharded TFRecord dataset (imagerecords build --help)
   finish   publish a build whose launcher did not commit it (a Dataflow template, a cut commit)
   verify   check the shards against manifest.json (--records: every record's CRC too)
-  inspect  print a dataset's splits, shards, labels and features (--spec tf|tfrecord|dali: a reader's parse spec)
+  inspect  print a dataset's splits, shards, labels and features (--spec tf|tfrecord|dali: a reader's parse spec;
+           --files SPLIT: the current shard paths, one a line; --glob SPLIT: the glob matching exactly them)
   report   write an HTML page showing a dataset: sample images per class, histograms, rejects
   demo     generate a small image tree and build it (the README's first command)
 
@@ -34,7 +35,7 @@ def verify(output: str, records: bool = False) -> List[str]:
 
 
 def _demo(argv: Sequence[str]) -> int:
-    from imagerecords.build import example_images
+    from imagerecords.pipeline import example_images
     from imagerecords.cli.launcher import run
 
     p = argparse.ArgumentParser(prog="imagerecords demo", description="Generate example images and build them.")
@@ -67,11 +68,20 @@ def _quiet_libraries() -> None:
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
 
 
-def _one_folder(command: str, rest: Sequence[str], flags: Sequence[str] = ()) -> argparse.Namespace:
+# The one switch each single-folder command takes, and its --help line.
+_SWITCHES = {
+    "finish": ("--break_lock", "take over the folder's lock even if its holder may still be running (use only when "
+                               "no build or finish is writing there any more)"),
+    "verify": ("--records", "also read every record: both CRCs of each frame, the record counts, and each "
+                            "record against the manifest's feature spec (reads every byte; slower)"),
+}
+
+
+def _one_folder(command: str, rest: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"imagerecords {command}")
     p.add_argument("output", help="the dataset folder (local or gs://...)")
-    for flag in flags:
-        p.add_argument(flag, action="store_true")
+    flag, text = _SWITCHES[command]
+    p.add_argument(flag, action="store_true", help=text)
     return p.parse_args(rest)
 
 
@@ -107,7 +117,7 @@ def _command(command: str, rest: Sequence[str]) -> int:
     if command == "finish":
         from imagerecords.cli.launcher import finish, print_summary
 
-        args = _one_folder(command, rest, ["--break_lock"])
+        args = _one_folder(command, rest)
         start = time.monotonic()
         manifest = finish(args.output, args.break_lock)
         print_summary(manifest, args.output, time.monotonic() - start, built=False)
@@ -115,7 +125,7 @@ def _command(command: str, rest: Sequence[str]) -> int:
     if command == "verify":
         from imagerecords.cli import inspection
 
-        args = _one_folder(command, rest, ["--records"])
+        args = _one_folder(command, rest)
         problems, notes = inspection.verify(args.output, args.records)
         for problem in problems:
             print(problem)
@@ -131,7 +141,20 @@ def _command(command: str, rest: Sequence[str]) -> int:
         p.add_argument("--spec", choices=("tf", "tfrecord", "dali"), default=None,
                        help="print the records' parse spec for tf.io.parse_example, the PyTorch tfrecord "
                             "package's description, or DALI's fn.readers.tfrecord features, and nothing else")
+        lists = p.add_mutually_exclusive_group()
+        lists.add_argument("--files", metavar="SPLIT", default=None,
+                           help="print the current version's shard paths of SPLIT, one per line, and nothing else")
+        lists.add_argument("--glob", metavar="SPLIT", default=None,
+                           help="print the glob that matches exactly the current version's shards of SPLIT")
         args = p.parse_args(rest)
+        if args.spec and (args.files or args.glob):
+            p.error("--spec goes alone, without --files or --glob")
+        if args.files:
+            print("\n".join(inspection.shard_files(args.output, args.files)))
+            return 0
+        if args.glob:
+            print(inspection.shard_glob(args.output, args.glob))
+            return 0
         if args.spec:
             print(inspection.spec(args.output, args.spec))
             return 0
@@ -162,17 +185,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         print(f"imagerecords {__version__}")
         return 0
-    from imagerecords.build import errors
+    from imagerecords.cli.exit_codes import exit_code
+    from imagerecords.pipeline import errors
 
     command, rest = argv[0], argv[1:]
     try:
         return _command(command, rest)
     except errors.Interrupted as e:
         print(f"imagerecords {command}: {e}", file=sys.stderr)
-        return e.exit_code
+        return exit_code(e)
     except errors.BuildError as e:
         print(f"imagerecords {command}: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return exit_code(e)
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", 2)
         print(f"imagerecords {command}: interrupted", file=sys.stderr)

@@ -1,12 +1,13 @@
 """Declared features: the typed contract of what a record holds beyond the image and its class.
 
-One spec drives both sides. The builder checks and encodes each value with `encode` (no TensorFlow,
-deterministic bytes); manifest.json records the spec (`to_json`); the reader parses and decodes by
+One spec drives both sides. The builder checks and encodes each value with `check` and `encode` (no TensorFlow,
+deterministic bytes; each kind's code sits in imagerecords.format.codecs); manifest.json records the spec (`to_json`); the reader parses and decodes by
 it (imagerecords.reader.features), and TFDS's features.json is made from it (`tfds_feature`).
 
 Kinds, by `dtype`:
   image       a path column, read and stored like the main image (`encoding` png, keep or jpeg;
-              `channels` 1, 3 or 4; 8- and 16-bit greyscale kept as they are under png and keep).
+              `channels` 1, 3 or 4; 8- and 16-bit greyscale kept as they are under png and keep); it
+              follows the main image's resize and EXIF rotation unless declared `independent`.
   class_list  several class names (or ids) per row: Int64List of ids; vocabulary `names`, given or
               the sorted names seen in the build.
   string      UTF-8 text (a caption, an id): one BytesList value.
@@ -30,8 +31,12 @@ KINDS = ("image", "class_list", "string") + NUMERIC
 IMAGE_ENCODINGS = ("png", "keep", "jpeg")
 TENSOR_ENCODINGS = ("list", "bytes")
 # Keys the builder writes itself (the schema presets' keys): a declared feature may not take them.
-_INT_RANGE = {"uint8": (0, 255), "int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1), "bool": (0, 1)}
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
+# '/'-separated parts ('image/object/bbox' as tf-models spells keys); a name becomes a file name
+# (TFDS's `<name>.labels.txt`), so no part is empty, '.' or '..' (each starts with a letter, digit or '_').
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*(?:/[A-Za-z0-9_][A-Za-z0-9_.-]*)*")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+# C0, DEL and C1 controls and the line separators: a class name goes on one line of <name>.labels.txt.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class SpecError(ValueError):
@@ -56,6 +61,8 @@ class Feature:
       channels: an image's channel count.
       allow_nan: whether a float tensor may hold NaN or infinities.
       bits: an image's bits per channel, 8 or 16 (16: greyscale PNG only).
+      independent: an image feature of its own size; otherwise it is a per-pixel companion of the
+        main image (a mask) and follows its resize and EXIF rotation.
     """
 
     name: str
@@ -67,6 +74,7 @@ class Feature:
     channels: int = 0
     allow_nan: bool = False
     bits: int = 0
+    independent: bool = False
 
     @property
     def source(self) -> str:
@@ -94,6 +102,8 @@ class Feature:
         if self.dtype == "image":
             out["channels"] = self.channels
             out["bits"] = self.bits
+            if self.independent:
+                out["independent"] = True
         if self.allow_nan:
             out["allow_nan"] = True
         return out
@@ -108,8 +118,10 @@ def from_json(name: str, d: Mapping[str, Any]) -> Feature:
     if not isinstance(d, Mapping):
         raise SpecError(f"feature {name!r}: expected a mapping such as {{dtype: float32, shape: [4]}}, got {d!r}")
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise SpecError(f"feature {name!r}: a name is letters, digits, '_', '.', '/' or '-', not starting with a digit")
-    unknown = sorted(set(d) - {"dtype", "shape", "encoding", "column", "names", "channels", "allow_nan", "bits"})
+        raise SpecError(f"feature {name!r}: a name is '/'-separated parts of letters, digits, '_', '.' and '-', each "
+                        "starting with a letter, digit or '_' (the first with a letter or '_'): it becomes a file name")
+    unknown = sorted(set(d) - {"dtype", "shape", "encoding", "column", "names", "channels", "allow_nan", "bits",
+                               "independent"})
     if unknown:
         raise SpecError(f"feature {name!r}: unknown key(s) {', '.join(unknown)}")
     dtype = d.get("dtype")
@@ -159,7 +171,10 @@ def from_json(name: str, d: Mapping[str, Any]) -> Feature:
     allow_nan = d.get("allow_nan", False)
     if allow_nan not in (True, False) or (allow_nan and dtype not in ("float16", "float32", "float64")):
         raise SpecError(f"feature {name!r}: allow_nan is true or false, and only for float tensors")
-    return Feature(name, dtype, shape, encoding, column, tuple(names), channels, allow_nan, bits)
+    independent = d.get("independent", False)
+    if independent not in (True, False) or (independent and dtype != "image"):
+        raise SpecError(f"feature {name!r}: independent is true or false, and only for image features")
+    return Feature(name, dtype, shape, encoding, column, tuple(names), channels, allow_nan, bits, independent)
 
 
 def _shape(name: str, raw: Any) -> Tuple[Optional[int], ...]:
@@ -232,33 +247,43 @@ def check(feature: Feature, value: Any) -> Any:
             value = []
         else:
             raise ValueProblem(f"feature {name!r}: the row has no value in column {feature.source!r}")
-    if feature.dtype == "image":
-        if not isinstance(value, str):
-            raise ValueProblem(f"feature {name!r}: expected a path to an image file, got {_short(value)}")
-        return value
-    if feature.dtype == "string":
-        if not isinstance(value, str):
-            raise ValueProblem(f"feature {name!r}: expected text, got {_short(value)}")
-        return value
     if isinstance(value, str) and (feature.numeric or feature.dtype == "class_list"):
         value = _from_text(feature, value)
-    if feature.dtype == "class_list":
-        if not isinstance(value, list) or not all(isinstance(v, str) or _is_int(v) for v in value):
-            raise ValueProblem(f"feature {name!r}: expected a list of class names or ids, got {_short(value)}")
-        if value and len({type(v) for v in value}) > 1:
-            raise ValueProblem(f"feature {name!r}: mixes class names and ids: {_short(value)}")
-        for v in value:
-            if _is_int(v) and v < 0:
-                raise ValueProblem(f"feature {name!r}: class id {v} is negative")
-            if isinstance(v, str) and feature.names and v not in feature.names:
-                raise ValueProblem(f"feature {name!r}: class {v!r} is not one of its declared names")
-        return list(value)
-    return _check_tensor(feature, value)
+    from imagerecords.format import codecs
+
+    return codecs.codec(feature).check(feature, value)
+
+
+def surrogate_problem(text: str) -> Optional[str]:
+    """Why `text` cannot be written as UTF-8 (a lone surrogate, as a JSON \\ud800 escape gives), or None."""
+    found = _SURROGATE_RE.search(text)
+    return None if found is None else f"holds a lone surrogate U+{ord(found.group()):04X}, which UTF-8 cannot encode"
+
+
+def _check_class_name(feature: Feature, name: str) -> None:
+    found = _CONTROL_RE.search(name)
+    if found is not None:
+        raise ValueProblem(f"feature {feature.name!r}: class {name!r} holds control character "
+                           f"U+{ord(found.group()):04X}: class names go one per line into {feature.name}.labels.txt, "
+                           "which it would break or shift")
+    problem = surrogate_problem(name)
+    if problem:
+        raise ValueProblem(f"feature {feature.name!r}: class {name!r} {problem}")
+
+
+def past_names(feature: Feature, values: Sequence[Any], count: int) -> None:
+    """Raises ValueProblem for a class id of `values` past a class list's `count` names."""
+    for v in values:
+        if _is_int(v) and v >= count:
+            raise ValueProblem(f"feature {feature.name!r}: class id {v} is outside 0..{count - 1} "
+                               f"(its {count} name{'s' * (count != 1)})")
 
 
 def _from_text(feature: Feature, text: str) -> Any:
     try:
         return json.loads(text)
+    except RecursionError:
+        raise ValueProblem(f"feature {feature.name!r}: a JSON value nested deeper than the parser's limit") from None
     except ValueError:
         if feature.dtype == "class_list":
             return [part for part in text.split("|") if part]
@@ -269,85 +294,29 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _check_tensor(feature: Feature, value: Any) -> "np.ndarray":
-    """The value as an array of the feature's dtype and shape, or ValueProblem naming the feature."""
-    import numpy as np
-
-    name, dtype = feature.name, feature.dtype
-    if isinstance(value, np.ndarray) and value.dtype == _NUMPY[dtype] and len(value.shape) == len(feature.shape) \
-            and all(d is None or d == n for d, n in zip(feature.shape, value.shape)):
-        # A NumPy row of the declared dtype and shape (an arrays build): only finiteness to check.
-        if dtype.startswith("float") and not feature.allow_nan and not np.isfinite(value).all():
-            raise ValueProblem(f"feature {name!r}: a value is not finite (NaN or infinity); declare allow_nan: true to store it")
-        return value
-    try:
-        arr = np.asarray(value)
-    except (ValueError, TypeError):  # numpy refuses ragged nesting
-        raise ValueProblem(f"feature {name!r}: {_short(value)} is a ragged list, not a tensor") from None
-    if arr.size == 0 and feature.shape and feature.shape[0] is None and arr.ndim == 1:
-        if all(d is not None for d in feature.shape[1:]):
-            arr = arr.reshape((0, *feature.shape[1:]))  # [] for [null, 4]: no boxes
-    if arr.dtype.kind not in "biuf" and arr.size:
-        raise ValueProblem(f"feature {name!r}: {_short(value)} is not a number or a list of numbers ({dtype})")
-    dims = arr.shape
-    if len(dims) != len(feature.shape) or any(d is not None and d != n for d, n in zip(feature.shape, dims)):
-        want = "[" + ", ".join("?" if d is None else str(d) for d in feature.shape) + "]"
-        raise ValueProblem(f"feature {name!r}: shape [{', '.join(map(str, dims))}] does not fit the declared {want}")
-    if arr.size == 0:
-        return np.zeros(dims, dtype=_NUMPY[dtype])
-    if dtype == "bool":
-        if arr.dtype.kind != "b" and not np.isin(arr, (0, 1)).all():
-            raise ValueProblem(f"feature {name!r}: {_short(value)} holds values other than true/false or 0/1")
-    elif dtype in _INT_RANGE:
-        if arr.dtype.kind == "f":
-            raise ValueProblem(f"feature {name!r}: {_short(value)} holds non-integers; {dtype} takes integers")
-        low, high = _INT_RANGE[dtype]
-        if int(arr.min()) < low or int(arr.max()) > high:
-            raise ValueProblem(f"feature {name!r}: {_short(value)} is outside {dtype}'s range {low}..{high}")
-    else:
-        if arr.dtype.kind == "b":
-            raise ValueProblem(f"feature {name!r}: {_short(value)} is a bool, not a number ({dtype})")
-        if not feature.allow_nan and not np.isfinite(arr.astype(np.float64)).all():
-            raise ValueProblem(f"feature {name!r}: {_short(value)} is not finite; declare allow_nan: true to store it")
-        if not feature.allow_nan and not np.isfinite(arr.astype(_NUMPY[dtype])).all():
-            raise ValueProblem(f"feature {name!r}: {_short(value)} is outside {dtype}'s range")
-    return arr.astype(_NUMPY[dtype])
-
-
 _NUMPY = {"bool": "bool", "uint8": "u1", "int32": "<i4", "int64": "<i8", "float16": "<f2", "float32": "<f4",
           "float64": "<f8"}
 
 
 def _short(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate as its \\u escape
 
 
 # Encoding: the tf.train.Feature message of a checked value ---------------------------------
 
 
 def encode(feature: Feature, value: Any, vocabulary: Optional[Mapping[str, int]] = None) -> bytes:
-    """Returns the serialized tf.train.Feature of a value `check` accepted (not of an image: the
-    codec prepares those, and `bytes_feature` wraps them).
+    """Returns the serialized tf.train.Feature of a value `check` accepted, by its kind's codec
+    (imagerecords.format.codecs); for an image feature, the image bytes the builder prepared.
 
     Args:
       vocabulary: class name -> id of a class_list feature whose values are names.
     """
-    from imagerecords.format import schema
+    from imagerecords.format import codecs
 
-    if feature.dtype == "string":
-        return schema.bytes_feature(value.encode("utf-8"))
-    if feature.dtype == "class_list":
-        if value and isinstance(value[0], str):
-            if vocabulary is None:
-                raise ValueError(f"feature {feature.name!r}: no vocabulary to map class names to ids")
-            value = [vocabulary[v] for v in value]
-        return schema.int64_list_feature(value)
-    if feature.encoding == "bytes":
-        return schema.bytes_feature(value.tobytes())
-    if feature.dtype in ("float16", "float32"):
-        return schema.float_list_feature(value.astype("<f4").ravel().tobytes())
-    return schema.int64_list_feature([int(v) for v in value.ravel().tolist()])
+    return codecs.codec(feature).encode(feature, value, vocabulary)
 
 
 def vocabulary_of(names: Sequence[str]) -> Dict[str, int]:
@@ -393,7 +362,7 @@ def stored(manifest) -> Tuple[Feature, ...]:
 
     declared = specs_from_json(manifest.features)
     k = schema.keys(manifest.schema)
-    if any(f.name == k.image for f in declared):
+    if declared_only(manifest):
         return declared
     if manifest.image_encoding == "jpeg":
         image = Feature(k.image, "image", encoding="jpeg", channels=3, bits=8)
@@ -405,6 +374,15 @@ def stored(manifest) -> Tuple[Feature, ...]:
                Feature(k.filename, "string"), Feature(k.height, "int64"), Feature(k.width, "int64")]
     implied += [Feature(key, "string") for key in (k.image_format, k.label_text) if key]
     return tuple(sorted([*implied, *declared], key=lambda f: f.name))
+
+
+def declared_only(manifest) -> bool:
+    """Whether the records hold the declared features and nothing else: an arrays build's (older
+    manifests say so only by declaring the preset's image or label, which no other build may)."""
+    from imagerecords.format import schema
+
+    k = schema.keys(manifest.schema)
+    return manifest.features_only or k.image in manifest.features or k.label in manifest.features
 
 
 def image_summary(image_kinds: Mapping[str, int]) -> Tuple[str, int, int]:
@@ -526,27 +504,36 @@ def to_numpy(feature: Feature, values: Sequence[Any]) -> Any:
     Raises:
       ValueError: the values do not fit the feature (wrong kind, or not filling its shape).
     """
+    from imagerecords.format import codecs
+
+    if feature.dtype == "image":
+        raise ValueError(f"feature {feature.name!r}: a {feature.dtype} feature is decoded by its image codec")
+    return codecs.codec(feature).to_numpy(feature, values)
+
+
+def image_to_numpy(feature: Feature, data: bytes, height: int = 0, width: int = 0) -> "np.ndarray":
+    """One stored image of an image feature as NumPy [H, W, C], as reader.as_dataset decodes it: uint8
+    (uint16 for 16 bits) with the feature's channels; a raw image (--image_encoding raw) float32,
+    shaped by the record's height and width.
+
+    Raises:
+      ValueError: raw bytes that do not fill height x width, or bytes no decoder reads.
+    """
+    import io
+
     import numpy as np
 
-    if feature.dtype == "string":
-        if len(values) != 1 or not isinstance(values[0], bytes):
-            raise ValueError(f"feature {feature.name!r}: expected one bytes value, got {len(values)} values")
-        return values[0].decode("utf-8")
-    if feature.dtype == "class_list":
-        return np.asarray(values, dtype=np.int64)
-    if not feature.numeric:
-        raise ValueError(f"feature {feature.name!r}: a {feature.dtype} feature is decoded by its image codec")
-    dtype = np.dtype(_NUMPY[feature.dtype])
-    if feature.encoding == "bytes":
-        if len(values) != 1 or not isinstance(values[0], bytes):
-            raise ValueError(f"feature {feature.name!r}: expected one bytes value, got {len(values)} values")
-        if len(values[0]) % dtype.itemsize:
-            raise ValueError(f"feature {feature.name!r}: {len(values[0])} bytes are not a whole number of "
-                             f"{feature.dtype} values")
-        flat = np.frombuffer(values[0], dtype)
-    else:
-        flat = np.asarray(values, dtype=dtype)
-    try:
-        return flat.reshape(tuple(-1 if d is None else d for d in feature.shape))
-    except ValueError:
-        raise ValueError(f"feature {feature.name!r}: {flat.size} values do not fill {describe(feature)}") from None
+    if feature.encoding == "raw":
+        pixels = np.frombuffer(data, "<f4")
+        if not height or not width or pixels.size % (height * width):
+            raise ValueError(f"feature {feature.name!r}: {pixels.size} raw values do not fill {height} x {width}")
+        return pixels.reshape(height, width, -1)
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        # The builder stores the declared channels; a palette image's values are its indices (a mask's ids).
+        if feature.bits != 16 and img.mode != "P" and len(img.getbands()) != feature.channels \
+                and feature.channels in (1, 3, 4):
+            img = img.convert({1: "L", 3: "RGB", 4: "RGBA"}[feature.channels])
+        array = np.array(img, dtype=np.uint16 if feature.bits == 16 else np.uint8)
+    return array[:, :, None] if array.ndim == 2 else array

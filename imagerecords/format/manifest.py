@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+from imagerecords.format.paths import inside_problem, join, segment_problem
 
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
@@ -14,7 +16,7 @@ DUPLICATES = "duplicates.jsonl"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 
-# Names inside an output folder that belong to the publish protocol (imagerecords.build.publish). They
+# Names inside an output folder that belong to the publish protocol (imagerecords.pipeline.publish). They
 # live here, in a module without Beam or TensorFlow, so the reader can name them in its errors.
 STAGING = ".imagerecords-staging"  # one folder per build inside, named by its build id
 # Each published build's shards live in a folder of their own, `v-<build id>`: a rebuild never
@@ -26,6 +28,18 @@ LOCK = ".imagerecords.lock"
 
 class ManifestError(ValueError):
     """manifest.json is not a manifest this version can read; the message names the file and why."""
+
+
+class NotPublished(FileNotFoundError):
+    """A folder holds no manifest.json; the message says whether an unfinished build is there.
+
+    Attributes:
+      unfinished: True when the folder holds a staging area (a build that did not publish).
+    """
+
+    def __init__(self, message: str, unfinished: bool):
+        super().__init__(message)
+        self.unfinished = unfinished
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +86,15 @@ class Shard:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Shard":
+        """Reads a shard's row (a manifest's, a staged record's, a build's results).
+
+        Raises:
+          ManifestError: when its file or index file name would lead outside the dataset folder.
+        """
+        if "filename" in d:
+            _check_inside("shard file name", d["filename"])
+        if d.get("index_file") is not None:
+            _check_inside("index file name", d["index_file"])
         return cls(index=int(d["index"]), filename=str(d["filename"]), count=int(d["count"]),
                    num_bytes=int(d["num_bytes"]), sha256=str(d["sha256"]),
                    labels=tuple(sorted((int(k), int(v)) for k, v in dict(d.get("labels") or {}).items())),
@@ -138,6 +161,11 @@ class Manifest:
         files lie directly in the folder); the next build's retention counts from this list.
       features: the declared features each record holds besides the schema preset's keys,
         {name: imagerecords.format.features.Feature.to_json()} (a class_list's names filled in).
+      features_only: the records hold `features` and nothing else, none of the schema preset's own
+        keys (an arrays build, which may store no image at all).
+      listed_folders: {version: the folders its manifest lists} for this version and the kept ones,
+        when one lists another folder than its own (an append shares the previous shards); the
+        retention keeps every folder named here. Empty otherwise.
     """
 
     name: str
@@ -160,6 +188,8 @@ class Manifest:
     previous_versions: Tuple[str, ...] = ()
     features: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     image_encoding: str = "jpeg"
+    features_only: bool = False
+    listed_folders: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def num_examples(self) -> int:
@@ -221,6 +251,9 @@ class Manifest:
             **({"features": {k: dict(v) for k, v in sorted(self.features.items())}} if self.features else {}),
             # Written only when not 'jpeg', so a default build's manifest keeps its bytes.
             **({"image_encoding": self.image_encoding} if self.image_encoding != "jpeg" else {}),
+            **({"features_only": True} if self.features_only else {}),
+            **({"listed_folders": {k: list(v) for k, v in sorted(self.listed_folders.items())}}
+               if self.listed_folders else {}),
         }
 
     def dumps(self) -> bytes:
@@ -244,21 +277,43 @@ class Manifest:
             splits = tuple(
                 Split(name, tuple(sorted((Shard.from_json(s) for s in entry["shards"]), key=lambda s: s.index)))
                 for name, entry in sorted(dict(d["splits"]).items()))
-            return cls(name=str(d["name"]), schema=str(d["schema"]), label_names=tuple(map(str, d["label_names"])),
-                       label_offset=int(d.get("label_offset", 0)), integer_labels=bool(d.get("integer_labels", False)),
-                       seed=int(d.get("seed", 0)), parameters=dict(d.get("parameters") or {}), splits=splits,
-                       num_rejected=int(d.get("num_rejected", 0)), num_skipped=int(d.get("num_skipped", 0)),
-                       versions=dict(d.get("versions") or {}), created=d.get("created"),
-                       errors_file=str(d.get("errors_file", ERRORS)),
-                       num_duplicate_groups=int(d.get("num_duplicate_groups", -1)),
-                       num_leaking_groups=int(d.get("num_leaking_groups", 0)),
-                       num_label_conflicts=int(d.get("num_label_conflicts", 0)),
-                       version=d.get("version") or None,
-                       previous_versions=tuple(map(str, d.get("previous_versions") or ())),
-                       features=dict(d.get("features") or {}),
-                       image_encoding=str(d.get("image_encoding") or "jpeg"))
+            manifest = cls(name=str(d["name"]), schema=str(d["schema"]), label_names=tuple(map(str, d["label_names"])),
+                           label_offset=int(d.get("label_offset", 0)),
+                           integer_labels=bool(d.get("integer_labels", False)),
+                           seed=int(d.get("seed", 0)), parameters=dict(d.get("parameters") or {}), splits=splits,
+                           num_rejected=int(d.get("num_rejected", 0)), num_skipped=int(d.get("num_skipped", 0)),
+                           versions=dict(d.get("versions") or {}), created=d.get("created"),
+                           errors_file=str(d.get("errors_file", ERRORS)),
+                           num_duplicate_groups=int(d.get("num_duplicate_groups", -1)),
+                           num_leaking_groups=int(d.get("num_leaking_groups", 0)),
+                           num_label_conflicts=int(d.get("num_label_conflicts", 0)),
+                           version=d.get("version") or None,
+                           previous_versions=tuple(map(str, d.get("previous_versions") or ())),
+                           features=dict(d.get("features") or {}),
+                           image_encoding=str(d.get("image_encoding") or "jpeg"),
+                           features_only=d.get("features_only") is True,
+                           listed_folders={str(k): tuple(map(str, v))
+                                           for k, v in dict(d.get("listed_folders") or {}).items()})
+            # Names that readers, TFDS's filepathTemplate or the commit turn into paths.
+            _check_inside("errors_file", d.get("errors_file", ERRORS))
+            for name in d.get("features") or {}:
+                _check_inside("feature name", name)
+            _check_inside("dataset name", d["name"], one_part=True)
+            for split in d["splits"]:
+                _check_inside("split name", split, one_part=True)
+            if d.get("version"):
+                _check_inside("version", d["version"], one_part=True)
+            for version, folders in manifest.listed_folders.items():
+                for folder in (version, *folders):
+                    _check_inside("listed folder", folder, one_part=True)
+            for previous in d.get("previous_versions") or ():
+                if previous != FLAT_LAYOUT:
+                    _check_inside("previous version", previous, one_part=True)
+            return manifest
         except KeyError as e:
             raise ManifestError(f"{source}: missing field {e.args[0]!r}") from None
+        except ManifestError as e:
+            raise ManifestError(f"{source}: {e}") from None
         except (TypeError, ValueError, AttributeError) as e:
             raise ManifestError(f"{source}: malformed ({type(e).__name__}: {e})") from None
 
@@ -274,6 +329,39 @@ class Manifest:
         except (UnicodeDecodeError, ValueError) as e:
             raise ManifestError(f"{source}: not valid JSON ({e})") from None
         return cls.from_json(parsed, source)
+
+
+def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool]) -> Manifest:
+    """Reads `folder`/manifest.json: the one loader behind every reader, verify and the report.
+
+    Each caller brings its own file access (plain files, TensorFlow's gfile, Beam's filesystems,
+    google-cloud-storage), so the reader side needs none of the builder's.
+
+    Args:
+      folder: the dataset folder.
+      read: returns a file's bytes; raises FileNotFoundError when it is not there.
+      exists: whether a path exists (asked of the staging area only when there is no manifest).
+
+    Raises:
+      NotPublished: when there is no manifest.json (the message says whether an unfinished build
+        is there, and how to finish or clear it).
+      ManifestError: when the manifest is unreadable.
+    """
+    path = join(folder, MANIFEST)
+    try:
+        data = read(path)
+    except FileNotFoundError:
+        if exists(join(folder, STAGING)):
+            raise NotPublished(unfinished_hint(folder), unfinished=True) from None
+        raise NotPublished(no_manifest_hint(folder), unfinished=False) from None
+    return Manifest.loads(data, path)
+
+
+def _check_inside(what: str, name: Any, one_part: bool = False) -> None:
+    problem = segment_problem(name) if one_part else inside_problem(name)
+    if problem:
+        raise ManifestError(f"{what} {name!r} {problem}; every name in a manifest stays inside the dataset "
+                            "folder (this one was altered, or not written by imagerecords)")
 
 
 def dumps(obj: object) -> bytes:

@@ -1,16 +1,23 @@
-"""TFRecord framing: length, masked crc32c, data, masked crc32c — written without TensorFlow."""
+"""TFRecord frames and their index files: the one place that writes, checks, scans and indexes them, without TensorFlow.
+
+Every reader (tf.data, the resumable order, PyTorch), `verify` and the report frame and index
+through this module, so a frame or an index file passes the same checks wherever it is read.
+"""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import struct
-from typing import BinaryIO, Iterable, Iterator, List, Sequence, Tuple
+from typing import BinaryIO, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import google_crc32c
 
 _MASK_DELTA = 0xA282EAD8
+FRAME_HEADER = 8 + 4  # uint64 length + masked crc32c of the length
+FRAME_FOOTER = 4  # masked crc32c of the data
 # Bytes a frame adds around its record: uint64 length, its masked crc32c, and the data's crc32c.
-FRAME_OVERHEAD = 8 + 4 + 4
+FRAME_OVERHEAD = FRAME_HEADER + FRAME_FOOTER
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -27,8 +34,38 @@ def frame(record: bytes) -> bytes:
     )
 
 
+def crc32c_text(checksum: "google_crc32c.Checksum") -> str:
+    """A crc32c as GCS shows it in an object's metadata: base64 of the big-endian 4 bytes."""
+    return base64.b64encode(checksum.digest()).decode("ascii")
+
+
+def crc32c_of(data: bytes) -> str:
+    """The crc32c of a whole file's bytes, as GCS shows it (crc32c_text)."""
+    return crc32c_text(google_crc32c.Checksum(data))
+
+
+def frame_equal(frames: "np.ndarray") -> None:
+    """Frames records of one length in place: `frames` is a (rows, FRAME_HEADER + length +
+    FRAME_FOOTER) uint8 array whose middle holds the records; fills each row's header and footer
+    with the bytes `frame` gives for that record."""
+    import numpy as np
+
+    rows, width = frames.shape
+    size = width - FRAME_OVERHEAD
+    length = struct.pack("<Q", size)
+    frames[:, :8] = np.frombuffer(length, np.uint8)
+    frames[:, 8:FRAME_HEADER] = np.frombuffer(struct.pack("<I", masked_crc32c(length)), np.uint8)
+    data = frames.tobytes()  # the C crc32c takes bytes only, not a view
+    value = google_crc32c.value
+    crcs = np.fromiter((value(data[i:i + size]) for i in range(FRAME_HEADER, rows * width, width)), np.uint64, rows)
+    masked = (((crcs >> 15) | (crcs << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+    frames[:, FRAME_HEADER + size:] = masked.astype("<u4").view(np.uint8).reshape(rows, FRAME_FOOTER)
+
+
 class RecordWriter:
-    """Writes framed records to a binary stream while keeping a count, byte size and sha256.
+    """Writes framed records to a binary stream while keeping a count, byte size, sha256 and the
+    whole file's crc32c (the checksum GCS keeps for every object, so a commit can compare without
+    reading the object back).
 
     Attributes:
       count: records written so far.
@@ -39,6 +76,7 @@ class RecordWriter:
     def __init__(self, stream: BinaryIO):
         self._stream = stream
         self._sha = hashlib.sha256()
+        self._crc = google_crc32c.Checksum()
         self.count = 0
         self.num_bytes = 0
         self.offsets: List[int] = []
@@ -47,12 +85,28 @@ class RecordWriter:
         data = frame(record)
         self._stream.write(data)
         self._sha.update(data)
+        self._crc.update(data)
         self.offsets.append(self.num_bytes)
         self.count += 1
         self.num_bytes += len(data)
 
+    def write_framed(self, data: bytes, lengths: Sequence[int]) -> None:
+        """Writes records already framed back to back (frame_equal's rows); `lengths` are their frame sizes."""
+        self._stream.write(data)
+        self._sha.update(data)
+        self._crc.update(data if isinstance(data, bytes) else bytes(data))  # the C crc32c takes bytes only
+        at = self.num_bytes
+        for length in lengths:
+            self.offsets.append(at)
+            at += length
+        self.count += len(lengths)
+        self.num_bytes = at
+
     def sha256(self) -> str:
         return self._sha.hexdigest()
+
+    def crc32c(self) -> str:
+        return crc32c_text(self._crc)
 
     @property
     def lengths(self) -> List[int]:
@@ -97,18 +151,193 @@ def parse_index(data: bytes, name: str = "<index>") -> List[Tuple[int, int]]:
     return entries
 
 
+class IndexFileError(ValueError):
+    """An index file is not the one manifest.json lists for its shard; its shard may be healthy."""
+
+
+# What every reader says after an index file's problem: the shard is not blamed.
+INDEX_MEND = "it is not the index this manifest lists (rebuild the dataset with --overwrite --write_index)"
+
+
+def index_problems(data: bytes, name: str, *, count: int, num_bytes: int,
+                   sha256: Optional[str] = None) -> Tuple[List[Tuple[int, int]], List[str]]:
+    """Checks index file bytes against what manifest.json says of its shard.
+
+    The checks: the sha256 (when the manifest records one), every line '<offset> <length>', the
+    entry count against the shard's record count, and the entries' end against the shard's size.
+
+    Args:
+      data: the index file's bytes.
+      name: its path, for the messages.
+      count, num_bytes, sha256: the shard's record count and size, and the index's digest, from
+        manifest.json.
+
+    Returns:
+      (entries, problems): the (offset, frame length) entries parsed (empty when a line is not
+      one), and each problem found, as a phrase without the file name.
+    """
+    problems = []
+    if sha256 and hashlib.sha256(data).hexdigest() != sha256:
+        problems.append("its sha256 differs from manifest.json's")
+    try:
+        entries = parse_index(data, name)
+    except ValueError as e:
+        return [], problems + [str(e)[len(name) + 2:]]
+    if len(entries) != count:
+        problems.append(f"it lists {len(entries)} records, manifest.json says {count} for its shard")
+    end = entries[-1][0] + entries[-1][1] if entries else 0
+    if end != num_bytes:
+        problems.append(f"its records end at byte {end}, manifest.json says its shard is {num_bytes} bytes")
+    return entries, problems
+
+
+def load_index(data: bytes, name: str, *, count: int, num_bytes: int,
+               sha256: Optional[str] = None) -> List[Tuple[int, int]]:
+    """The (offset, frame length) entries of an index file that passes every check of index_problems.
+
+    Raises:
+      IndexFileError: naming the file, its first problem, and how to mend it.
+    """
+    entries, problems = index_problems(data, name, count=count, num_bytes=num_bytes, sha256=sha256)
+    if problems:
+        raise IndexFileError(f"index file {name}: {problems[0]}; {INDEX_MEND}")
+    return entries
+
+
+def unpack_header(header: bytes) -> Optional[int]:
+    """The record length a 12-byte frame header holds, or None when it is short or its checksum fails."""
+    if len(header) < FRAME_HEADER:
+        return None
+    length_bytes = header[:8]
+    if masked_crc32c(length_bytes) != struct.unpack("<I", header[8:FRAME_HEADER])[0]:
+        return None
+    return struct.unpack("<Q", length_bytes)[0]
+
+
+def data_ok(record: bytes, footer: bytes) -> bool:
+    """Whether `footer` (a frame's last 4 bytes) is the masked crc32c of `record`."""
+    return len(footer) == FRAME_FOOTER and masked_crc32c(record) == struct.unpack("<I", footer)[0]
+
+
+def check_frame(data: bytes, pos: int) -> Optional[int]:
+    """Returns the record length of the frame at `pos` of `data` when both checksums hold, else None."""
+    length = unpack_header(data[pos:pos + FRAME_HEADER])
+    if length is None:
+        return None
+    end = pos + FRAME_HEADER + length
+    if end + FRAME_FOOTER > len(data) or not data_ok(data[pos + FRAME_HEADER:end], data[end:end + FRAME_FOOTER]):
+        return None
+    return length
+
+
+def next_frame(data: bytes, pos: int) -> int:
+    """Returns the first offset >= pos where a whole frame checks out, or len(data)."""
+    while pos + FRAME_HEADER <= len(data):
+        if check_frame(data, pos) is not None:
+            return pos
+        pos += 1
+    return len(data)
+
+
+def salvage(data: bytes, start: int = 0) -> Iterator[Tuple[int, Optional[bytes], Optional[str]]]:
+    """Yields (record index, record, None) for each good frame of `data` after its first `start`
+    frames, and (index, None, problem) for each stretch that fails its checks.
+
+    A frame whose length checksum holds but whose data checksum fails is one bad record. After a
+    bad length checksum or a truncation the next frame's position is unknown, so the scan resumes
+    at the next offset where a whole frame checks out, counting the lost stretch as one record.
+    """
+    pos = 0
+    for _ in range(start):  # frames already read (and checked) by the caller
+        length = unpack_header(data[pos:pos + FRAME_HEADER])
+        if length is None:
+            return
+        pos += length + FRAME_OVERHEAD
+    index = start
+    while pos < len(data):
+        length = check_frame(data, pos)
+        if length is not None:
+            yield index, data[pos + FRAME_HEADER:pos + FRAME_HEADER + length], None
+            pos += length + FRAME_OVERHEAD
+        else:
+            length = unpack_header(data[pos:pos + FRAME_HEADER])
+            if length is not None and pos + length + FRAME_OVERHEAD <= len(data):
+                yield index, None, f"data checksum fails at byte {pos}"
+                pos += length + FRAME_OVERHEAD
+            else:
+                yield index, None, f"bad or truncated frame at byte {pos}"
+                pos = next_frame(data, pos + 1)
+        index += 1
+
+
+def record_of_frame(frame: bytes, length: int, where: str, mend: str = "") -> bytes:
+    """The record of `frame` (read at an index entry of frame `length` bytes), both checksums checked.
+
+    Raises:
+      CorruptRecordError: `where` (the shard and the frame's byte offset), what failed, and `mend`.
+    """
+    if len(frame) != length:
+        raise CorruptRecordError(f"{where}: read {len(frame)} of its {length} bytes; the file is shorter" + mend)
+    size = unpack_header(frame)
+    if size is None:
+        raise CorruptRecordError(f"{where}: bad length checksum" + mend)
+    if size + FRAME_OVERHEAD != length:
+        raise CorruptRecordError(f"{where}: the frame holds {size} bytes, the index says {length - FRAME_OVERHEAD}"
+                                 + mend)
+    record = frame[FRAME_HEADER:FRAME_HEADER + size]
+    if not data_ok(record, frame[FRAME_HEADER + size:]):
+        raise CorruptRecordError(f"{where}: bad data checksum" + mend)
+    return record
+
+
+def scan_headers(stream: BinaryIO, count: int) -> List[Tuple[int, int]]:
+    """(offset, frame length) of the first `count` frames of a seekable stream, reading only their
+    12-byte headers; stops early at a header whose checksum fails or at the end of the file."""
+    out: List[Tuple[int, int]] = []
+    pos = 0
+    for _ in range(count):
+        stream.seek(pos)
+        length = unpack_header(stream.read(FRAME_HEADER))
+        if length is None:
+            break
+        out.append((pos, length + FRAME_OVERHEAD))
+        pos += length + FRAME_OVERHEAD
+    return out
+
+
+def scan_frames(data: bytes, name: str = "<shard>") -> List[Tuple[int, int]]:
+    """(offset, frame length) of every frame of a whole shard's bytes, which must end with its last frame.
+
+    Raises:
+      CorruptRecordError: naming `name` and the byte of the first bad header, or a last frame
+        that runs past the end.
+    """
+    entries, pos = [], 0
+    while pos < len(data):
+        length = unpack_header(data[pos:pos + FRAME_HEADER])
+        if length is None:
+            raise CorruptRecordError(f"{name}: bad or truncated record header at byte {pos}")
+        entries.append((pos, length + FRAME_OVERHEAD))
+        pos += length + FRAME_OVERHEAD
+    if pos != len(data):
+        raise CorruptRecordError(f"{name}: the last record runs past the end of the file")
+    return entries
+
+
 class HashingReader:
-    """Wraps a binary stream; keeps the byte count and sha256 of everything read through it, so a
-    shard can be checked and parsed in one streaming pass."""
+    """Wraps a binary stream; keeps the byte count, sha256 and crc32c of everything read through it,
+    so a shard can be checked and parsed in one streaming pass."""
 
     def __init__(self, stream: BinaryIO):
         self._stream = stream
         self._sha = hashlib.sha256()
+        self._crc = google_crc32c.Checksum()
         self.num_bytes = 0
 
     def read(self, size: int = -1) -> bytes:
         data = self._stream.read(size)
         self._sha.update(data)
+        self._crc.update(data)
         self.num_bytes += len(data)
         return data
 
@@ -121,33 +350,42 @@ class HashingReader:
     def sha256(self) -> str:
         return self._sha.hexdigest()
 
+    def crc32c(self) -> str:
+        return crc32c_text(self._crc)
+
 
 class CorruptRecordError(ValueError):
     """A TFRecord frame failed its length or data checksum."""
+
+
+# What a damaged file's owner can do: the bytes themselves are gone.
+_MEND = "restore the file from a copy, or rebuild the dataset"
 
 
 def read_records(stream: BinaryIO, name: str = "<stream>") -> Iterator[bytes]:
     """Yields the records of a TFRecord stream, checking both checksums.
 
     Raises:
-      CorruptRecordError: naming `name` and the byte offset of the bad frame.
+      CorruptRecordError: naming `name`, the bad frame's record number and byte offset, and the damaged byte range.
     """
-    offset = 0
+    offset = index = 0
     while True:
-        header = stream.read(12)
+        header = stream.read(FRAME_HEADER)
         if not header:
             return
-        if len(header) < 12:
+        if len(header) < FRAME_HEADER:
             raise CorruptRecordError(f"{name}: truncated record header at byte {offset}")
-        length_bytes, crc = header[:8], struct.unpack("<I", header[8:])[0]
-        if masked_crc32c(length_bytes) != crc:
-            raise CorruptRecordError(f"{name}: bad length checksum at byte {offset}")
-        (length,) = struct.unpack("<Q", length_bytes)
-        body = stream.read(length + 4)
-        if len(body) < length + 4:
+        length = unpack_header(header)
+        if length is None:
+            raise CorruptRecordError(f"{name}: record {index} at byte {offset}: bad length checksum (its header, bytes "
+                                     f"{offset} to {offset + 11}, changed; later records cannot be found): {_MEND}")
+        body = stream.read(length + FRAME_FOOTER)
+        if len(body) < length + FRAME_FOOTER:
             raise CorruptRecordError(f"{name}: truncated record at byte {offset}")
         record = body[:length]
-        if masked_crc32c(record) != struct.unpack("<I", body[length:])[0]:
-            raise CorruptRecordError(f"{name}: bad data checksum at byte {offset}")
+        if not data_ok(record, body[length:]):
+            raise CorruptRecordError(f"{name}: record {index} at byte {offset}: bad data checksum (its data, bytes "
+                                     f"{offset + 12} to {offset + 11 + length}, changed after it was written): {_MEND}")
         yield record
         offset += 12 + length + 4
+        index += 1

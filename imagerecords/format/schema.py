@@ -131,6 +131,16 @@ def example_of(small: Mapping[str, bytes], large_key: Optional[str] = None, larg
     return b"".join([_header(1, sum(map(len, parts))), *parts])
 
 
+def example_entry(name: str, feature: bytes) -> bytes:
+    """One {key: Feature} entry of an Example's feature map, as example_of writes it."""
+    return _field(1, _field(1, name.encode("utf-8")) + _field(2, feature))
+
+
+def example_header(body_length: int) -> bytes:
+    """What example_of writes before the entries, for entries of `body_length` bytes in all."""
+    return _header(1, body_length)
+
+
 # Protocol-buffer wire format, just what tf.train.Example needs. Writing and reading it here keeps
 # TensorFlow (hundreds of MB and seconds of import per process) out of the Beam workers and the
 # report; tests check both directions against TensorFlow's own messages.

@@ -24,6 +24,11 @@ PreprocessFn = Callable[[Any, int, Any], Any]
 class ReadConfig:
     """How make_dataset reads. None means "the usual choice for training or evaluation".
 
+    make_dataset reads one order, the resumable one (imagerecords.reader.resume), unless `cache`
+    is set: shuffle_files, shuffle_buffer, cycle_length and block_length shape only the cache
+    pipeline's interleave and buffer; for the one order they only say whether it shuffles
+    (shuffle_files=False with shuffle_buffer=0 reads the split in shard order).
+
     Attributes:
       shuffle_files: shuffle the order of this host's shards each epoch (seeded). None: when training.
       shuffle_buffer: records in the shuffle buffer; 0 turns it off. None: 10_000 when training,
@@ -56,7 +61,8 @@ class ReadConfig:
       with_filename: yield (images, labels, filenames) instead of (images, labels).
       cache: keep one epoch of this host's serialized records after the first epoch: True in
         memory, a path string on disk. Later epochs keep the first epoch's shard order but are still
-        shuffled by the buffer, and crops are drawn afresh.
+        shuffled by the buffer, and crops are drawn afresh. It reads through the streaming interleave
+        pipeline (the former default order), not the one resumable order, and takes no start_step.
       repeat: epochs to yield; -1 repeats forever. None: forever when training, once otherwise.
       drop_remainder: drop a last, smaller batch. None: True when training, False otherwise.
       prefetch: batches to prefetch; -1 is AUTOTUNE, 0 turns it off.

@@ -2,28 +2,62 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import logging
+import numbers
 import random
-from typing import Iterator, List, Optional, Tuple, Union
+import threading
+import time
+from typing import Iterator, List, Optional, Union
 
+import numpy as np
 import tensorflow as tf
 
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
 from imagerecords.reader import config as config_lib
 from imagerecords.reader import formats as formats_lib
-from imagerecords.reader import hosts as hosts_lib
 from imagerecords.reader import preprocess as preprocess_lib
 from imagerecords.reader import resume as resume_lib
 from imagerecords.reader.config import ReadConfig
 from imagerecords.reader.info import DatasetInfo, load_info, missing_files
+from imagerecords.reader.meta import examples_consumed, label_names, steps_per_epoch  # noqa: F401
+from imagerecords.reader.meta import host_plan as _plan
 from imagerecords.reader.shards import ReadStats, shard_records
 
 log = logging.getLogger("imagerecords.reader")
 
 PAD_LABEL = -1  # label of the padding elements the "pad" host remainder policy adds
+
+
+class _PythonStages:
+    """The resumable order's Python calls (epoch orders, record reads) in flight, and a stop at exit.
+
+    A tf.data thread that calls Python after the interpreter began to finalize never returns, and
+    the iterator's destructor then waits for it forever (the process hangs after its last line).
+    So the pipeline holds no Python finalizer (no from_generator), and at exit the calls return at
+    once, the epochs end, and the exit waits until none has run for a moment: the prefetching
+    stages fill up and stop before the destructor runs.
+    """
+
+    def __init__(self):
+        self.stopping = threading.Event()
+        self.last_call = time.monotonic()
+        atexit.register(self.drain)
+
+    def touch(self) -> None:
+        self.last_call = time.monotonic()
+
+    def drain(self, quiet: float = 0.2, limit: float = 5.0) -> None:
+        self.stopping.set()
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and time.monotonic() - self.last_call < quiet:
+            time.sleep(0.02)  # sleeping releases the GIL: waiting calls run, see the stop and return
+
+
+_PYTHON = _PythonStages()
 
 
 def make_dataset(
@@ -59,10 +93,11 @@ def make_dataset(
                                        image_size=224, training=True, seed=0, input_context=ctx)
         dist = strategy.distribute_datasets_from_function(dataset_fn)
 
-    Stages: the split's shards from manifest.json (missing ones named in the error) -> this host's
-    share (see imagerecords.reader.hosts) -> shard order shuffled per epoch -> interleave of
-    TFRecordDatasets -> the same record count on every host -> cache -> repeat -> shuffle buffer ->
-    parse (schema preset from the manifest) and decode/preprocess in parallel -> batch -> prefetch.
+    Stages: the split's shards from manifest.json (missing ones named in the error) -> the epoch's
+    seeded global order of positions (blocks of records permuted, then windows) -> this host's
+    positions -> records read at their offsets -> parse (schema preset from the manifest) and
+    decode/preprocess in parallel -> batch -> prefetch. With config.cache: this host's shards ->
+    shard order shuffled per epoch -> interleave -> cache -> repeat -> shuffle buffer -> the same.
 
     Args:
       path: dataset folder (local or gs://) or its DatasetInfo.
@@ -81,12 +116,13 @@ def make_dataset(
       stats: a ReadStats to fill with the host plan and the counts of skipped and extra records.
       start_step: resume after this many batches of an earlier run with the same seed, host count
         and batch_size: yields exactly that run's batches from step `start_step` on, across epoch
-        boundaries, images (crops and flips) included. Giving start_step or start_example (0 for
-        a fresh run) selects the resumable order (imagerecords.reader.resume): one global order
-        per epoch that depends on the seed and the epoch only, consumed by the hosts in turn, read
-        record by record at known offsets, so no record before the start is read. A run resumed
-        with start_step must have started with start_step=0 (the default path's order differs).
-        Each host yields steps_per_epoch(..., resumable=True) * batch_size records per epoch.
+        boundaries, images (crops and flips) included. Every call reads the resumable order
+        (imagerecords.reader.resume): one global order per epoch that depends on the seed and the
+        epoch only, consumed by the hosts in turn, read record by record at known offsets, so no
+        record before the start is read; start_step and start_example only say where to start
+        (None for both: step 0). A run started without them resumes with start_step=k. The one
+        exception is config.cache, which keeps the interleave pipeline and takes no start.
+        Each host yields steps_per_epoch(...) * batch_size records per epoch.
       start_example: resume at this global example count on any host count: epoch e begins at
         e * num_examples, and after s steps of a run on H hosts with batch B the count is
         examples_consumed(path, split, s, B, num_hosts=H) (within an epoch, s * B * H). The hosts
@@ -110,6 +146,9 @@ def make_dataset(
     problems += _resume_problems(start_step, start_example, config, seed, r)
     if problems:
         raise ValueError("make_dataset: " + "; ".join(problems))
+    # A NumPy int (a restored step counter) counts like a Python one.
+    start_step = None if start_step is None else int(start_step)
+    start_example = None if start_example is None else int(start_example)
     info = load_info(path)
     if info.manifest.image_encoding == "raw":
         raise ValueError(f"make_dataset: {info.path} was built with --image_encoding raw (float32 pixels, which "
@@ -130,7 +169,9 @@ def make_dataset(
     if stats is None:
         stats = ReadStats()
     stats.plan = plan
-    resumable = start_step is not None or start_example is not None
+    resumable = _reads_resumable(config, start_step, start_example)
+    if resumable and start_example is None and start_step is None:
+        start_step = 0
     per_host, dropped, padded = plan.records_per_epoch, plan.dropped_total, plan.padded_total
     if resumable:  # the resumable order deals positions, not shards: its own counts
         total = split_info.num_examples
@@ -149,7 +190,7 @@ def make_dataset(
     if resumable:
         # (stream index, serialized record) of the global order's positions this host takes
         records = _resumable_records(split_info, seed, n_hosts, host, r, config, stats, batch_size,
-                                     start_step, start_example)
+                                     start_step, start_example, info.path)
         may_pad = (r.host_remainder == "pad" and n_hosts > 1) or config.corrupt_records == "skip"
         decode = _decoder(info, image_size, config, r, _derive(seed, -1, "augment"), may_pad)
         examples = records.map(decode, num_parallel_calls=config.num_parallel_calls, deterministic=True)
@@ -190,6 +231,12 @@ def make_dataset(
     return _finish(examples, batch_size, config, r, r.deterministic)
 
 
+def _reads_resumable(config: ReadConfig, start_step: Optional[int], start_example: Optional[int]) -> bool:
+    """One order: the resumable one, from step 0 when no start is given; only cache keeps the
+    interleave pipeline (it replays the first epoch's order, which no step count can resume)."""
+    return start_step is not None or start_example is not None or not config.cache
+
+
 def _finish(examples: tf.data.Dataset, batch_size: int, config: ReadConfig, r: config_lib.Resolved,
             deterministic: bool) -> tf.data.Dataset:
     """Batch, prefetch and the dataset options, after the decode map."""
@@ -214,7 +261,7 @@ def _finish(examples: tf.data.Dataset, batch_size: int, config: ReadConfig, r: c
 
 def _resumable_records(split_info, seed: int, n_hosts: int, host: int, r: config_lib.Resolved, config: ReadConfig,
                        stats: ReadStats, batch_size: int, start_step: Optional[int],
-                       start_example: Optional[int]) -> tf.data.Dataset:
+                       start_example: Optional[int], dataset: str) -> tf.data.Dataset:
     """(stream index, serialized) of this host's positions of the resumable order, from the start position."""
     counts = split_info.shard_lengths
     total = sum(counts)
@@ -222,24 +269,59 @@ def _resumable_records(split_info, seed: int, n_hosts: int, host: int, r: config
         start = resume_lib.position_of_step(start_step, batch_size, total, n_hosts, r.host_remainder)
     else:
         start = resume_lib.position_of_example(start_example, total) if total else resume_lib.Position(0, 0)
+    if (start.epoch + 1) * total >= 2**63:  # the stream index (epoch * total + position) is an int64
+        given = f"start_step={start_step}" if start_step is not None else f"start_example={start_example}"
+        raise ValueError(f"make_dataset: {given} is epoch {start.epoch} of split {split_info.name!r} ({total} "
+                         "examples), past the int64 range of the resumable order's example count; pass the step "
+                         "or example count of the run you resume")
     # Offsets are looked up once here (index files, or a scan of the frame headers).
-    table = resume_lib.RecordTable(split_info.files, counts, [s.index_path for s in split_info.shards],
-                                   config.corrupt_records, stats)
+    table = resume_lib.RecordTable(split_info.files, counts, split_info.shards, config.corrupt_records, stats,
+                                   dataset)
     shuffle = r.shuffles
 
-    def generate():
-        yield from resume_lib.tasks(counts, seed, start, r.repeat, n_hosts, host, r.host_remainder,
-                                    config.order_block, config.order_window, shuffle)
+    n_epochs = resume_lib.epochs_to_read(counts, start, r.repeat, n_hosts, r.host_remainder)
 
-    tasks = tf.data.Dataset.from_generator(generate, output_signature=(
-        tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64)))
+    def epoch_py(epoch):
+        _PYTHON.touch()
+        if _PYTHON.stopping.is_set():  # the process is exiting: end the epochs, so no more calls come
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), False
+        ids, stream = resume_lib.host_epoch(counts, seed, start, int(epoch), n_hosts, host, r.host_remainder,
+                                            config.order_block, config.order_window, shuffle)
+        return ids, stream, True
+
+    @tf.autograph.experimental.do_not_convert
+    def epoch_positions(epoch):
+        ids, stream, go = tf.py_function(epoch_py, [epoch], (tf.int64, tf.int64, tf.bool))
+        ids.set_shape([None])
+        stream.set_shape([None])
+        go.set_shape([])
+        return ids, stream, go
+
+    # Epoch numbers -> this host's positions of each epoch, in TASK_RECORDS pieces. No generator:
+    # from_generator's finalizer calls Python while the iterator is destroyed, which can hang a
+    # process at exit. The next epoch's order is computed while this one is read (prefetch).
+    epochs = tf.data.Dataset.range(start.epoch, start.epoch + n_epochs) if n_epochs >= 0 else \
+        tf.data.Dataset.counter(start.epoch)
+    positions = epochs.map(epoch_positions).prefetch(1).take_while(lambda ids, stream, go: go)
+    # ([ids], [stream]) of up to TASK_RECORDS positions
+    tasks = positions.flat_map(lambda ids, stream, go: tf.data.Dataset.from_tensor_slices((ids, stream))) \
+        .batch(resume_lib.TASK_RECORDS)
 
     def read_py(ids):
-        return tf.constant(table.read(ids.numpy()), tf.string, shape=[len(ids)])
+        _PYTHON.touch()
+        if _PYTHON.stopping.is_set():  # the process is exiting: nobody reads these
+            return tf.constant([b""] * len(ids), tf.string, shape=[len(ids)]), tf.constant("")
+        try:
+            records, problem = table.read(ids.numpy()), ""
+        except resume_lib.ReadProblem as e:  # raised here it would reach the user wrapped in a traceback
+            records, problem = [b""] * len(ids), str(e)
+        return tf.constant(records, tf.string, shape=[len(ids)]), tf.constant(problem)
 
     @tf.autograph.experimental.do_not_convert
     def read(ids, stream):
-        records = tf.py_function(read_py, [ids], tf.string)
+        records, problem = tf.py_function(read_py, [ids], (tf.string, tf.string))
+        with tf.control_dependencies([tf.debugging.Assert(tf.equal(problem, ""), [problem])]):
+            records = tf.identity(records)
         records.set_shape(ids.shape)
         return stream, records
 
@@ -255,7 +337,7 @@ def _resume_problems(start_step, start_example, config: ReadConfig, seed, r: con
     if start_step is not None and start_example is not None:
         out.append(f"give start_step or start_example, not both (got {start_step} and {start_example})")
     for name, value in (("start_step", start_step), ("start_example", start_example)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0):
             out.append(f"{name} must be an int >= 0, got {value!r}")
     if resumable and config.cache:
         out.append("cache keeps the first epoch's order, but the resumable order (start_step/start_example) "
@@ -346,18 +428,6 @@ def _derive(seed: int, host: int, purpose: str) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def _hosts(input_context, num_hosts, host_index) -> Tuple[int, int]:
-    if input_context is not None:
-        return input_context.num_input_pipelines, input_context.input_pipeline_id
-    return (num_hosts or 1), (host_index or 0)
-
-
-def _plan(split_info, input_context, num_hosts, host_index, r: config_lib.Resolved) -> hosts_lib.HostPlan:
-    """This host's HostPlan; make_dataset and steps_per_epoch both plan through here."""
-    n_hosts, host = _hosts(input_context, num_hosts, host_index)
-    return hosts_lib.plan(split_info.files, split_info.shard_lengths, n_hosts, host, r.host_remainder)
-
-
 def _call_problems(batch_size, image_size, seed, input_context, num_hosts, host_index,
                    config: ReadConfig, r: config_lib.Resolved) -> List[str]:
     """Every invalid or conflicting argument of one make_dataset call, ReadConfig's own included.
@@ -383,65 +453,6 @@ def _call_problems(batch_size, image_size, seed, input_context, num_hosts, host_
         out.append("deterministic=True promises a repeatable order, but seed=None draws a new seed per call; "
                    "pass a seed")
     return out
-
-
-def steps_per_epoch(
-    path: Union[str, DatasetInfo],
-    split: str,
-    batch_size: int,
-    *,
-    training: bool = False,
-    input_context: Optional[tf.distribute.InputContext] = None,
-    num_hosts: Optional[int] = None,
-    host_index: Optional[int] = None,
-    config: Optional[ReadConfig] = None,
-    resumable: bool = False,
-) -> int:
-    """Returns the batches per epoch make_dataset yields with the same arguments (the same on every host).
-
-    Computed from the manifest's counts and the host split; nothing is read. `resumable=True`
-    counts for the resumable order (make_dataset given start_step or start_example), where each
-    host takes num_examples / hosts records per epoch (rounded down for "drop", up for "pad").
-    There, batches run on across epoch boundaries, so with drop_remainder an epoch's last
-    records start the next epoch's first batch rather than being dropped.
-    """
-    r = config_lib.resolve(config or ReadConfig(), training, True)
-    split_info = load_info(path).split(split)
-    if resumable:
-        n_hosts, _ = _hosts(input_context, num_hosts, host_index)
-        n = resume_lib.per_host_records(split_info.num_examples, 0, n_hosts, r.host_remainder)
-    else:
-        n = _plan(split_info, input_context, num_hosts, host_index, r).records_per_epoch
-    return n // batch_size if r.drop_remainder else -(-n // batch_size)
-
-
-def examples_consumed(
-    path: Union[str, DatasetInfo],
-    split: str,
-    steps: int,
-    batch_size: int,
-    *,
-    training: bool = False,
-    input_context: Optional[tf.distribute.InputContext] = None,
-    num_hosts: Optional[int] = None,
-    config: Optional[ReadConfig] = None,
-) -> int:
-    """The global example count (make_dataset's start_example) after `steps` steps of the resumable order.
-
-    `steps` synchronous steps of `batch_size` per host on `num_hosts` hosts (or the input_context's
-    pipelines); epoch e begins at e * num_examples. Pass the result to make_dataset(...,
-    start_example=n) on any host count.
-    """
-    r = config_lib.resolve(config or ReadConfig(), training, True)
-    total = load_info(path).split(split).num_examples
-    n_hosts, _ = _hosts(input_context, num_hosts, 0 if num_hosts is not None else None)
-    at = resume_lib.position_of_step(steps, batch_size, total, n_hosts, r.host_remainder)
-    return at.epoch * total + at.consumed
-
-
-def label_names(path: Union[str, DatasetInfo]) -> List[str]:
-    """Returns the class names; name i has stored label id i + the dataset's label offset."""
-    return list(load_info(path).label_names)
 
 
 def hide_gpus_from_tensorflow() -> None:

@@ -143,3 +143,41 @@ def plan(files: Sequence[str], counts: Sequence[int], num_hosts: int, host_index
                          "remainder='drop' (some host would get none); use remainder='pad'")
     return HostPlan(num_hosts, host_index, tuple(hosts[host_index]), host_counts[host_index], per_epoch,
                     remainder, host_counts)
+
+
+# The resumable order's positions (reader/resume.py): plain arithmetic, here so that step and
+# example counts need no TensorFlow.
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where a resumable stream starts: `consumed` positions of epoch `epoch`'s order are done."""
+
+    epoch: int
+    consumed: int
+
+
+def position_of_step(step: int, batch_size: int, num_examples: int, num_hosts: int, remainder: str) -> Position:
+    """The Position after `step` synchronous steps of `batch_size` per host on `num_hosts` hosts.
+
+    Each host yields `per_host_records(num_examples, 0, num_hosts, remainder)` records per epoch,
+    and batches run on across epoch boundaries.
+    """
+    per_epoch = per_host_records(num_examples, 0, num_hosts, remainder)
+    if per_epoch == 0:
+        return Position(0, 0)
+    done = step * batch_size
+    return Position(done // per_epoch, num_hosts * (done % per_epoch))
+
+
+def position_of_example(example: int, num_examples: int) -> Position:
+    """The Position of a global example count, where epoch e begins at e * num_examples."""
+    return Position(example // num_examples, example % num_examples)
+
+
+def per_host_records(num_examples: int, consumed: int, num_hosts: int, remainder: str) -> int:
+    """Records each host yields from an epoch of which `consumed` positions are done.
+
+    "drop": the positions left, divided by the hosts, rounded down (up to H-1 positions at the
+    order's end are left out); "pad": rounded up, the hosts past the end yield padding.
+    """
+    left = max(num_examples - consumed, 0)
+    return left // num_hosts if remainder == "drop" else -(-left // num_hosts)

@@ -1,4 +1,7 @@
-"""What a built dataset holds, read from its manifest.json: splits, shards, counts, labels, schema."""
+"""What a built dataset holds: the one manifest model (imagerecords.format.manifest) with full paths, for the readers.
+
+A local dataset's manifest is read without TensorFlow; gs:// and other schemes go through tf.io.gfile.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +10,10 @@ import os
 import posixpath
 from typing import Dict, List, Mapping, Optional, Tuple, Union
 
-import tensorflow as tf
-
+from imagerecords.format import manifest as manifest_lib
 from imagerecords.format import schema
 from imagerecords.format.paths import has_scheme, join
-from imagerecords.format.manifest import MANIFEST, STAGING, Manifest, no_manifest_hint, unfinished_hint
+from imagerecords.format.manifest import Manifest, Shard, Split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +28,7 @@ class ShardInfo:
       sha256: hex digest of the file, as written.
       labels: {label id: records with that id}; ids include the label offset.
       index_path: full path of the shard's tfrecord2idx index file, when the build wrote one.
+      index_sha256: hex digest of that index file, as written ('' when not recorded).
     """
 
     index: int
@@ -35,6 +38,15 @@ class ShardInfo:
     sha256: str
     labels: Mapping[int, int]
     index_path: Optional[str] = None
+    index_sha256: str = ""
+
+    @classmethod
+    def of(cls, shard: Shard, folder: str) -> "ShardInfo":
+        """The manifest's `shard` with its file names joined to the dataset `folder`."""
+        return cls(index=shard.index, path=join(folder, shard.filename), count=shard.count,
+                   num_bytes=shard.num_bytes, sha256=shard.sha256, labels=dict(shard.labels),
+                   index_path=join(folder, shard.index_file) if shard.index_file else None,
+                   index_sha256=shard.index_sha256 or "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +64,11 @@ class SplitInfo:
     num_examples: int
     num_bytes: int
     shards: Tuple[ShardInfo, ...]
+
+    @classmethod
+    def of(cls, split: Split, folder: str) -> "SplitInfo":
+        """The manifest's `split`, its shards' paths joined to the dataset `folder`."""
+        return cls(split.name, split.num_examples, split.num_bytes, tuple(ShardInfo.of(s, folder) for s in split.shards))
 
     @property
     def files(self) -> List[str]:
@@ -91,6 +108,14 @@ class DatasetInfo:
     splits: Dict[str, SplitInfo]
     num_rejected: int
     manifest: Manifest = dataclasses.field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, manifest: Manifest, folder: str) -> "DatasetInfo":
+        """The dataset `folder` as its (already loaded) `manifest` describes it."""
+        return cls(path=folder, name=manifest.name, schema=manifest.schema, label_names=list(manifest.label_names),
+                   label_offset=manifest.label_offset, integer_labels=manifest.integer_labels, seed=manifest.seed,
+                   splits={split.name: SplitInfo.of(split, folder) for split in manifest.splits},
+                   num_rejected=manifest.num_rejected, manifest=manifest)
 
     @property
     def num_classes(self) -> int:
@@ -135,35 +160,43 @@ def load_info(path: Union[str, "DatasetInfo"]) -> DatasetInfo:
     if isinstance(path, DatasetInfo):
         return path
     path = str(path)
-    manifest_path = join(path, MANIFEST)
-    if not tf.io.gfile.exists(manifest_path):
-        if tf.io.gfile.exists(join(path, STAGING)):
-            raise FileNotFoundError(unfinished_hint(path))
-        raise FileNotFoundError(no_manifest_hint(path))
-    with tf.io.gfile.GFile(manifest_path, "rb") as f:
-        manifest = Manifest.loads(f.read(), manifest_path)
+    manifest = manifest_lib.load(path, _read, _exists)
     schema.keys(manifest.schema)  # fails early, naming the preset, if this reader does not know it
-    splits = {}
-    for split in manifest.splits:
-        shards = tuple(
-            ShardInfo(index=s.index, path=join(path, s.filename), count=s.count, num_bytes=s.num_bytes,
-                      sha256=s.sha256, labels=dict(s.labels),
-                      index_path=join(path, s.index_file) if s.index_file else None)
-            for s in split.shards
-        )
-        splits[split.name] = SplitInfo(split.name, split.num_examples, split.num_bytes, shards)
-    return DatasetInfo(
-        path=path,
-        name=manifest.name,
-        schema=manifest.schema,
-        label_names=list(manifest.label_names),
-        label_offset=manifest.label_offset,
-        integer_labels=manifest.integer_labels,
-        seed=manifest.seed,
-        splits=splits,
-        num_rejected=manifest.num_rejected,
-        manifest=manifest,
-    )
+    return DatasetInfo.of(manifest, path)
+
+
+def _read(path: str) -> bytes:
+    if not has_scheme(path):
+        with open(path, "rb") as f:
+            return f.read()
+    import tensorflow as tf
+
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(path)
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read()
+
+
+def _exists(path: str) -> bool:
+    if not has_scheme(path):
+        return os.path.exists(path)
+    import tensorflow as tf
+
+    return tf.io.gfile.exists(path)
+
+
+def _listdir(folder: str) -> List[str]:
+    if not has_scheme(folder):
+        try:
+            return os.listdir(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    import tensorflow as tf
+
+    try:
+        return tf.io.gfile.listdir(folder)
+    except tf.errors.NotFoundError:
+        return []
 
 
 def missing_files(split: SplitInfo) -> List[str]:
@@ -175,10 +208,8 @@ def missing_files(split: SplitInfo) -> List[str]:
     for path in split.files:
         folder, name = posixpath.split(path) if has_scheme(path) else os.path.split(path)
         if folder not in folders:
-            try:
-                folders[folder] = {n.rstrip("/") for n in tf.io.gfile.listdir(folder)}
-            except tf.errors.NotFoundError:
-                folders[folder] = set()
+            folders[folder] = {n.rstrip("/") for n in _listdir(folder)}
         if name not in folders[folder]:
             missing.append(path)
     return missing
+

@@ -16,56 +16,22 @@ frame headers), so starting anywhere reads no record before the start.
 
 from __future__ import annotations
 
-import dataclasses
-import struct
-from typing import Iterator, List, Optional, Sequence, Tuple
+import logging
+import threading
+from typing import Iterator, List, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from imagerecords.format.paths import has_scheme
-from imagerecords.format.records import FRAME_OVERHEAD, masked_crc32c, parse_index
-from imagerecords.reader.shards import FRAME_HEADER, check_frame
+from imagerecords.format import records
+from imagerecords.reader.hosts import Position, per_host_records, position_of_example, position_of_step  # noqa: F401
+
+log = logging.getLogger("imagerecords.reader")
 
 # Records handed to one read call: enough to make the call's fixed cost small per record, few
 # enough that parallel reads stay many.
 TASK_RECORDS = 32
-
-
-@dataclasses.dataclass(frozen=True)
-class Position:
-    """Where a resumable stream starts: `consumed` positions of epoch `epoch`'s order are done."""
-
-    epoch: int
-    consumed: int
-
-
-def position_of_step(step: int, batch_size: int, num_examples: int, num_hosts: int, remainder: str) -> Position:
-    """The Position after `step` synchronous steps of `batch_size` per host on `num_hosts` hosts.
-
-    Each host yields `per_host_records(num_examples, 0, num_hosts, remainder)` records per epoch,
-    and batches run on across epoch boundaries.
-    """
-    per_epoch = per_host_records(num_examples, 0, num_hosts, remainder)
-    if per_epoch == 0:
-        return Position(0, 0)
-    done = step * batch_size
-    return Position(done // per_epoch, num_hosts * (done % per_epoch))
-
-
-def position_of_example(example: int, num_examples: int) -> Position:
-    """The Position of a global example count, where epoch e begins at e * num_examples."""
-    return Position(example // num_examples, example % num_examples)
-
-
-def per_host_records(num_examples: int, consumed: int, num_hosts: int, remainder: str) -> int:
-    """Records each host yields from an epoch of which `consumed` positions are done.
-
-    "drop": the positions left, divided by the hosts, rounded down (up to H-1 positions at the
-    order's end are left out); "pad": rounded up, the hosts past the end yield padding.
-    """
-    left = max(num_examples - consumed, 0)
-    return left // num_hosts if remainder == "drop" else -(-left // num_hosts)
 
 
 def epoch_order(counts: Sequence[int], seed: int, epoch: int, block: int, window: int, shuffle: bool) -> np.ndarray:
@@ -99,6 +65,10 @@ def epoch_order(counts: Sequence[int], seed: int, epoch: int, block: int, window
     return order
 
 
+class ReadProblem(ValueError):
+    """A shard the resumable order reads is damaged or gone; the message names it and what to do."""
+
+
 class RecordTable:
     """Byte offset and frame length of every record of a split, by record id, and the reads by id.
 
@@ -107,14 +77,16 @@ class RecordTable:
     record, the data seeked over).
     """
 
-    def __init__(self, files: Sequence[str], counts: Sequence[int], index_files: Sequence[Optional[str]],
-                 policy: str, stats):
+    def __init__(self, files: Sequence[str], counts: Sequence[int], shards: Sequence, policy: str, stats,
+                 dataset: str = ""):
         self.files = list(files)
         self.policy = policy
         self.stats = stats
+        self.dataset = dataset
+        self._warned, self._warn_lock = set(), threading.Lock()
         shard, offset, length = [], [], []
-        for i, (path, count, index) in enumerate(zip(files, counts, index_files)):
-            entries = _index_entries(path, count, index, policy)
+        for i, (path, count, info) in enumerate(zip(files, counts, shards)):
+            entries = _index_entries(path, count, info, policy)
             shard.append(np.full(count, i, np.int32))
             off = np.full(count, -1, np.int64)
             ln = np.zeros(count, np.int64)
@@ -151,19 +123,22 @@ class RecordTable:
                     self._bad(shard, "the file ends before this record")
                     continue
                 f = handles.get(shard)
-                if f is None:
-                    f = handles[shard] = _open(self.files[shard])
-                f.seek(start)
-                data = f.read(end - start)
+                try:
+                    if f is None:
+                        f = handles[shard] = _open(self.files[shard])
+                    f.seek(start)
+                    data = f.read(end - start)
+                except (OSError, tf.errors.OpError) as e:
+                    raise self._unreadable(shard, e) from None
                 n_bytes += len(data)
                 pos = 0
                 for i in run:
                     size = int(self.length[ids[i]])
-                    length = check_frame(data, pos)  # both checksums, and the index's frame length
-                    if length is None or length + FRAME_OVERHEAD != size:
+                    length = records.check_frame(data, pos)  # both checksums, and the index's frame length
+                    if length is None or length + records.FRAME_OVERHEAD != size:
                         self._bad(shard, f"the frame at byte {int(self.offset[ids[i]])} fails its checks")
                     else:
-                        out[i] = data[pos + FRAME_HEADER:pos + FRAME_HEADER + length]
+                        out[i] = data[pos + records.FRAME_HEADER:pos + records.FRAME_HEADER + length]
                         n_records += 1
                     pos += size
         finally:
@@ -173,28 +148,43 @@ class RecordTable:
             self.stats._add_read(n_records, n_bytes)
         return out
 
+    def _unreadable(self, shard: int, e: BaseException) -> ReadProblem:
+        path = self.files[shard]
+        if isinstance(e, (FileNotFoundError, tf.errors.NotFoundError)):
+            return ReadProblem(f"shard {path} no longer exists: the dataset in {self.dataset or 'its folder'} was "
+                               "rebuilt after this reader loaded its manifest.json, and the version that manifest "
+                               "lists was removed (--keep_versions); load the dataset again")
+        return ReadProblem(f"shard {path} cannot be read: {getattr(e, 'message', None) or e}")
+
     def _bad(self, shard: int, why: str) -> None:
         path = self.files[shard]
         if self.policy == "fail":
-            raise ValueError(f"shard {path} is corrupt, truncated or unreadable: {why} "
-                             "(ReadConfig(corrupt_records='skip') drops bad records)")
+            raise ReadProblem(f"shard {path} is corrupt, truncated or unreadable: {why} "
+                              "(ReadConfig(corrupt_records='skip') drops bad records)")
         if self.stats is not None:
             self.stats._add_skipped(path, 1)
+        with self._warn_lock:  # one line per damaged shard, not one per record of a truncated one
+            first = path not in self._warned
+            self._warned.add(path)
+        if first:
+            log.warning("shard %s: skipped a bad record (%s); it is a padding element (label -1) in its place, "
+                        "counted in ReadStats.skipped", path, why)
 
 
 def _open(path: str):
     return tf.io.gfile.GFile(path, "rb") if has_scheme(path) else open(path, "rb", buffering=0)
 
 
-def _index_entries(path: str, count: int, index: Optional[str], policy: str) -> List[Tuple[int, int]]:
-    if index:
-        with tf.io.gfile.GFile(index, "rb") as f:
-            entries = parse_index(f.read(), index)
-        if len(entries) != count and policy == "fail":
-            raise ValueError(f"index file {index} lists {len(entries)} records, manifest.json says {count} "
-                             "for its shard (rebuild the dataset with --overwrite --write_index)")
-        return entries
-    return scan_headers(path, count)
+def _index_entries(path: str, count: int, shard, policy: str) -> List[Tuple[int, int]]:
+    """The (offset, frame length) entries of `shard` (a ShardInfo): from its index file, checked
+    against manifest.json by the one index loader (so a stale index is named, never its healthy
+    shard), else scanned from the frame headers."""
+    index = shard.index_path
+    if not index:
+        return scan_headers(path, count)
+    with tf.io.gfile.GFile(index, "rb") as f:
+        data = f.read()
+    return records.load_index(data, index, count=count, num_bytes=shard.num_bytes, sha256=shard.index_sha256)
 
 
 def scan_headers(path: str, count: int) -> List[Tuple[int, int]]:
@@ -202,39 +192,44 @@ def scan_headers(path: str, count: int) -> List[Tuple[int, int]]:
 
     Stops early at a header whose checksum fails or at the end of the file.
     """
-    out = []
     with _open(path) as f:
-        pos = 0
-        for _ in range(count):
-            f.seek(pos)
-            header = f.read(FRAME_HEADER)
-            if len(header) < FRAME_HEADER or masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
-                break
-            (length,) = struct.unpack("<Q", header[:8])
-            out.append((pos, length + FRAME_OVERHEAD))
-            pos += length + FRAME_OVERHEAD
-    return out
+        return records.scan_headers(f, count)
 
 
-def tasks(counts: Sequence[int], seed: int, start: Position, epochs: int, num_hosts: int, host: int,
-          remainder: str, block: int, window: int, shuffle: bool) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """Yields this host's (record ids, stream indices) in TASK_RECORDS pieces, epoch after epoch.
+def host_epoch(counts: Sequence[int], seed: int, start: Position, epoch: int, num_hosts: int, host: int,
+               remainder: str, block: int, window: int, shuffle: bool) -> Tuple[np.ndarray, np.ndarray]:
+    """This host's (record ids, stream indices) of epoch `epoch`, from `start` when it is that epoch.
 
     A stream index is epoch * num_examples + position: it seeds the augmentation, so an example's
     crop depends on the seed, the epoch and its position in the global order, not on the host.
     Padding positions (past the order's end, "pad") have id -1.
     """
     total = int(sum(counts))
-    epoch, consumed = start.epoch, start.consumed
-    while epochs < 0 or epoch < epochs:
-        order = epoch_order(counts, seed, epoch, block, window, shuffle)
-        n = per_host_records(total, consumed, num_hosts, remainder)
-        if n == 0 and consumed == 0:
-            return  # every epoch would be empty
-        positions = consumed + host + num_hosts * np.arange(n, dtype=np.int64)
-        ids = np.where(positions < total, order[np.minimum(positions, max(total - 1, 0))], -1) if total else \
-            np.full(n, -1, np.int64)
-        stream = epoch * total + positions
-        for lo in range(0, n, TASK_RECORDS):
+    consumed = start.consumed if epoch == start.epoch else 0
+    n = per_host_records(total, consumed, num_hosts, remainder)
+    positions = consumed + host + num_hosts * np.arange(n, dtype=np.int64)
+    if not total:
+        return np.full(n, -1, np.int64), epoch * total + positions
+    order = epoch_order(counts, seed, epoch, block, window, shuffle)
+    ids = np.where(positions < total, order[np.minimum(positions, total - 1)], -1)
+    return ids, epoch * total + positions
+
+
+def epochs_to_read(counts: Sequence[int], start: Position, epochs: int, num_hosts: int, remainder: str) -> int:
+    """How many epochs from start.epoch yield anything: -1 for all of them (repeat forever), 0 when
+    every epoch is empty for this host count (so an endless repeat never spins on empty epochs)."""
+    if per_host_records(int(sum(counts)), 0, num_hosts, remainder) == 0:
+        return 0
+    return -1 if epochs < 0 else max(epochs - start.epoch, 0)
+
+
+def tasks(counts: Sequence[int], seed: int, start: Position, epochs: int, num_hosts: int, host: int,
+          remainder: str, block: int, window: int, shuffle: bool) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    """Yields this host's (record ids, stream indices) in TASK_RECORDS pieces, epoch after epoch (host_epoch)."""
+    n_epochs = epochs_to_read(counts, start, epochs, num_hosts, remainder)
+    epoch = start.epoch
+    while n_epochs < 0 or epoch < start.epoch + n_epochs:
+        ids, stream = host_epoch(counts, seed, start, epoch, num_hosts, host, remainder, block, window, shuffle)
+        for lo in range(0, len(ids), TASK_RECORDS):
             yield ids[lo:lo + TASK_RECORDS], stream[lo:lo + TASK_RECORDS]
-        epoch, consumed = epoch + 1, 0
+        epoch += 1

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import collections
 import logging
-import struct
 import threading
 from typing import Dict, Iterator, Optional, Tuple
 
 import tensorflow as tf
 
-from imagerecords.format.records import masked_crc32c
+from imagerecords.format import records as records_lib
 
 log = logging.getLogger("imagerecords.reader")
-
-FRAME_HEADER = 12  # uint64 length + masked crc32c of the length
-_FOOTER = 4  # masked crc32c of the data
 
 # The dataset functions here have no Python control flow on tensors; AutoGraph has nothing to do.
 _no_autograph = tf.autograph.experimental.do_not_convert
@@ -187,44 +183,19 @@ def _text(*parts) -> tf.Tensor:
 
 
 def _recover(path: str, start: int, count: int, stats: ReadStats) -> Iterator[Tuple[int, bytes]]:
-    """Yields (index, record) for the good frames of `path` after its first `start` records.
-
-    A frame whose length checksum holds but whose data checksum fails is skipped whole. After a
-    bad length checksum or a truncation the position of the next frame is unknown, so the reader
-    looks for the next offset where a whole frame checks out. Indices after such a search count
-    the lost stretch as one record. The records skipped are the manifest count minus the records
-    read, so the count is exact even when a stretch of several frames was lost.
+    """Yields (index, record) for the good frames of `path` after its first `start` records
+    (imagerecords.format.records.salvage). The records skipped are the manifest count minus the
+    records read, so the count is exact even when a stretch of several frames was lost.
     """
     with tf.io.gfile.GFile(path, "rb") as f:
         data = f.read()
-    pos = 0
-    for _ in range(start):  # these frames were read (and checked) by TFRecordDataset already
-        if pos + FRAME_HEADER > len(data):
-            break
-        (length,) = struct.unpack("<Q", data[pos:pos + 8])
-        pos += FRAME_HEADER + length + _FOOTER
-    index, good, first_problem = start, start, None
-    while pos < len(data):
-        frame = check_frame(data, pos)
-        if frame is not None:
-            length = frame
-            yield index, data[pos + FRAME_HEADER:pos + FRAME_HEADER + length]
-            good += 1
-            index += 1
-            pos += FRAME_HEADER + length + _FOOTER
+    good, first_problem = start, None
+    for index, record, problem in records_lib.salvage(data, start):
+        if record is None:
+            first_problem = first_problem or problem
             continue
-        header_ok = (pos + FRAME_HEADER <= len(data)
-                     and masked_crc32c(data[pos:pos + 8]) == struct.unpack("<I", data[pos + 8:pos + 12])[0])
-        if header_ok:
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
-            if pos + FRAME_HEADER + length + _FOOTER <= len(data):
-                first_problem = first_problem or f"data checksum fails at byte {pos}"
-                pos += FRAME_HEADER + length + _FOOTER
-                index += 1
-                continue
-        first_problem = first_problem or f"bad or truncated frame at byte {pos}"
-        pos = _next_frame(data, pos + 1)
-        index += 1
+        yield index, record
+        good += 1
     lost = count - good
     if lost > 0:
         stats._add_skipped(path, lost)
@@ -240,28 +211,3 @@ def _report_extra(path: str, count: int, found: int, stats: ReadStats) -> None:
     stats._add_extra(path, found - count)
     log.warning("shard %s holds %d records, manifest.json says %d: read its first %d, %d left out (counted in "
                 "ReadStats.extra)", path, found, count, count, found - count)
-
-
-def check_frame(data: bytes, pos: int) -> Optional[int]:
-    """Returns the data length of the frame at `pos` when both checksums hold, else None."""
-    if pos + FRAME_HEADER > len(data):
-        return None
-    length_bytes = data[pos:pos + 8]
-    if masked_crc32c(length_bytes) != struct.unpack("<I", data[pos + 8:pos + 12])[0]:
-        return None
-    (length,) = struct.unpack("<Q", length_bytes)
-    end = pos + FRAME_HEADER + length
-    if end + _FOOTER > len(data):
-        return None
-    if masked_crc32c(data[pos + FRAME_HEADER:end]) != struct.unpack("<I", data[end:end + _FOOTER])[0]:
-        return None
-    return length
-
-
-def _next_frame(data: bytes, pos: int) -> int:
-    """Returns the first offset >= pos where a whole frame checks out, or len(data)."""
-    while pos + FRAME_HEADER <= len(data):
-        if check_frame(data, pos) is not None:
-            return pos
-        pos += 1
-    return len(data)

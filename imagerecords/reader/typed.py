@@ -11,22 +11,18 @@ from typing import Dict, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from imagerecords.format import features as features_lib
+from imagerecords.format import codecs
 from imagerecords.format import schema
 from imagerecords.format.features import Feature
 from imagerecords.reader import hosts as hosts_lib
 from imagerecords.reader.config import CORRUPT_POLICIES
 from imagerecords.reader.dataset import slice_files
 from imagerecords.reader.info import DatasetInfo, load_info
+from imagerecords.reader.meta import stored_features, tfrecord_description  # noqa: F401
 from imagerecords.reader.shards import ReadStats, shard_records
 
 # What padded_batch fills a variable dimension with (as_dataset(batch_size=...)).
 PAD_VALUES = {"number": 0, "class_list": -1, "string": b""}
-
-
-def stored_features(path: Union[str, DatasetInfo]) -> Dict[str, Feature]:
-    """{key: Feature} of everything the dataset's records hold (imagerecords.format.features)."""
-    return {f.name: f for f in features_lib.stored(load_info(path).manifest)}
 
 
 def feature_spec(path: Union[str, DatasetInfo]) -> Dict[str, Union[tf.io.FixedLenFeature, tf.io.VarLenFeature]]:
@@ -39,40 +35,12 @@ def feature_spec(path: Union[str, DatasetInfo]) -> Dict[str, Union[tf.io.FixedLe
     return {name: _parse_spec(f) for name, f in stored_features(path).items()}
 
 
-def tfrecord_description(path: Union[str, DatasetInfo]) -> Dict[str, str]:
-    """The `description` argument of the `tfrecord` package's TFRecordDataset (PyTorch)."""
-    return features_lib.tfrecord_description(stored_features(path).values())
-
-
 def _parse_spec(f: Feature):
-    if f.bytes_like:
-        return tf.io.FixedLenFeature([], tf.string)
-    if f.dtype == "class_list":
-        return tf.io.VarLenFeature(tf.int64)
-    wire = tf.float32 if f.dtype in ("float16", "float32") else tf.int64
-    if None in f.shape:
-        return tf.io.VarLenFeature(wire)
-    return tf.io.FixedLenFeature(list(f.shape), wire)
+    return codecs.codec(f).parse_spec(f, tf)
 
 
 def _decode(f: Feature, value: tf.Tensor) -> tf.Tensor:
-    dtype = tf.dtypes.as_dtype(f.dtype) if f.numeric else None
-    if f.dtype == "image":
-        out = tf.uint16 if f.bits == 16 else tf.uint8
-        if f.encoding == "jpeg":
-            return tf.io.decode_jpeg(value, channels=f.channels)
-        # png and keep: decode_image reads PNG and JPEG alike (keep stores either)
-        return tf.io.decode_image(value, channels=f.channels, dtype=out, expand_animations=False)
-    if f.dtype == "string":
-        return value
-    if f.dtype == "class_list":
-        return tf.sparse.to_dense(value)
-    if f.encoding == "bytes":
-        flat = tf.io.decode_raw(value, dtype, little_endian=True)
-        return tf.reshape(flat, [-1 if d is None else d for d in f.shape])
-    if isinstance(value, tf.SparseTensor):
-        value = tf.reshape(tf.sparse.to_dense(value), [-1 if d is None else d for d in f.shape])
-    return tf.cast(value, dtype)
+    return codecs.codec(f).to_tensor(f, value, tf)
 
 
 def as_dataset(

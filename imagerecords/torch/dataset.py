@@ -2,67 +2,22 @@
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
-import struct
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
+from imagerecords.format import access, schema
 from imagerecords.format import features as features_lib
-from imagerecords.format import schema
-from imagerecords.format.manifest import MANIFEST, STAGING, Manifest, no_manifest_hint, unfinished_hint
+from imagerecords.format.access import INDEX_POLICIES, MissingIndexError, load_manifest  # noqa: F401
+from imagerecords.format.files import Files
 from imagerecords.format.paths import has_scheme, join
-from imagerecords.format.records import FRAME_OVERHEAD, CorruptRecordError, masked_crc32c, parse_index
 from imagerecords.torch import transforms as T
-from imagerecords.torch._files import Files
 from imagerecords.torch.order import PAD_LABEL, Ticket
 
 LAYOUTS = ("chw", "hwc")
-INDEX_POLICIES = ("require", "scan")
-_HEADER = 12  # uint64 length + masked crc32c of the length
-
-
-class MissingIndexError(ValueError):
-    """The split's shards have no index files and index='require'; the message says how to mend it."""
-
-
-def load_manifest(path: str, files: Optional[Files] = None) -> Manifest:
-    """Reads `path`/manifest.json (local or gs://) without TensorFlow.
-
-    Raises:
-      FileNotFoundError: when no build is published there (the message says whether an unfinished
-        one is, and how to finish it).
-      imagerecords.format.manifest.ManifestError: when the manifest is unreadable.
-    """
-    files = files or Files()
-    manifest_path = join(path, MANIFEST)
-    try:
-        data = files.read(manifest_path)
-    except FileNotFoundError:
-        if not has_scheme(path) and os.path.exists(join(path, STAGING)):
-            raise FileNotFoundError(unfinished_hint(path)) from None
-        raise FileNotFoundError(no_manifest_hint(path)) from None
-    return Manifest.loads(data, manifest_path)
-
-
-def _scan_offsets(files: Files, path: str) -> List[Tuple[int, int]]:
-    """(offset, frame length) of every frame of shard `path`, found by reading the whole file once."""
-    data = files.read(path)
-    entries, pos = [], 0
-    while pos < len(data):
-        header = data[pos:pos + _HEADER]
-        if len(header) < _HEADER or masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
-            raise CorruptRecordError(f"{path}: bad or truncated record header at byte {pos}")
-        length = struct.unpack("<Q", header[:8])[0] + FRAME_OVERHEAD
-        entries.append((pos, length))
-        pos += length
-    if pos != len(data):
-        raise CorruptRecordError(f"{path}: the last record runs past the end of the file")
-    return entries
 
 
 class RecordDataset(torch.utils.data.Dataset):
@@ -85,7 +40,7 @@ class RecordDataset(torch.utils.data.Dataset):
       train = irt.RecordDataset("OUT", "train", image_size=224, training=True)
       loader = irt.Loader(train, batch_size=256, seed=0, num_workers=8)
       for images, labels in loader: ...
-      state = loader.state_dict()  # {seed, epoch, consumed, num_examples}: resume with load_state_dict
+      state = loader.state_dict()  # {seed, epoch, consumed, num_examples, dataset}: resume with load_state_dict
 
     Args:
       path: the dataset folder (local or gs://).
@@ -143,6 +98,8 @@ class RecordDataset(torch.utils.data.Dataset):
             transform = T.RandomResizedCrop(image_size) if training else T.CenterCrop(image_size)
         self.transform, self.layout, self.with_index, self.read_threads = transform, layout, with_index, read_threads
         self.shard_paths = [join(self.path, s.filename) for s in split_entry.shards]
+        # The records in split order, whatever folder they sit in: what a Loader state's positions mean.
+        self.digest = access.split_digest(split_entry.shards)
         self.offsets, self.lengths, self.shard_of = self._load_offsets(split_entry.shards, index)
         self._pool: Optional[Tuple[int, ThreadPoolExecutor]] = None
 
@@ -159,33 +116,7 @@ class RecordDataset(torch.utils.data.Dataset):
         return len(self.offsets)
 
     def _load_offsets(self, shards: Sequence, index: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        unindexed = [s for s in shards if not s.index_file]
-        if unindexed and index == "require":
-            raise MissingIndexError(
-                f"{self.path}: {len(unindexed)} of the {len(shards)} shards of split {self.split!r} have no index file "
-                "(the build ran without --write_index), and random access needs one; rebuild with "
-                f"`imagerecords build --input ... --output {self.path} --write_index --overwrite`, or pass "
-                "index='scan' to find the offsets by reading every unindexed shard once")
-        offsets, lengths, shard_of = [], [], []
-        for number, (shard, shard_path) in enumerate(zip(shards, self.shard_paths)):
-            if shard.index_file:
-                index_path = join(self.path, shard.index_file)
-                data = self._files.read(index_path)
-                if shard.index_sha256 and hashlib.sha256(data).hexdigest() != shard.index_sha256:
-                    raise CorruptRecordError(f"{index_path}: sha256 differs from manifest.json's "
-                                             f"(`imagerecords verify {self.path}` checks every file)")
-                entries = parse_index(data, index_path)
-            else:
-                entries = _scan_offsets(self._files, shard_path)
-            end = entries[-1][0] + entries[-1][1] if entries else 0
-            if len(entries) != shard.count or end != shard.num_bytes:
-                raise CorruptRecordError(
-                    f"{shard_path}: its offsets list {len(entries)} records over {end} bytes, manifest.json says "
-                    f"{shard.count} over {shard.num_bytes} (`imagerecords verify {self.path}` checks every file)")
-            offsets += [o for o, _ in entries]
-            lengths += [n for _, n in entries]
-            shard_of += [number] * len(entries)
-        return (np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(shard_of, np.int32))
+        return access.load_offsets(self._files, self.path, self.split, shards, index)
 
     def record(self, i: int) -> bytes:
         """The serialized Example of record `i`, its frame checked (both CRCs).
@@ -197,20 +128,7 @@ class RecordDataset(torch.utils.data.Dataset):
         return self._check_frame(shard_path, offset, length, self._files.read_range(shard_path, offset, length))
 
     def _check_frame(self, shard_path: str, offset: int, length: int, frame: bytes) -> bytes:
-        where = f"{shard_path}: record at byte {offset}"
-        mend = f" (`imagerecords verify {self.path} --records` checks every shard)"
-        if len(frame) != length:
-            raise CorruptRecordError(f"{where}: read {len(frame)} of its {length} bytes; the file is shorter" + mend)
-        if masked_crc32c(frame[:8]) != struct.unpack("<I", frame[8:12])[0]:
-            raise CorruptRecordError(f"{where}: bad length checksum" + mend)
-        (size,) = struct.unpack("<Q", frame[:8])
-        if size + FRAME_OVERHEAD != length:
-            raise CorruptRecordError(f"{where}: the frame holds {size} bytes, the index says {length - FRAME_OVERHEAD}"
-                                     + mend)
-        data = frame[_HEADER:_HEADER + size]
-        if masked_crc32c(data) != struct.unpack("<I", frame[_HEADER + size:])[0]:
-            raise CorruptRecordError(f"{where}: bad data checksum" + mend)
-        return data
+        return access.check_frame(self.path, shard_path, offset, length, frame)
 
     def __getitem__(self, key: Union[int, Ticket]):
         ticket = self._ticket(key)
@@ -267,11 +185,7 @@ class RecordDataset(torch.utils.data.Dataset):
                 raise KeyError(f"{self.shard_paths[self.shard_of[ticket.record]]}: record {ticket.record} has no "
                                f"{feature.name!r} feature")
             if feature.dtype == "image":
-                from PIL import Image
-
-                with Image.open(io.BytesIO(values[0])) as img:
-                    array = np.array(img, dtype=np.uint16 if feature.bits == 16 else np.uint8)
-                out[feature.name] = torch.from_numpy(array[:, :, None] if array.ndim == 2 else array)
+                out[feature.name] = torch.from_numpy(features_lib.image_to_numpy(feature, values[0]))
                 continue
             value = features_lib.to_numpy(feature, values)
             out[feature.name] = value if isinstance(value, str) else torch.from_numpy(np.array(value))

@@ -19,8 +19,8 @@ class Loader(torch.utils.data.DataLoader):
     State follows torchdata's StatefulDataLoader: `state_dict()` after any batch, and
     `load_state_dict(state)` on a new loader before iterating it. The state counts what was
     delivered to the training loop (not what workers prefetched), over all ranks:
-    {"seed", "epoch", "consumed", "num_examples"}, a few dozen bytes, the same on every rank (save
-    rank 0's). Loaded on the same world size and batch size it gives exactly the remaining
+    {"seed", "epoch", "consumed", "num_examples", "dataset"} (dataset: RecordDataset.digest, so a
+    state is refused on a rebuilt dataset), under a kilobyte, the same on every rank (save rank 0's). Loaded on the same world size and batch size it gives exactly the remaining
     batches; on another one, the epoch's unconsumed examples, each once, disjoint over ranks.
 
     One `for` over the loader is the rest of the current epoch; the next epoch starts when the
@@ -46,7 +46,7 @@ class Loader(torch.utils.data.DataLoader):
             raise ValueError(f"Loader sets {', '.join(taken)} itself (batch_size is per rank; the order is "
                              "imagerecords.torch.order's)")
         sampler = GlobalBatchSampler(len(dataset), batch_size, seed=seed, shuffle=shuffle, rank=rank,
-                                     world_size=world_size, remainder=remainder)
+                                     world_size=world_size, remainder=remainder, dataset=dataset.digest)
         super().__init__(dataset, batch_sampler=sampler, **kwargs)
 
     @property
@@ -62,7 +62,7 @@ class Loader(torch.utils.data.DataLoader):
     def set_epoch(self, epoch: int) -> None:
         self.batch_sampler.set_epoch(epoch)
 
-    def state_dict(self) -> Dict[str, int]:
+    def state_dict(self) -> Dict[str, Any]:
         return self.batch_sampler.state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:

@@ -18,13 +18,21 @@ Remainder (the tail shorter than one global batch), as in imagerecords.reader.ho
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 REMAINDER_POLICIES = ("drop", "pad")
 PAD_LABEL = -1  # the label of a padding element (the tf.data reader's PAD_LABEL too)
-_STATE_KEYS = ("seed", "epoch", "consumed", "num_examples")
+_STATE_KEYS = ("seed", "epoch", "consumed", "num_examples", "dataset")
+
+
+def _count_problem(name: str, value: Any) -> Optional[str]:
+    """Why `value` is not a count (an int >= 0; a NumPy int is one, a bool or a float is not), or None."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+        return f"{name} must be an int >= 0, got {value!r}"
+    return None
 
 
 class Ticket(NamedTuple):
@@ -79,6 +87,8 @@ class GlobalBatchSampler:
       epoch: the epoch being read.
       consumed: positions of this epoch delivered over all ranks (a multiple of the global batch
         of whoever delivered them).
+      dataset: what the order runs over (RecordDataset.digest: the split's records, in order); a
+        state taken on another one is refused.
     """
 
     num_examples: int
@@ -90,13 +100,14 @@ class GlobalBatchSampler:
     remainder: str = "drop"
     epoch: int = 0
     consumed: int = 0
+    dataset: str = ""
 
     def __post_init__(self):
         if self.rank is None or self.world_size is None:
             rank, world = default_rank()
             self.rank = rank if self.rank is None else self.rank
             self.world_size = world if self.world_size is None else self.world_size
-        problems = []
+        problems = [p for p in (_count_problem("seed", self.seed), _count_problem("epoch", self.epoch)) if p]
         if self.batch_size < 1:
             problems.append(f"batch_size must be >= 1, got {self.batch_size}")
         if self.world_size < 1:
@@ -148,11 +159,19 @@ class GlobalBatchSampler:
             self.set_epoch(self.epoch + 1)
 
     def set_epoch(self, epoch: int) -> None:
-        """Starts epoch `epoch` from its beginning (DistributedSampler's name for it)."""
+        """Starts epoch `epoch` from its beginning (DistributedSampler's name for it).
+
+        Raises:
+          ValueError: when `epoch` is not an int >= 0.
+        """
+        problem = _count_problem("epoch", epoch)
+        if problem:
+            raise ValueError(problem)
         self.epoch, self.consumed = int(epoch), 0
 
-    def state_dict(self) -> Dict[str, int]:
-        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed, "num_examples": self.num_examples}
+    def state_dict(self) -> Dict[str, Any]:
+        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed, "num_examples": self.num_examples,
+                "dataset": self.dataset}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continues where `state` says, on this sampler's world size and batch size.
@@ -160,12 +179,21 @@ class GlobalBatchSampler:
         Raises:
           ValueError: naming the problem when `state` is not a state of this split.
         """
+        if not isinstance(state, dict):
+            raise ValueError(f"not an imagerecords.torch state (a dict of {', '.join(_STATE_KEYS)}): {state!r}")
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
             raise ValueError(f"not an imagerecords.torch state (missing {', '.join(missing)}): {state!r}")
+        problems = [p for p in (_count_problem(k, state[k]) for k in _STATE_KEYS[:4]) if p]
+        if problems:
+            raise ValueError("; ".join(problems))
         if int(state["num_examples"]) != self.num_examples:
             raise ValueError(f"the state is of a split of {state['num_examples']} records; this one has "
                              f"{self.num_examples} (another split, or the dataset was rebuilt)")
+        if state["dataset"] != self.dataset:
+            raise ValueError(f"the state was taken on another build of this split (dataset {state['dataset']!r}, "
+                             f"this one {self.dataset!r}): its positions name other records; load the dataset it "
+                             "was taken on, or start an epoch over with set_epoch")
         if not 0 <= int(state["consumed"]) <= self.num_examples:
             raise ValueError(f"consumed must be in [0, {self.num_examples}], got {state['consumed']}")
         self.seed, self.epoch, self.consumed = int(state["seed"]), int(state["epoch"]), int(state["consumed"])

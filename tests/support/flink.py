@@ -190,14 +190,19 @@ _WORKER_POOL_PY = textwrap.dedent("""\
     from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer
     from apache_beam.utils import thread_pool_executor
 
-    host, port = sys.argv[1], int(sys.argv[2])
+    host, port, warm = sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["warm"]
     logging.basicConfig(level=logging.INFO, stream=sys.stdout)
     server = grpc.server(thread_pool_executor.shared_unbounded_instance(),
                          options=[("grpc.so_reuseport", 0)])
-    # use_process: every SDK worker is a child process (`python -c ...SdkHarness`), as with
+    if warm:
+        # Warm: every SDK worker is a thread of this process, which has Beam's worker and the
+        # project's transforms imported already, so a job's workers start without an interpreter.
+        import apache_beam.runners.worker.sdk_worker_main, imagerecords.transforms
+        logging.info("warm worker pool: SDK workers run as threads")
+    # Otherwise every SDK worker is a child process (`python -c ...SdkHarness`), as with
     # `python -m apache_beam.runners.worker.worker_pool_main --service_port=PORT`.
     beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(
-        BeamFnExternalWorkerPoolServicer(use_process=True, data_buffer_time_limit_ms=-1), server)
+        BeamFnExternalWorkerPoolServicer(use_process=not warm, data_buffer_time_limit_ms=-1), server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
         sys.exit(f"worker pool: cannot bind {host}:{port}")
     server.start()
@@ -267,8 +272,10 @@ class WorkerPool:
         env: Extra environment variables its SDK workers inherit (test hooks).
     """
 
-    def __init__(self, index: int, port: int, workdir: Path, env: Optional[Mapping[str, str]] = None):
+    def __init__(self, index: int, port: int, workdir: Path, env: Optional[Mapping[str, str]] = None,
+                 warm: bool = False):
         self.index = index
+        self.warm = warm
         self.host = f"127.0.0.{11 + index}"
         self.port = port
         self.workdir = workdir
@@ -292,7 +299,8 @@ class WorkerPool:
         env.update(self.env)
         with open(self.workdir / "pool.out", "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_POOL_PY, self.host, str(self.port)], cwd=self.workdir, env=env,
+                [sys.executable, "-c", _WORKER_POOL_PY, self.host, str(self.port), *(["warm"] if self.warm else [])],
+                cwd=self.workdir, env=env,
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def accepting(self) -> bool:
@@ -444,10 +452,11 @@ class FlinkCluster:
         """``--environment_config`` for the EXTERNAL environment: the pool beside each TaskManager."""
         return f"{WORKER_POOL_HOST}:{self.pool_port}"
 
-    def pipeline_args(self, *extra: str, environment: Optional[str] = None) -> List[str]:
+    def pipeline_args(self, *extra: str, environment: Optional[str] = None,
+                      job_endpoint: Optional[str] = None) -> List[str]:
         """Returns the Beam command-line options that run a pipeline on this cluster.
 
-        Beam's FlinkRunner starts the job server itself (``java -jar`` on
+        Without ``job_endpoint``, Beam's FlinkRunner starts the job server itself (``java -jar`` on
         ``--flink_job_server_jar``, the launcher jar) and stops it when the pipeline ends; the job
         server translates the pipeline and submits it to this cluster's REST endpoint.
 
@@ -457,6 +466,8 @@ class FlinkCluster:
                 workers run in the pool beside each TaskManager; ``LOOPBACK`` (the default
                 otherwise): they run inside the calling Python process, which must stay alive until
                 the job ends (a quick local try).
+            job_endpoint: ``host:port`` of a job server that is already up (:class:`JobServer`):
+                the pipeline is submitted there and no job server is started for it.
 
         Returns:
             A list for ``PipelineOptions(...)`` or ``beam.Pipeline(argv=...)``.
@@ -474,16 +485,37 @@ class FlinkCluster:
             "--runner=FlinkRunner",
             f"--flink_master={self.flink_master}",
             f"--flink_version={self.artifacts.flink_minor}",
-            f"--flink_job_server_jar={self.artifacts.job_server_jar}",
             f"--environment_type={environment}",
             f"--parallelism={self.parallelism}",
         ]
         if environment == "EXTERNAL":
             args.append(f"--environment_config={self.environment_config}")
-        java = _java_executable()
-        if java is not None:
-            args.append(f"--job_server_java_launcher={java}")
+        if job_endpoint:
+            args.append(f"--job_endpoint={job_endpoint}")
+        else:
+            args.append(f"--flink_job_server_jar={self.artifacts.job_server_jar}")
+            java = _java_executable()
+            if java is not None:
+                args.append(f"--job_server_java_launcher={java}")
         return [*args, *extra]
+
+    def job_server(self, timeout: float = 180.0) -> "JobServer":
+        """Starts Beam's Flink job server for this cluster and waits until it accepts jobs.
+
+        Args:
+            timeout: Seconds to wait for its job port.
+
+        Returns:
+            The running job server; pass ``job_endpoint=server.endpoint`` to :meth:`pipeline_args`,
+            and call :meth:`JobServer.stop` (or use it as a context manager).
+        """
+        server = JobServer(self)
+        try:
+            server.start(timeout)
+        except BaseException:
+            server.stop()
+            raise
+        return server
 
     def rest_get(self, path: str) -> dict:
         """GETs ``path`` from the REST API and decodes the JSON answer.
@@ -578,7 +610,7 @@ class FlinkCluster:
         return int(match.group(1))
 
     def restart_worker_pools(self, env: Optional[Mapping[str, str]] = None, timeout: float = 60.0,
-                             per_pool: Optional[Mapping[int, Mapping[str, str]]] = None) -> None:
+                             per_pool: Optional[Mapping[int, Mapping[str, str]]] = None, warm: bool = False) -> None:
         """Stops every worker pool and starts it again with ``env`` as its extra environment (for
         test hooks that the SDK workers read); call it between jobs.
 
@@ -586,11 +618,14 @@ class FlinkCluster:
             env: The pools' new extra environment (replaces the previous one); None for none.
             timeout: Seconds to wait for the pools to accept connections.
             per_pool: More variables for single pools, by TaskManager index.
+            warm: Run SDK workers as threads of a pool that has Beam and the project imported,
+                instead of one fresh interpreter per worker.
         """
         self._pool_env = dict(env or {})
         for pool in self.pools:
             pool.stop()
             pool.env = {**self._pool_env, **dict((per_pool or {}).get(pool.index, {}))}
+            pool.warm = warm
             pool.start()
         self.wait_for("worker pools accepting connections",
                       lambda: all(pool.accepting() for pool in self.pools), timeout)
@@ -744,6 +779,96 @@ class FlinkCluster:
             self._processes[name] = subprocess.Popen(
                 command, env=self._env(name), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, cwd=home)
+
+
+class JobServer:
+    """Beam's Flink job server kept up across jobs (``--job_endpoint``), as FlinkRunner would start it
+    per pipeline: ``java -jar`` on the launcher jar, pointed at one cluster's REST endpoint.
+
+    Attributes:
+        job_port: Port of its job service (``--job_endpoint=localhost:PORT``).
+        workdir: Its temporary folder (staged artifacts, ``jobserver.out``).
+        started_in: Seconds from spawning it to its job port accepting connections.
+    """
+
+    def __init__(self, cluster: FlinkCluster):
+        if cluster.artifacts.job_server_jar is None:
+            raise RuntimeError(beam_on_flink_unavailable_reason() or "no Flink job server")
+        self.cluster = cluster
+        self.job_port = 0
+        self.workdir: Optional[Path] = None
+        self.started_in = 0.0
+        self.proc: Optional[subprocess.Popen] = None
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` for Beam's ``--job_endpoint``."""
+        return f"localhost:{self.job_port}"
+
+    @property
+    def pid(self) -> int:
+        """Process id of the job server's JVM."""
+        if self.proc is None:
+            raise RuntimeError("the job server is not running")
+        return self.proc.pid
+
+    def start(self, timeout: float = 180.0) -> None:
+        """Spawns the job server and waits until its job port accepts connections.
+
+        Raises:
+            RuntimeError: It exited, or its port did not open in time (with its log's tail).
+        """
+        java = _java_executable()
+        if java is None:
+            raise RuntimeError("no Java runtime (set JAVA_HOME or put java on PATH)")
+        self.workdir = Path(tempfile.mkdtemp(prefix="imagerecords-jobserver-"))
+        self.job_port = free_port()
+        # The same arguments Beam's FlinkJarJobServer passes (flink_runner.py), with ports of our own.
+        command = [java, "-jar", str(self.cluster.artifacts.job_server_jar),
+                   "--flink-master", f"http://{self.cluster.flink_master}",
+                   "--artifacts-dir", str(self.workdir / "artifacts"),
+                   "--job-port", str(self.job_port), "--artifact-port", str(free_port()),
+                   "--expansion-port", str(free_port())]
+        started = time.monotonic()
+        with open(self.workdir / "jobserver.out", "wb") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, cwd=self.workdir)
+        deadline = started + timeout
+        while not self._accepting():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the Flink job server exited with status {self.proc.returncode}:\n"
+                                   f"{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Flink job server's port {self.job_port}: not open after {timeout:.0f} s\n"
+                                   f"{self.log_tail()}")
+            time.sleep(0.1)
+        self.started_in = time.monotonic() - started
+
+    def _accepting(self) -> bool:
+        try:
+            with socket.create_connection(("localhost", self.job_port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def log_tail(self, chars: int = 3000) -> str:
+        path = self.workdir / "jobserver.out" if self.workdir else None
+        return path.read_text(errors="replace")[-chars:] if path and path.exists() else ""
+
+    def stop(self) -> None:
+        """Ends the job server and removes its folder; safe to call more than once."""
+        if self.proc is not None:
+            terminate_group(self.proc, grace=5.0)
+            self.proc = None
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def __enter__(self) -> "JobServer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
 
 
 def _shipped_java_opts(config_yaml: Path) -> str:

@@ -200,6 +200,59 @@ class GcsEmulatorError(RuntimeError):
     pass
 
 
+class Request:
+    """One request as the proxy logged it (see :meth:`GcsEmulator.requests`).
+
+    Attributes:
+      method: the HTTP method.
+      path: the URL path (quoted, as sent).
+      bucket: the bucket named in the path ('' when none).
+      name: the object name (unquoted), '' for bucket-level calls such as listings.
+      query: the query parameters ({name: value}).
+      status: the HTTP status sent back.
+      size: bytes in the answer's body (0 for HEAD).
+    """
+
+    _LINE = None
+
+    def __init__(self, method: str, path: str, bucket: str, name: str, query: Dict[str, str], status: int,
+                 size: int):
+        self.method, self.path, self.bucket, self.name, self.query, self.status, self.size = (
+            method, path, bucket, name, query, status, size)
+
+    @property
+    def is_download(self) -> bool:
+        """Whether this request read an object's bytes (a media GET)."""
+        return self.method == "GET" and self.query.get("alt") == "media" and bool(self.name)
+
+    @property
+    def is_listing(self) -> bool:
+        """Whether this request listed a bucket's objects."""
+        return self.method == "GET" and bool(self.bucket) and not self.name and self.path.endswith("/o")
+
+    @classmethod
+    def parse(cls, line: str) -> Optional["Request"]:
+        import re
+        import urllib.parse
+
+        if cls._LINE is None:
+            cls._LINE = re.compile(r'^\S+ "(\S+) (\S+) [^"]*" (\d+) (\d+)$')
+        match = cls._LINE.match(line.strip())
+        if match is None:
+            return None  # an error line, or a request logged without a size
+        method, target, status, size = match.groups()
+        url = urllib.parse.urlsplit(target)
+        path = url.path
+        bucket = name = ""
+        if "/b/" in path:
+            after = path.split("/b/", 1)[1]
+            bucket, _, rest = after.partition("/")
+            if rest.startswith("o/"):
+                name = urllib.parse.unquote(rest[2:])
+        return cls(method, path, urllib.parse.unquote(bucket), name, dict(urllib.parse.parse_qsl(url.query)),
+                   int(status), int(size))
+
+
 class GcsEmulator:
     """A fake-gcs-server process and the proxy in front of it.
 
@@ -618,6 +671,19 @@ class GcsEmulator:
         bucket, name = parse_gs_uri(gs_uri)
         return self.client.bucket(bucket).blob(name).download_as_bytes(raw_download=True)
 
+    def requests(self) -> List["Request"]:
+        """Every request the proxy has answered so far, oldest first, with the bytes of each answer's
+        body: what a test counts to say how much a step read (take the length before the step)."""
+        if self._workdir is None:
+            raise GcsEmulatorError("emulator not started")
+        out = []
+        with open(self._workdir / "proxy.log", encoding="latin-1") as f:
+            for line in f:
+                request = Request.parse(line)
+                if request is not None:
+                    out.append(request)
+        return out
+
     def list(self, prefix: str) -> List[str]:
         """Sorted ``gs://`` URIs of all objects under ``prefix`` (``gs://b/dir/``)."""
         bucket, name_prefix = parse_gs_uri(prefix)
@@ -788,7 +854,7 @@ def _run_front_proxy(server_port: int, workdir: Path, server_pid: int) -> None:
             except (OSError, ValueError) as error:
                 self.send_error(502, f"proxy error: {error}")
                 return
-            self.log_request(status)
+            self.log_request(status, 0 if self.command == "HEAD" else len(data))  # body bytes: tests count reads
             self.send_response_only(status, reason)
             for key, value in headers:
                 if key.lower() in _HOP_BY_HOP_HEADERS:

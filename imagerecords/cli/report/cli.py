@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
+import json
 import os
 from typing import Callable, Optional, Sequence
 
-from imagerecords.build import errors
+from imagerecords.pipeline import errors
 from imagerecords.format.manifest import Manifest, Split
 from imagerecords.format.paths import has_scheme
 from imagerecords.cli.report.extras import read_extras
@@ -23,9 +25,44 @@ DEFAULT_SAMPLE = 1000
 LoadManifest = Callable[[str], Manifest]
 
 
-def default_html(manifest: Manifest) -> str:
-    """`./<name>-report.html`: the current folder, never the dataset folder (see write_report)."""
-    return f"{manifest.name}-report.html"
+def default_html(output: str, manifest: Manifest) -> str:
+    """`./<name>-<8 hex>-report.html`: the current folder, never the dataset folder (see write_report).
+
+    The hex digits come from the dataset's location, so datasets of the same name (every build of a
+    folder tree is "images" by default) get different files, and the same dataset always the same one.
+    """
+    return f"{manifest.name}-{hashlib.sha256(_location(output).encode()).hexdigest()[:8]}-report.html"
+
+
+def _location(output: str) -> str:
+    """The dataset folder as one string per dataset: its resolved absolute path, or its URI."""
+    return output.rstrip("/") if has_scheme(output) else os.path.realpath(output)
+
+
+# The last line of every page names the dataset it shows, so a default file of another dataset is
+# never replaced silently; '-' is escaped so the name cannot end the HTML comment.
+_MARK = "<!-- imagerecords report of: {} -->\n"
+
+
+def _marked(page: str, output: str) -> str:
+    return page.rstrip("\n") + "\n" + _MARK.format(json.dumps(_location(output)).replace("-", "\\u002d"))
+
+
+def _shows(html_path: str) -> Optional[str]:
+    """The dataset location a report file we wrote names; None for a file without our mark."""
+    try:
+        with open(html_path, "rb") as f:
+            f.seek(max(os.path.getsize(html_path) - 8192, 0))
+            tail = f.read().decode("utf-8", "replace").rstrip("\n").rsplit("\n", 1)[-1]
+    except OSError:
+        return None
+    head, _, rest = _MARK.partition("{}")
+    if not (tail.startswith(head) and tail.endswith(rest.rstrip("\n"))):
+        return None
+    try:
+        return json.loads(tail[len(head):len(tail) - len(rest.rstrip("\n"))])
+    except ValueError:
+        return None
 
 
 def write_report(output: str, html_path: Optional[str] = None, per_class: int = DEFAULT_PER_CLASS,
@@ -35,11 +72,12 @@ def write_report(output: str, html_path: Optional[str] = None, per_class: int = 
 
     The page does not go into the dataset folder unless asked: a published folder is the unit
     readers, `verify` and the next `--overwrite` build reason about, and it may be read-only or
-    remote; so the default is `./<name>-report.html`.
+    remote; so the default is `./<name>-<8 hex>-report.html` (see default_html), and a default
+    file that holds another dataset's report is refused rather than replaced.
 
     Args:
       output: the dataset folder (local, or gs://... with the builder's gcp extra).
-      html_path: where to write the page; default `./<name>-report.html`.
+      html_path: where to write the page; default `./<name>-<8 hex>-report.html`.
       per_class: thumbnails per class.
       max_classes: classes on the contact sheet (the lowest label ids).
       split: the split to take thumbnails and size distributions from; default the largest.
@@ -56,13 +94,19 @@ def write_report(output: str, html_path: Optional[str] = None, per_class: int = 
     """
     _check_arguments(per_class, max_classes, sample)
     manifest = load_manifest(output)
-    html_path = html_path or default_html(manifest)
+    if html_path is None:
+        html_path = default_html(output, manifest)
+        if os.path.lexists(html_path) and _shows(html_path) != _location(output):
+            other = _shows(html_path)
+            holds = f"the report of {other}" if other else "a file this command did not write"
+            raise errors.UsageError(f"{html_path} holds {holds}, not the report of {_location(output)}; "
+                                    "pass --html PATH to write this one elsewhere, or remove that file")
     _check_html_path(html_path)
     chosen = _choose_split(output, manifest, split)
     classes = label_ids(manifest)[:max_classes]
     taken = sample_split(output, manifest, chosen, classes, per_class, sample) if chosen else None
     page = render(output, manifest, taken, classes, read_extras(output, manifest), per_class)
-    _write_atomically(html_path, page)
+    _write_atomically(html_path, _marked(page, output))
     return html_path
 
 
@@ -113,8 +157,8 @@ def _parser() -> argparse.ArgumentParser:
                                             "images per class, label histograms, sizes, shards, rejects.")
     p.add_argument("output", help="the dataset folder (local or gs://...)")
     p.add_argument("--html", default=None,
-                   help="file to write (default: ./<name>-report.html; not the dataset folder, which stays "
-                        "as published)")
+                   help="file to write (default: ./<name>-<8 hex of the dataset's path>-report.html, one per "
+                        "dataset; not the dataset folder, which stays as published)")
     p.add_argument("--per_class", type=int, default=DEFAULT_PER_CLASS,
                    help=f"thumbnails per class (default: {DEFAULT_PER_CLASS})")
     p.add_argument("--max_classes", type=int, default=DEFAULT_MAX_CLASSES,

@@ -9,7 +9,7 @@ from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple
 
 from imagerecords.format import features as feature_spec
 from imagerecords.format.manifest import DUPLICATES, ERRORS, Manifest
-from imagerecords.build.storage import join, open_if_exists
+from imagerecords.pipeline.storage import join, open_if_exists
 
 _EXAMPLES_PER_REASON = 3
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")

@@ -114,6 +114,9 @@ def _contact_sheet(m: Manifest, sample: Optional[Sample], classes: Sequence[int]
              f'(the build\'s shuffled order), thumbnails at most {THUMB_SIDE} px. Read '
              f'{sample.records_read} records from {len(sample.shards_read)} of {total_shards} shards.</p>')
     s.extend(f'<p class=warn>{_e(problem)}</p>' for problem in sample.problems)
+    if not sample.thumbs:
+        return s + ['<p class=src data-no-image>The records hold no image (an arrays build without an '
+                    '<code>image</code> array): nothing to show here; see <a href="#values">feature values</a>.</p>']
     all_ids = label_ids(m)
     if len(classes) < len(all_ids):
         s.append(f"<p class=warn>Showing {len(classes)} of {len(all_ids)} classes (the lowest label ids; "
@@ -141,7 +144,7 @@ def _class_sheet(m: Manifest, label: Optional[int], sample: Sample, in_split: in
     else:
         name = _e(_label_name(m, label))
         s = [f'<section class=class data-class="{name}" data-label="{label}">'
-             f'<h3>{label} · {name} <small>({in_split} in {_e(split)})</small></h3><div class=sheet>']
+             f'<h3>{_e(_titled(m, label, " · "))} <small>({in_split} in {_e(split)})</small></h3><div class=sheet>']
     if not thumbs:
         s.append(f"<p>No records of this class in {_e(split)}.</p>")
     s.extend(_figure(t, name, sample) for t in thumbs)
@@ -172,7 +175,7 @@ def _labels(m: Manifest) -> List[str]:
          '</b> records, the largest class of any split. Red: a class with no record in the split.</p>']
     for sp in m.splits:
         s.append(f"<h3>{_e(sp.name)} ({sp.num_examples} records)</h3>")
-        s.append(bars_svg([(f"{label} {_label_name(m, label)}", counts[sp.name].get(label, 0),
+        s.append(bars_svg([(_titled(m, label, " "), counts[sp.name].get(label, 0),
                             {"split": sp.name, "label": label}) for label in label_ids(m)], top=top))
     return s
 
@@ -361,6 +364,12 @@ def _build(m: Manifest) -> List[str]:
 
 def _members(row: Mapping[str, Any]) -> List[Mapping[str, Any]]:
     return [mb for mb in row["members"] if isinstance(mb, Mapping)]
+
+
+def _titled(manifest: Manifest, label: int, sep: str) -> str:
+    """`id<sep>name`, or the id alone when the name is that id (integer classes: "3", not "3 3")."""
+    name = _label_name(manifest, label)
+    return name if name == str(label) else f"{label}{sep}{name}"
 
 
 def _label_name(manifest: Manifest, label: int) -> str:

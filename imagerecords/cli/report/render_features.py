@@ -6,7 +6,7 @@ from typing import List, Optional, Sequence
 
 from imagerecords.cli.report.markup import bars_svg, escape as _e, histogram_svg
 from imagerecords.cli.report.sample import Box, Sample, Thumb
-from imagerecords.cli.report.values import FeatureValues, is_boxes, is_scalar, value_histogram
+from imagerecords.cli.report.values import FeatureValues, is_scalar, value_histogram
 
 BOX_COLOURS = ("#ff2d2d", "#ffd21f", "#21d4ff", "#5dff3b", "#ff3bf0", "#ffffff")
 
@@ -20,11 +20,11 @@ def values_section(sample: Optional[Sample]) -> List[str]:
     s.append(f'<p class=src>From the first {sample.sampled} records of split <b>{_e(sample.split)}</b> in shard '
              'order (the records the image sizes come from; --sample sets how many).</p>')
     for name in sorted(sample.values):
-        s.extend(_feature_values(sample.values[name]))
+        s.extend(_feature_values(sample.values[name], name in sample.boxes))
     return s
 
 
-def _feature_values(fv: FeatureValues) -> List[str]:
+def _feature_values(fv: FeatureValues, drawn: bool) -> List[str]:
     f = fv.feature
     kind = f.dtype if not f.numeric else f"{f.dtype} {_shape_text(f.shape)}"
     s = [f'<section class=feature data-feature="{_e(f.name)}" data-records="{fv.records}">'
@@ -44,7 +44,7 @@ def _feature_values(fv: FeatureValues) -> List[str]:
     elif is_scalar(f):
         s.append(_scalar_histogram(fv))
     else:
-        s.append(_tensor_range(fv))
+        s.append(_tensor_range(fv, drawn))
     s.append("</section>")
     return s
 
@@ -83,7 +83,7 @@ def _strings(fv: FeatureValues) -> List[str]:
             f'{len(fv.examples)}:</p><ul class=strings data-strings="{_e(fv.feature.name)}">{items}</ul>']
 
 
-def _tensor_range(fv: FeatureValues) -> str:
+def _tensor_range(fv: FeatureValues, drawn: bool) -> str:
     if fv.low is None:
         span = "no finite values"
     else:
@@ -91,7 +91,7 @@ def _tensor_range(fv: FeatureValues) -> str:
     text = f"{fv.count} values in all, {span}"
     if fv.non_finite:
         text += f", {fv.non_finite} NaN or infinite"
-    if is_boxes(fv.feature):
+    if drawn:
         convention = "fractions of the image (0..1)" if fv.normalized else "pixels (values beyond 0..1)"
         text += (f'. Drawn as boxes on the contact sheet: (ymin, xmin, ymax, xmax) in '
                  f'<b data-convention="{"normalized" if fv.normalized else "pixels"}">{convention}</b>')

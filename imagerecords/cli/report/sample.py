@@ -14,7 +14,7 @@ from imagerecords.format import features as feature_spec
 from imagerecords.format import records, schema
 from imagerecords.format.features import Feature
 from imagerecords.format.manifest import Manifest, Split
-from imagerecords.build.storage import join, open_if_exists
+from imagerecords.pipeline.storage import join, open_if_exists
 from imagerecords.cli.report import values as feature_values
 from imagerecords.cli.report.extras import valid_features
 
@@ -78,7 +78,7 @@ class Sample:
     Attributes:
       split: the split read.
       thumbs: {label id: thumbnails in shard order}; {None: ...} when the dataset has no classes or its
-        records no label.
+        records no label; {} when its records hold no image.
       sizes: (height, width) of the first `limit` records in shard order (none when the records hold
         no height and width features).
       image_bytes: image byte sizes of the same records.
@@ -191,14 +191,17 @@ def sample_split(output: str, manifest: Manifest, split: Split, classes: Sequenc
     """
     in_split = label_counts(split)
     stored = {f.name: f for f in feature_spec.stored(dataclasses.replace(manifest, features=valid_features(manifest)))}
-    if classes and schema.keys(manifest.schema).label in stored:
-        want: Dict[Optional[int], int] = {c: min(per_class, in_split.get(c, 0)) for c in classes}
+    keys = schema.keys(manifest.schema)
+    if keys.image not in stored:  # nothing to draw a thumbnail (or boxes) from: values only
+        want: Dict[Optional[int], int] = {}
+    elif classes and keys.label in stored:
+        want = {c: min(per_class, in_split.get(c, 0)) for c in classes}
     else:
         want = {None: min(per_class, split.num_examples)}
     declared = [stored[name] for name in sorted(valid_features(manifest))]
     sample = Sample(split.name, {c: [] for c in want}, [], [], limit,
                     values=feature_values.collect(declared),
-                    boxes=tuple(f.name for f in declared if feature_values.is_boxes(f)))
+                    boxes=tuple(f.name for f in declared if want and feature_values.is_boxes(f)))
     picker = _Picker(sample, schema.keys(manifest.schema), {c: n for c, n in want.items() if n > 0}, stored)
     for shard in split.shards:
         if picker.done():

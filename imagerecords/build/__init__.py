@@ -1,1 +1,0 @@
-"""The builder: inputs, codec, planning, the stages, the shard writer, publishing, and the engines."""

@@ -1,0 +1,94 @@
+"""Random access to one split's records through its index files: offsets, checked frames, the split's digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from imagerecords.format import manifest as manifest_lib
+from imagerecords.format import records
+from imagerecords.format.files import Files
+from imagerecords.format.manifest import Manifest
+from imagerecords.format.paths import has_scheme, join
+from imagerecords.format.records import CorruptRecordError
+
+INDEX_POLICIES = ("require", "scan")
+
+
+class MissingIndexError(ValueError):
+    """The split's shards have no index files and index='require'; the message says how to mend it."""
+
+
+def load_manifest(path: str, files: Optional[Files] = None) -> Manifest:
+    """Reads `path`/manifest.json (local or gs://) without TensorFlow (imagerecords.format.manifest.load).
+
+    Raises:
+      FileNotFoundError: when no build is published there (the message says whether an unfinished
+        one is, and how to finish it).
+      imagerecords.format.manifest.ManifestError: when the manifest is unreadable.
+    """
+    files = files or Files()
+    return manifest_lib.load(path, files.read, lambda p: not has_scheme(p) and os.path.exists(p))
+
+
+def split_digest(shards: Sequence) -> str:
+    """What a saved reader position means: the split's records in order, whatever folder they sit in."""
+    return hashlib.sha256(json.dumps([[s.count, s.sha256] for s in shards]).encode()).hexdigest()[:16]
+
+
+def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: str
+                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(frame offset, frame length, shard number) of every record of a split, in split order.
+
+    Args:
+      files: the reader's Files.
+      path: the dataset folder.
+      split: its name (for messages).
+      shards: the split's manifest Shards.
+      index: "require" (a shard without an index file is an error saying how to mend it) or
+        "scan" (such a shard's offsets are found by reading it once).
+
+    Raises:
+      MissingIndexError: under index="require" when a shard has no index file.
+      records.IndexFileError: an index file that differs from manifest.json (sha256, count, end).
+      CorruptRecordError: a scanned shard whose frames disagree with manifest.json.
+    """
+    unindexed = [s for s in shards if not s.index_file]
+    if unindexed and index == "require":
+        raise MissingIndexError(
+            f"{path}: {len(unindexed)} of the {len(shards)} shards of split {split!r} have no index file "
+            "(the build ran without --write_index), and random access needs one; rebuild with "
+            f"`imagerecords build --input ... --output {path} --write_index --overwrite`, or pass "
+            "index='scan' to find the offsets by reading every unindexed shard once")
+    offsets, lengths, shard_of = [], [], []
+    for number, shard in enumerate(shards):
+        shard_path = join(path, shard.filename)
+        if shard.index_file:
+            index_path = join(path, shard.index_file)
+            entries = records.load_index(files.read(index_path), index_path, count=shard.count,
+                                         num_bytes=shard.num_bytes, sha256=shard.index_sha256)
+        else:
+            entries = records.scan_frames(files.read(shard_path), shard_path)
+            end = entries[-1][0] + entries[-1][1] if entries else 0
+            if len(entries) != shard.count or end != shard.num_bytes:
+                raise CorruptRecordError(
+                    f"{shard_path}: its frames are {len(entries)} records over {end} bytes, manifest.json says "
+                    f"{shard.count} over {shard.num_bytes} (`imagerecords verify {path}` checks every file)")
+        offsets += [o for o, _ in entries]
+        lengths += [n for _, n in entries]
+        shard_of += [number] * len(entries)
+    return np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(shard_of, np.int32)
+
+
+def check_frame(dataset: str, shard_path: str, offset: int, length: int, frame: bytes) -> bytes:
+    """The record inside `frame` (read from `shard_path` at `offset`), both checksums checked.
+
+    Raises:
+      CorruptRecordError: naming the shard and byte offset of a short or damaged frame.
+    """
+    return records.record_of_frame(frame, length, f"{shard_path}: record at byte {offset}",
+                                   f" (`imagerecords verify {dataset} --records` checks every shard)")

@@ -1,0 +1,117 @@
+"""Whole and ranged reads of local files and gs:// objects, without TensorFlow or torch; one client per process."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Dict, Optional, Tuple
+
+from imagerecords.format.paths import has_scheme
+
+_GCS_HINT = "gs:// paths need google-cloud-storage: pip install google-cloud-storage"
+
+
+class Files:
+    """Opens what it reads lazily and per process, so a DataLoader worker (forked or spawned)
+    never uses a descriptor or client made in its parent.
+
+    Local files are read with os.pread (no shared seek position, so threads may share one
+    descriptor); gs:// objects with ranged GETs through one google-cloud-storage client.
+    """
+
+    def __init__(self):
+        self._pid: Optional[int] = None
+        self._fds: Dict[str, int] = {}
+        self._blobs: Dict[str, object] = {}
+        self._client = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {}  # descriptors and clients do not cross processes
+
+    def __setstate__(self, state):
+        self.__init__()
+
+    def _check_process(self) -> None:
+        if self._pid != os.getpid():
+            self._fds, self._blobs, self._client, self._pid = {}, {}, None, os.getpid()
+
+    def read(self, path: str) -> bytes:
+        """Returns the whole file or object at `path`.
+
+        Raises:
+          FileNotFoundError: naming `path` when it does not exist.
+        """
+        if not has_scheme(path):
+            with open(path, "rb") as f:
+                return f.read()
+        blob = self._blob(path)
+        from google.api_core import exceptions
+
+        try:
+            return blob.download_as_bytes(checksum=None)
+        except exceptions.NotFound:
+            raise FileNotFoundError(f"{path} does not exist") from None
+
+    def exists(self, path: str) -> bool:
+        if not has_scheme(path):
+            return os.path.exists(path)
+        return self._blob(path).exists()
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Returns `length` bytes of `path` from byte `offset` (fewer at the end of the file)."""
+        if not has_scheme(path):
+            return os.pread(self._fd(path), length, offset)
+        from google.api_core import exceptions
+
+        try:  # `end` is inclusive in the storage API
+            return self._blob(path).download_as_bytes(start=offset, end=offset + length - 1, checksum=None)
+        except exceptions.NotFound:
+            raise FileNotFoundError(f"{path} does not exist (the dataset was rebuilt and this version "
+                                    "removed? load the dataset again)") from None
+        except exceptions.RequestRangeNotSatisfiable:
+            return b""
+
+    def _fd(self, path: str) -> int:
+        with self._lock:
+            self._check_process()
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            return fd
+
+    def _blob(self, path: str):
+        with self._lock:
+            self._check_process()
+            blob = self._blobs.get(path)
+            if blob is None:
+                bucket, name = split_gs(path)
+                if self._client is None:
+                    try:
+                        from google.cloud import storage
+                    except ImportError:
+                        raise ImportError(_GCS_HINT) from None
+                    self._client = storage.Client()
+                blob = self._blobs[path] = self._client.bucket(bucket).blob(name)
+            return blob
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                for fd in self._fds.values():
+                    os.close(fd)
+            self._fds, self._blobs, self._client = {}, {}, None
+
+
+def split_gs(path: str) -> Tuple[str, str]:
+    """('bucket', 'object/name') of a gs:// path.
+
+    Raises:
+      ValueError: for another scheme or a path without an object name.
+    """
+    if not path.startswith("gs://"):
+        raise ValueError(f"{path}: random access reads local paths and gs:// only")
+    bucket, _, name = path[len("gs://"):].partition("/")
+    if not bucket or not name:
+        raise ValueError(f"{path}: not a gs://bucket/object path")
+    return bucket, name

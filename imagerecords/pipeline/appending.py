@@ -1,0 +1,311 @@
+"""--append: what the published dataset already holds, and how a delta's inputs are checked against it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from imagerecords.format import records, schema
+from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError
+from imagerecords.pipeline import codec, errors, refs as refs_lib, storage
+from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+
+__all__ = ["Base", "Known", "load_base", "grow_labels", "against", "merged_manifest"]
+
+# Build settings that shape a record's bytes or its split: an append must use the dataset's.
+_SAME = ("image", "splits", "split_seed", "label_offset", "label_type", "write_index", "writer", "split_column",
+         "key_column")
+
+
+@dataclasses.dataclass(frozen=True)
+class Known:
+    """What the dataset stores under one key.
+
+    Attributes:
+      split: its split.
+      label: its class name ('' when the record has none).
+      shard: the shard file (relative to the dataset folder) holding it.
+      digest: content digest (shard_writer.content_digest) of the source file's bytes (from the
+        shard's keys file), or of the stored image bytes (read from the shard when it has none).
+      size: the source file's size when it was listed (-1: unknown).
+      since_ns: when the build that wrote it started (ns since the epoch; None: unknown): a local
+        file neither modified nor linked since then is the file that build read.
+    """
+
+    split: str
+    label: str
+    shard: str
+    digest: bytes
+    size: int = -1
+    since_ns: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Base:
+    """The published dataset an append adds to.
+
+    Attributes:
+      manifest: its manifest.
+      keys: {key: Known} of every record it holds.
+    """
+
+    manifest: Manifest
+    keys: Mapping[str, Known]
+
+    @property
+    def labels(self) -> LabelMap:
+        """The published class ids (and class-list vocabularies): an append only adds after them."""
+        lists = tuple(sorted((name, tuple(spec.get("names") or ())) for name, spec in self.manifest.features.items()
+                             if spec.get("dtype") == "class_list"))
+        return LabelMap(tuple(self.manifest.label_names), self.manifest.label_offset, self.manifest.integer_labels,
+                        lists)
+
+
+def _one_line(text: str) -> errors.UsageError:
+    return errors.UsageError(f"--append refused: {text}; append with the settings the dataset was built with, or "
+                             "rebuild with --overwrite")
+
+
+def _check_compatible(config, manifest: Manifest) -> None:
+    """Refuses, in one line naming the first difference, a delta whose records would not match the
+    dataset's (feature spec, image options, splits, label settings)."""
+    from imagerecords.format import features as features_lib
+
+    if manifest.version is None:
+        raise _one_line(f"{config.output} is a dataset written before versions had folders")
+    if manifest.features_only:
+        raise _one_line("arrays datasets cannot be appended to yet")
+    if config.name != manifest.name:
+        raise _one_line(f"name {config.name!r} differs from the dataset's {manifest.name!r}")
+    if config.schema != manifest.schema:
+        raise _one_line(f"schema {config.schema!r} differs from the dataset's {manifest.schema!r}")
+    mine = config.to_json()
+    theirs = dict(manifest.parameters)
+    image = dict(theirs.get("image") or {})
+    if "png_level" in mine.get("image", {}) and "png_level" not in image and image:
+        # Written before the level was a setting, so with the level every PNG had then.
+        theirs["image"] = {**image, "png_level": codec.LEGACY_PNG_LEVEL}
+    for key in _SAME:
+        if mine.get(key) != theirs.get(key):
+            raise _one_line(f"{key} {json.dumps(mine.get(key), sort_keys=True)} differs from the dataset's "
+                            f"{json.dumps(theirs.get(key), sort_keys=True)}")
+    declared = {k: {f: v for f, v in spec.items() if f != "names"}
+                for k, spec in features_lib.specs_to_json(config.features).items()} if config.features else {}
+    published = {k: {f: v for f, v in dict(spec).items() if f != "names"} for k, spec in manifest.features.items()}
+    for name in sorted(set(declared) | set(published)):
+        if declared.get(name) != published.get(name):
+            raise _one_line(f"feature {name!r} is {json.dumps(declared.get(name), sort_keys=True)} here, "
+                            f"{json.dumps(published.get(name), sort_keys=True)} in the dataset")
+
+
+def _started_ns(folder: str) -> Optional[int]:
+    """When the build of a v-<build id> folder started (its id begins with the UTC time); None for a named one."""
+    import datetime
+
+    stamp = folder.rsplit("/", 1)[-1][2:].split("-", 1)[0] if folder.startswith("v-") else ""
+    try:
+        when = datetime.datetime.strptime(stamp, "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=datetime.timezone.utc)
+    except ValueError:
+        return None
+    return int(when.timestamp()) * 10**9 + when.microsecond * 1000
+
+
+def _keys_file(output: str, shard) -> Optional[List[Tuple[str, str, int, bytes]]]:
+    """The rows of a shard's keys file, or None when it has none (written before keys files) or one
+    whose row count is not the shard's (then its records are read instead)."""
+    from imagerecords.pipeline import dataset_files
+
+    folder, _, plain = shard.filename.rpartition("/")
+    data = storage.open_if_exists(storage.join(output, folder, dataset_files.keys_name(plain))) if folder else None
+    if data is None:
+        return None
+    with data:
+        try:
+            rows = dataset_files.parse_keys(data.read())
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return None
+    return rows if len(rows) == shard.count else None
+
+
+def _scan(output: str, manifest: Manifest) -> Dict[str, Known]:
+    """Every key the dataset holds: from each shard's keys file, else read from the shard (the
+    records store their key)."""
+    keys = schema.keys(manifest.schema)
+    wanted = (keys.filename, keys.image, keys.label)
+    from imagerecords.pipeline.shard_writer import content_digest
+
+    known: Dict[str, Known] = {}
+    offset = manifest.label_offset
+    for split in manifest.splits:
+        for shard in split.shards:
+            since = _started_ns(shard.filename.rpartition("/")[0])
+            rows = _keys_file(output, shard)
+            if rows is not None:
+                for key, label, size, digest in rows:
+                    known[key] = Known(split.name, label, shard.filename, digest, size, since)
+                continue
+            path = storage.join(output, shard.filename)
+            with storage.open_read(path) as f:
+                for record in records.read_records(f, path):
+                    values = {k: v[0] for k, v in schema.parse_example(record, only=wanted).items() if v}
+                    key = values.get(keys.filename, b"").decode("utf-8")
+                    label_id = values.get(keys.label)
+                    index = label_id - offset if isinstance(label_id, int) else -1
+                    name = manifest.label_names[index] if 0 <= index < len(manifest.label_names) else ""
+                    known[key] = Known(split.name, name, shard.filename,
+                                       content_digest(values.get(keys.image, b"")))
+    return known
+
+
+_CACHE: Dict[Tuple[str, bytes], Base] = {}
+
+
+def load_base(config) -> Base:
+    """The published dataset in `config.output` (read once per manifest), checked against `config`.
+
+    Raises:
+      errors.UsageError: no dataset to append to, or one whose settings differ (one line).
+    """
+    path = storage.join(config.output, MANIFEST)
+    if not storage.exists(path):
+        raise errors.UsageError(f"--append refused: {config.output} holds no published dataset to append to; "
+                                "build it first (without --append)")
+    data = storage.read_bytes(path)
+    try:
+        manifest = Manifest.loads(data, path)
+    except ManifestError as e:
+        raise errors.OutputError(f"--append refused: {e}") from None
+    _check_compatible(config, manifest)
+    cached = _CACHE.get((config.output, data))
+    if cached is None:
+        try:
+            cached = Base(manifest, _scan(config.output, manifest))
+        except (OSError, ValueError) as e:
+            raise errors.OutputError(f"--append refused: a shard of {config.output} cannot be read ({e}); "
+                                     "rebuild with --overwrite") from None
+        _CACHE.clear()
+        _CACHE[(config.output, data)] = cached
+    return cached
+
+
+def grow_labels(base: LabelMap, seen: Iterable[str], declared: Optional[LabelMap] = None) -> LabelMap:
+    """The published ids with the new classes after them: sorted new names (or a declared list that
+    starts with the published names), integers up to the largest one seen.
+
+    Raises:
+      errors.UsageError: a declared list that does not start with the published names.
+    """
+    if declared is not None:
+        if tuple(declared.names[:len(base.names)]) != tuple(base.names):
+            raise _one_line("--label_map must list the dataset's classes first, in their order, new ones after")
+        return dataclasses.replace(declared, offset=base.offset, lists=base.lists)
+    seen = set(seen)
+    if base.integer:
+        top = max((v for v in map(refs_lib.int_label, seen) if v is not None), default=-1)
+        names = tuple(base.names) + tuple(str(i) for i in range(len(base.names), top + 1))
+        return dataclasses.replace(base, names=names)
+    return dataclasses.replace(base, names=tuple(base.names) + tuple(sorted(seen - set(base.names))))
+
+
+def grow_lists(base: LabelMap, features: Sequence[Any], pairs: Iterable[Tuple[str, str]]) -> LabelMap:
+    """The class-list vocabularies grown like the class names: published names first, new ones sorted after."""
+    published = dict(base.lists)
+    seen: Dict[str, set] = {}
+    for feature, name in pairs:
+        seen.setdefault(feature, set()).add(name)
+    lists = []
+    for f in sorted((f for f in features if f.dtype == "class_list"), key=lambda f: f.name):
+        old = tuple(published.get(f.name, ()))
+        if f.names:
+            if tuple(f.names[:len(old)]) != old:
+                raise _one_line(f"feature {f.name!r}: the declared class list must start with the dataset's names")
+            lists.append((f.name, tuple(f.names)))
+        else:
+            lists.append((f.name, old + tuple(sorted(seen.get(f.name, set()) - set(old)))))
+    return dataclasses.replace(base, lists=tuple(lists))
+
+
+def against(ref: ImageRef, base: Base, read_bytes, options: codec.ImageOptions,
+            splits: Optional[Sequence[Tuple[str, float]]], split_seed: int
+            ) -> Union[ImageRef, Rejected, DuplicateGroup]:
+    """A listed ref checked against the dataset: the ref when its key is new; a DuplicateGroup
+    (a duplicates.jsonl row) when the dataset holds its key with the same content; a Rejected row
+    when the file under that key changed: another size than it was listed with, or (a file modified
+    since its build, or not local) bytes whose digest differs from the stored one."""
+    known = base.keys.get(ref.key)
+    if known is None:
+        return ref
+    from imagerecords.pipeline.shard_writer import content_digest
+
+    split = refs_lib.assign_split(splits, split_seed, ref.key) if splits else (ref.split or "train")
+    if known.size >= 0 and ref.size >= 0 and known.size != ref.size:
+        return _changed(ref, known, split, f"its size is {ref.size} bytes, {known.size} when it was stored")
+    if _untouched_since(ref.uri, known.since_ns):  # the file the build read: no need to read it again
+        return _repeated(ref, known, split)
+    try:
+        data = read_bytes(ref.uri)
+    except OSError as e:
+        return Rejected(ref.uri, f"key {ref.key!r} is in the dataset ({known.shard}) but its file cannot be read now "
+                        f"({type(e).__name__}); a rebuild (--overwrite) would drop it", ref.key, split, stage="read")
+    digest = content_digest(data)
+    same = digest == known.digest
+    if not same:  # a re-encoded record: encode the file again as the build did and compare
+        try:
+            same = content_digest(codec.prepare_image(data, options).data) == known.digest
+        except codec.ImageError:
+            same = False
+    if same:
+        return _repeated(ref, known, split)
+    return _changed(ref, known, split, "its bytes differ from the stored record")
+
+
+# Coarse file-system clocks and a file written in the second its build started: those are read again.
+_CLOCK_SLACK_NS = 2 * 10**9
+
+
+def _untouched_since(uri: str, since_ns: Optional[int]) -> bool:
+    """Whether a local file was neither modified nor re-linked (ctime: moved, copied over, touched;
+    not settable by users) since `since_ns`."""
+    if since_ns is None or not storage.is_local(uri):
+        return False
+    import os
+
+    try:
+        st = os.stat(uri)
+    except OSError:
+        return False
+    return max(st.st_mtime_ns, st.st_ctime_ns) < since_ns - _CLOCK_SLACK_NS
+
+
+def _repeated(ref: ImageRef, known: Known, split: str) -> DuplicateGroup:
+    return DuplicateGroup(known.digest.hex(), tuple(sorted({
+        (ref.key, known.split, known.shard, known.label), (ref.key, split, ref.uri, ref.label or "")})))
+
+
+def _changed(ref: ImageRef, known: Known, split: str, how: str) -> Rejected:
+    return Rejected(ref.uri, f"key {ref.key!r} is in the dataset ({known.shard}) but its file changed since "
+                    f"({how}); an append never replaces a record: rebuild with --overwrite to replace it",
+                    ref.key, split, stage="list")
+
+
+def merged_manifest(base: Mapping[str, Any], delta: Manifest) -> Manifest:
+    """The manifest of an append: the base's shards (their files stay where they are) then the
+    delta's, renumbered after them per split; the delta's class names (grown) and reports."""
+    old = Manifest.from_json(base, "base manifest")
+    splits = []
+    from imagerecords.format.manifest import Split
+
+    names = sorted(set(old.split_names) | set(delta.split_names))
+    for name in names:
+        before = old.split(name).shards if name in old.split_names else ()
+        added = delta.split(name).shards if name in delta.split_names else ()
+        start = len(before)
+        splits.append(Split(name, tuple(before) + tuple(dataclasses.replace(s, index=start + i)
+                                                        for i, s in enumerate(added))))
+    features = dict(old.features)
+    for name, spec in delta.features.items():
+        features[name] = spec
+    return dataclasses.replace(
+        delta, splits=tuple(splits), parameters=old.parameters, seed=old.seed, features=features,
+        image_encoding=old.image_encoding)

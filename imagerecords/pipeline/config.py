@@ -1,0 +1,338 @@
+"""Build configuration: a frozen dataclass, filled from defaults, then a YAML preset, then flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from imagerecords.format import features as features_lib
+from imagerecords.format import schema
+from imagerecords.pipeline.codec import ImageOptions
+from imagerecords.pipeline import storage
+from imagerecords.pipeline.refs import ManifestColumns, split_name_problem
+
+WRITERS = ("shards", "beam")
+LABEL_TYPES = ("auto", "name", "int")
+_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")  # fullmatch: '$' also matches before a last '\n'
+_VERSION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# Files and folders the dataset folder itself holds: a version named so would shadow or be shadowed.
+_RESERVED_NAMES = ("manifest.json", "errors.jsonl", "duplicates.jsonl", "dataset_info.json", "features.json",
+                   "label.labels.txt", "index")
+
+
+def version_name_problem(name: object) -> Optional[str]:
+    """Why `name` cannot name a version folder (--version_name), or None when it can: one file-name-safe
+    segment of letters, digits, '.', '_' and '-', not a name the dataset folder uses for its own files,
+    and outside the 'v-' names of unnamed builds."""
+    from imagerecords.format.manifest import VERSION_PREFIX
+    from imagerecords.format.paths import segment_problem
+
+    problem = segment_problem(name)
+    if problem:
+        return f"{name!r:.80} {problem}"
+    if not _VERSION_NAME_RE.fullmatch(name):
+        return f"{name!r:.80} must be 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
+    if name.startswith(VERSION_PREFIX):
+        return f"{name!r} starts with {VERSION_PREFIX!r}, which names unnamed builds' folders"
+    if name in _RESERVED_NAMES or name.endswith(".labels.txt") or ".tfrecord" in name:
+        return f"{name!r} is the name of a file the dataset folder holds"
+    return None
+
+
+def parse_splits(text: str) -> Tuple[Tuple[str, float], ...]:
+    """Parses 'train=0.8,validation=0.2' into (('train', 0.8), ('validation', 0.2)).
+
+    Raises:
+      ValueError: naming the bad part when a part is malformed or the fractions do not sum to 1.
+    """
+    parts = []
+    for part in text.split(","):
+        name, sep, frac = part.strip().partition("=")
+        if not sep or not name:
+            raise ValueError(f"--splits: {part!r} is not NAME=FRACTION")
+        problem = split_name_problem(name)
+        if problem:
+            raise ValueError(f"--splits: {problem}")
+        try:
+            value = float(frac)
+        except ValueError:
+            raise ValueError(f"--splits: {frac!r} in {part!r} is not a number") from None
+        if not 0 < value <= 1:
+            raise ValueError(f"--splits: fraction of {name!r} must be in (0, 1], got {value}")
+        parts.append((name, value))
+    names = [n for n, _ in parts]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--splits: a split name repeats in {text!r}")
+    total = sum(v for _, v in parts)
+    if abs(total - 1.0) > 1e-6:
+        raise ValueError(f"--splits: fractions sum to {total:g}, not 1, in {text!r}")
+    return tuple(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildConfig:
+    """Everything a build needs besides the Beam pipeline options.
+
+    Attributes:
+      input: a class-folder root (`root/<label>/**/<image>`) or a .csv / .jsonl manifest; local path
+        or any Beam FileSystems URI (gs://, s3://).
+      output: output folder (local or FileSystems URI).
+      name: dataset name, the prefix of every shard file (lowercase, digits, underscores).
+      schema: feature keys of each record: 'tfds' (the keys TFDS reads, with its dataset_info.json)
+        or 'tf-models' (the keys of Model Garden's ImageNet input pipeline).
+      seed: salt of the shuffle hash; same seed and input give the same bytes.
+      splits: split names and the fraction of images each gets, assigned by a salted hash of each
+        key; when not set, the manifest's split column decides (or everything goes to 'train').
+      split_seed: salt of the split hash, separate from `seed` so reshuffling keeps the splits.
+      split_names: split names known up front; only `writer` 'beam' needs them (one write per
+        split), and only when splits come from a manifest column.
+      num_shards: shards per split; when not set, picked from `target_shard_mb` and `min_shards`.
+      target_shard_mb: wanted shard size in MB (input bytes) when `num_shards` is not set.
+      min_shards: the fewest shards per split when automatic (capped at the split's image count),
+        so small datasets still keep every worker and reader busy.
+      image: how images are decoded, resized and encoded.
+      writer: 'shards' (reproducible per-shard streaming writer) or 'beam' (Beam's own TFRecord sink).
+      label_map: optional file fixing label ids: a .txt with one name per line (id = line number)
+        or a .json object {name: id}.
+      label_type: 'name' (sorted vocabulary), 'int' (labels are ids already) or 'auto' (int when
+        every label is an integer, else name).
+      label_offset: added to every label id (1 for ImageNet-style background at 0).
+      path_column: manifest column with each image's path (absolute, or relative to the manifest's
+        folder) or URI; with the default 'path', a row without one falls back to its 'uri' column.
+      label_column: manifest column with each image's label (a class name, or an id with
+        `label_type` int).
+      split_column: manifest column with each image's split name; rows without one go to 'train'.
+      key_column: manifest column with each image's unique id, which the shuffle and split hashes
+        use; rows without one are keyed by their path.
+      size_column: manifest column with each file's size in bytes; rows that give it are not
+        stat-ed (one request per image on gs://).
+      skip_duplicate_check: do not look for written images whose files hold identical bytes
+        (duplicates.jsonl; the check moves a 16-byte digest and the key of every image).
+      skip_stat: do not look up the size of manifest rows without a size (missing files are then
+        rejected when read, and the automatic shard count only knows the sizes given).
+      max_reject_fraction: the build fails (nothing published) when more than this fraction of
+        listed inputs is rejected; every reject is in errors.jsonl either way.
+      threads: decode threads inside each shard writer.
+      overwrite: allow replacing a dataset this tool wrote earlier in `output`.
+      write_index: also write `index/<shard>.idx` (tfrecord2idx: offset and frame length per
+        record) for DALI and the PyTorch tfrecord package.
+      keep_versions: published versions kept in `output`, the new one included: a reader that
+        loaded an older manifest reads its files until they fall out of this count.
+      resume: reuse the complete shards a killed or failed build of the same inputs and settings
+        staged in `output` (each checked by its fingerprint) and write only the rest.
+      features: declared features beyond the image and its class (imagerecords.format.features),
+        each fed by the manifest column of its name (or its `column`).
+      append: add the inputs that the published dataset in `output` does not hold yet as new shards
+        of a new version that also lists the old shards (shared, not copied); keys already there are
+        duplicates.jsonl rows, changed ones errors.jsonl rows.
+      version_name: the name of the version folder the build publishes into, instead of
+        v-<build id>: a path a training config can hold (letters, digits, '.', '_', '-'); refused
+        if the output already holds that version (versions are never rewritten).
+    """
+
+    input: str
+    output: str
+    name: str = "images"
+    schema: str = "tfds"
+    seed: int = 0
+    splits: Optional[Tuple[Tuple[str, float], ...]] = None
+    split_seed: int = 0
+    split_names: Optional[Tuple[str, ...]] = None
+    num_shards: Optional[int] = None
+    target_shard_mb: float = 192.0
+    min_shards: int = 8
+    image: ImageOptions = ImageOptions()
+    writer: str = "shards"
+    label_map: Optional[str] = None
+    label_type: str = "auto"
+    label_offset: int = 0
+    path_column: str = "path"
+    label_column: str = "label"
+    split_column: str = "split"
+    key_column: str = "key"
+    size_column: str = "size"
+    skip_stat: bool = False
+    skip_duplicate_check: bool = False
+    max_reject_fraction: float = 0.01
+    threads: int = 4
+    overwrite: bool = False
+    write_index: bool = False
+    keep_versions: int = 2
+    resume: bool = False
+    features: Tuple[features_lib.Feature, ...] = ()
+    append: bool = False
+    version_name: Optional[str] = None
+
+    def __post_init__(self):
+        problems = []
+        taken = {getattr(schema.keys(self.schema), k) for k in ("image", "label", "filename", "height", "width",
+                                                                 "image_format", "label_text")
+                 if self.schema in schema.PRESETS} - {None}
+        for f in self.features:
+            if f.name in taken:
+                problems.append(f"feature {f.name!r}: the {self.schema} schema stores this key itself")
+        if self.features and self.writer == "beam":
+            problems.append("--writer beam does not write declared features; use the default writer (shards)")
+        if self.image.image_encoding == "raw" and self.writer == "beam":
+            problems.append("--writer beam does not write --image_encoding raw; use the default writer (shards)")
+        sources = [f.source for f in self.features]
+        for column in sorted({c for c in sources if sources.count(c) > 1}):
+            problems.append(f"features: column {column!r} feeds more than one feature")
+        if not self.input:
+            problems.append("input is required")
+        if not self.output:
+            problems.append("output is required")
+        if not _NAME_RE.fullmatch(self.name):
+            problems.append(f"name {self.name!r} must match {_NAME_RE.pattern}")
+        if self.schema not in schema.PRESETS:
+            problems.append(f"schema {self.schema!r} is not one of {', '.join(schema.PRESETS)}")
+        if self.num_shards is not None and self.num_shards < 1:
+            problems.append(f"num_shards must be >= 1, got {self.num_shards}")
+        if self.target_shard_mb <= 0:
+            problems.append(f"target_shard_mb must be > 0, got {self.target_shard_mb}")
+        if self.min_shards < 1:
+            problems.append(f"min_shards must be >= 1, got {self.min_shards}")
+        if self.writer not in WRITERS:
+            problems.append(f"writer {self.writer!r} is not one of {', '.join(WRITERS)}")
+        if self.label_type not in LABEL_TYPES:
+            problems.append(f"label_type {self.label_type!r} is not one of {', '.join(LABEL_TYPES)}")
+        if self.label_offset < 0:
+            problems.append(f"label_offset must be >= 0, got {self.label_offset}")
+        if self.schema == "tfds" and self.label_offset != 0:
+            problems.append("label_offset must be 0 with schema 'tfds' (TFDS ClassLabel ids start at 0); "
+                            "use schema 'tf-models' for ImageNet-style offsets")
+        if not 0 <= self.max_reject_fraction <= 1:
+            problems.append(f"max_reject_fraction must be within 0..1, got {self.max_reject_fraction}")
+        if self.keep_versions < 1:
+            problems.append(f"keep_versions must be >= 1, got {self.keep_versions}")
+        if self.threads < 1:
+            problems.append(f"threads must be >= 1, got {self.threads}")
+        if self.append and self.overwrite:
+            problems.append("append and overwrite exclude each other: --append adds to the published dataset, "
+                            "--overwrite replaces it")
+        if self.append and self.writer == "beam":
+            problems.append("--append needs --writer shards")
+        if self.version_name is not None and version_name_problem(self.version_name):
+            problems.append(f"version_name {version_name_problem(self.version_name)}")
+        if problems:
+            raise ValueError("invalid build configuration: " + "; ".join(problems))
+
+    def manifest_columns(self) -> ManifestColumns:
+        """The column names a manifest input is read with."""
+        return ManifestColumns(self.path_column, self.label_column, self.split_column, self.key_column,
+                               self.size_column, self.features)
+
+    def to_json(self) -> Dict[str, Any]:
+        """Returns the parameters recorded in manifest.json (paths excluded: they vary by machine)."""
+        d = dataclasses.asdict(self)
+        for k in ("input", "output", "overwrite", "keep_versions", "resume", "features", "append",
+                  "version_name"):
+            d.pop(k)
+        if self.features:  # manifest.json's "features" is the spec; here only what feeds it
+            d["features"] = features_lib.specs_to_json(self.features)
+        elif _is_arrays(self.input):  # an arrays input's spec comes from its arrays
+            from imagerecords.pipeline import arrays
+
+            d["features"] = arrays.manifest_features(self)
+            d["features_only"] = True
+        d["splits"] = dict(self.splits) if self.splits else None
+        if self.image.image_encoding == "jpeg":
+            del d["image"]["image_encoding"]  # a default build's manifest keeps the bytes it had before the setting
+            if not any(f.dtype == "image" and f.encoding != "jpeg" for f in self.features or ()):
+                del d["image"]["png_level"]  # writes no PNG: the level shapes no byte
+        return d
+
+
+def field_docs(cls: type) -> Dict[str, str]:
+    """Returns {field name: text} from the `Attributes:` section of a dataclass docstring.
+
+    An entry starts with `name: text` (or `a, b, c: text`, shared by several fields) one indent
+    below `Attributes:`; deeper-indented lines continue it. Whitespace is collapsed to one space.
+    """
+    lines = (cls.__doc__ or "").expandtabs().splitlines()
+    docs: Dict[str, str] = {}
+    current: List[str] = []
+    entry_indent = None
+    in_section = False
+    for line in lines:
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if not in_section:
+            in_section = stripped == "Attributes:"
+            continue
+        if not stripped:
+            continue
+        if entry_indent is None:
+            entry_indent = indent
+        if indent < entry_indent:
+            break  # the next section (or the end of the docstring)
+        if indent == entry_indent:
+            names, sep, text = stripped.partition(":")
+            if not sep:
+                break
+            current = [n.strip() for n in names.split(",")]
+            for name in current:
+                docs[name] = text.strip()
+        else:
+            for name in current:
+                docs[name] = f"{docs[name]} {stripped}".strip()
+    return docs
+
+
+_IMAGE_FIELDS = {f.name for f in dataclasses.fields(ImageOptions)}
+_BUILD_FIELDS = {f.name for f in dataclasses.fields(BuildConfig)} - {"image"}
+
+
+def load_preset(path: str) -> Tuple[Dict[str, Any], List[str]]:
+    """Reads a YAML preset into (build settings, Beam args).
+
+    The file holds build settings at the top level and Beam pipeline options under
+    `beam_options:` (a mapping; `true` becomes a bare flag).
+
+    Raises:
+      ValueError: naming the file and the unknown key.
+    """
+    import yaml  # only for config files: a build without one never imports it
+
+    data = yaml.safe_load(storage.read_bytes(path).decode("utf-8")) or {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path}: a preset must be a mapping of settings")
+    beam = data.pop("beam_options", None) or {}
+    unknown = sorted(set(data) - _BUILD_FIELDS - _IMAGE_FIELDS)
+    if unknown:
+        raise ValueError(f"{path}: unknown setting(s) {', '.join(unknown)}")
+    beam_args = []
+    for key, value in beam.items():
+        if value is True:
+            beam_args.append(f"--{key}")
+        elif value is not False and value is not None:
+            beam_args.append(f"--{key}={value}")
+    return dict(data), beam_args
+
+
+def _is_arrays(path: Any) -> bool:
+    from imagerecords.pipeline import arrays
+
+    return isinstance(path, str) and arrays.is_arrays_input(path)
+
+
+def make_config(*layers: Mapping[str, Any]) -> BuildConfig:
+    """Merges setting layers (later wins, None means unset) into a validated BuildConfig."""
+    merged: Dict[str, Any] = {}
+    for layer in layers:
+        merged.update({k: v for k, v in layer.items() if v is not None})
+    if "image_encoding" not in merged and _is_arrays(merged.get("input")):
+        merged["image_encoding"] = "png"  # a uint8 image array is stored losslessly unless JPEG is asked for
+    image = ImageOptions(**{k: merged.pop(k) for k in list(merged) if k in _IMAGE_FIELDS})
+    if isinstance(merged.get("features"), Mapping):
+        merged["features"] = features_lib.parse_declarations(merged["features"])
+    if isinstance(merged.get("splits"), str):
+        merged["splits"] = parse_splits(merged["splits"])
+    elif isinstance(merged.get("splits"), Mapping):
+        merged["splits"] = parse_splits(",".join(f"{k}={v}" for k, v in merged["splits"].items()))
+    unknown = sorted(set(merged) - _BUILD_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown setting(s) {', '.join(unknown)}")
+    return BuildConfig(image=image, **merged)
+

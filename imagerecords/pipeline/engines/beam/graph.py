@@ -1,0 +1,107 @@
+"""The build graph: build_pipeline(p, config, ...) wires the stages; it computes, the launcher decides."""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Optional, Union
+
+import apache_beam as beam
+
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline import appending, arrays, publish, shard_writer
+from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, Rejected
+from imagerecords.pipeline.config import BuildConfig
+from imagerecords.transforms import (AssignLabels, FindDuplicates, GlobalShuffle, ReadImages, ReadManifest,
+                                     RecordResults, WriteShards, WriteWithBeamSink)
+from imagerecords.transforms.array_rows import ReadArrays
+from imagerecords.transforms.common import CONTENTS, REJECTED
+
+
+# The tag of the refs whose keys the published dataset already holds with the same content.
+_KNOWN = "known"
+
+
+class _AgainstBaseFn(beam.DoFn):
+    """--append: keeps a ref whose key is new; a key the dataset holds becomes a duplicates.jsonl row
+    (same content) or a rejected row (changed file), as appending.against decides for the local engine."""
+
+    def __init__(self, base: appending.Base, config: BuildConfig):
+        self._base = base
+        self._options = config.image
+        self._splits = tuple(config.splits) if config.splits else None
+        self._split_seed = config.split_seed
+
+    def setup(self) -> None:
+        self._read = shard_writer.limited_reader(self._options)
+
+    def process(self, ref: ImageRef) -> Iterable[Union[ImageRef, beam.pvalue.TaggedOutput]]:
+        out = appending.against(ref, self._base, self._read, self._options, self._splits, self._split_seed)
+        if isinstance(out, Rejected):
+            yield beam.pvalue.TaggedOutput(REJECTED, out)
+        elif isinstance(out, DuplicateGroup):
+            yield beam.pvalue.TaggedOutput(_KNOWN, out)
+        else:
+            yield out
+
+
+def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, versions: Mapping[str, str],
+                   label_map: Optional[refs_lib.LabelMap] = None, csv_header: Optional[str] = None,
+                   base: Optional[appending.Base] = None):
+    """Adds the whole build to pipeline `p`: every shard lands in the output's staging area, and the
+    last step writes staging/results.json. Nothing is published here (see imagerecords.pipeline.publish).
+
+    Args:
+      p: the pipeline.
+      config: what to build.
+      build_id: the launcher's build id, recorded in the results.
+      versions: library versions, recorded in the manifest.
+      label_map: the ids of `config.label_map`, read by the launcher; None for the vocabulary seen.
+      csv_header: a CSV manifest's header line, read by the launcher's checks.
+      base: with --append, the published dataset (appending.load_base): refs of keys it holds are
+        dropped, its class ids grown, and its manifest recorded for the commit to merge.
+
+    Returns:
+      A PCollection holding the single publish.BuildResults written.
+    """
+    if arrays.is_arrays_input(config.input):
+        listed = p | "ReadArrays" >> ReadArrays(config.input, config.schema, config.image.image_encoding)
+    elif refs_lib.is_manifest(config.input):
+        columns = config.manifest_columns()
+        listed = p | "ReadManifest" >> ReadManifest(config.input, columns, config.image.max_file_bytes, csv_header,
+                                                    stat=not config.skip_stat)
+    else:
+        listed = p | "ReadImages" >> ReadImages(config.input, config.image.max_file_bytes)
+    refs = listed.refs
+    rejected = [listed[REJECTED]]
+    known = None
+    if base is not None:
+        checked = refs | "AgainstBase" >> beam.ParDo(_AgainstBaseFn(base, config)).with_outputs(
+            REJECTED, _KNOWN, main="refs")
+        refs, known = checked.refs, checked[_KNOWN]  # known: DuplicateGroup per key the dataset holds unchanged
+        rejected.append(checked[REJECTED])
+    labelled = refs | "AssignLabels" >> AssignLabels(
+        label_map, arrays.label_type(config), config.label_offset, config.splits, config.split_seed, config.features,
+        base_labels=base.labels if base is not None else None)
+    # ImageRef with split and label_id set
+    if config.writer == "shards":
+        shuffled = labelled["refs"] | "GlobalShuffle" >> GlobalShuffle(
+            config.seed, config.num_shards, config.target_shard_mb, config.min_shards)
+        # ((split, shard index, num shards), [ImageRef sorted by hash])
+        written = shuffled["shards"] | "WriteShards" >> WriteShards(
+            config.output, labelled["labels"], build_id=build_id, config=config)
+    else:
+        split_names = [n for n, _ in config.splits] if config.splits else list(config.split_names or ["train"])
+        written = labelled["refs"] | "WriteWithBeamSink" >> WriteWithBeamSink(
+            publish.staging_dir(config.output, build_id), config.name, labelled["labels"], split_names,
+            config.num_shards or config.min_shards, config.schema, config.image)
+    rejected = (*rejected, labelled[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten()
+    outcome = {"results": written["results"], "rejected": rejected, "labels": labelled["labels"]}
+    if config.writer == "shards" and (not config.skip_duplicate_check or known is not None):
+        found = written[CONTENTS] | "FindDuplicates" >> FindDuplicates()
+        # DuplicateGroup per content shared by two or more keys
+        outcome["duplicates"] = found if known is None else (found, known) | "WithKnown" >> beam.Flatten()
+    return outcome | "RecordResults" >> RecordResults(
+        config.output, build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
+        parameters=config.to_json(), versions=versions, max_reject_fraction=config.max_reject_fraction,
+        version_name=config.version_name, base=base.manifest.to_json() if base is not None else None)
+
+

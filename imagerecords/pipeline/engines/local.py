@@ -1,0 +1,527 @@
+"""The local engine: a local build's stages run on this machine without Beam.
+
+A local build (local input and output, no Beam option on the command line) runs here by default:
+it never imports Beam, holds each reference once (no per-element buffering), and writes shards
+in one worker process per core, so the Python parts of each image (container parsing, the
+Example, framing) do not queue for one interpreter's GIL (figures: README, Benchmarks).
+`--runner DirectRunner`, or any Beam option, runs the same build as a Beam pipeline
+(engines/beam/graph.py) instead.
+
+Both engines call the same stage functions (imagerecords/pipeline/stages.py) and the same shard planning,
+so their shards, index files, errors.jsonl and duplicates.jsonl are byte-identical (tested); only
+the orchestration differs:
+
+    list (class folders one per task, manifest byte ranges; each ref with its shuffle hash)
+    → vocabulary → assign split and label id
+    → per split: shard plan (planning.plan_shards) → (hash, ref) pairs grouped per shard
+    → shards sorted and written concurrently (worker processes, or threads here for small
+      inputs), images of a shard prepared on a small thread pool → results.json
+
+With worker processes the listing runs in them too; the launcher only gathers, assigns, plans
+and records.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
+
+from imagerecords.pipeline import appending, arrays, input_files, planning, publish, shard_writer, stages, storage
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+
+ShardKey = Tuple[str, int, int]
+
+
+def _manifest_lines(path: str, csv: bool, start: int = 0, end: Optional[int] = None) -> Iterator[bytes]:
+    """The manifest's lines as Beam's ReadFromText gives them with a bytes coder: split at '\\n',
+    one trailing '\\r' dropped, a CSV's header line skipped (stages.manifest_row decodes them).
+    With `start`/`end` (byte offsets at line starts, from _line_ranges), only the lines that start
+    in [start, end)."""
+    with storage.open_read(path) as f:
+        if start:
+            f.seek(start)
+        elif csv:
+            f.readline()
+        position = f.tell()
+        for raw in f:
+            if end is not None and position >= end:
+                return
+            position += len(raw)
+            line = raw[:-1] if raw.endswith(b"\n") else raw
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            yield line
+
+
+# A manifest is listed in parts of about this many bytes (some 15,000 rows), one per task.
+MANIFEST_PART_BYTES = 1 << 20
+
+
+def _line_ranges(path: str, csv: bool, parts: int) -> List[Tuple[int, Optional[int]]]:
+    """Cuts the manifest into at most `parts` byte ranges that begin at line starts (after a CSV's
+    header): together they hold every line once, in order."""
+    size = os.path.getsize(path)
+    with storage.open_read(path) as f:
+        first = len(f.readline()) if csv else 0
+        starts = [first]
+        for i in range(1, parts):
+            target = first + (size - first) * i // parts
+            if target <= starts[-1]:
+                continue
+            f.seek(target - 1)
+            f.readline()  # on to the start of the next line (target - 1: a line starting at target stays)
+            if f.tell() >= size:
+                break
+            if f.tell() > starts[-1]:
+                starts.append(f.tell())
+    return [(a, b) for a, b in zip(starts, starts[1:] + [None])]
+
+
+# (shuffle hash, ref), or (0, row) for an input that is not a ref: the launcher keeps a ref's pair
+# as it comes, the pair the shard plan and the writers take.
+Listed = Tuple[int, Union[ImageRef, Rejected]]
+
+
+def _list_part(config: BuildConfig, csv_header: Optional[str], part: Union[str, Tuple[int, Optional[int]]]
+               ) -> List[Listed]:
+    """One listing task: a class folder's walk, or one byte range of the manifest; each ref comes
+    with its shuffle hash (a function of the key alone), so the launcher does not compute them all."""
+    max_bytes = config.image.max_file_bytes
+    if isinstance(part, str):
+        items: Iterator[Union[ImageRef, Rejected]] = input_files.walk_class_folder(config.input.rstrip("/") or "/",
+                                                                              part, max_bytes)
+    else:
+        columns = config.manifest_columns()
+        parse = refs_lib.csv_row_parser(csv_header) if csv_header is not None else refs_lib.parse_jsonl_line
+        rows = (stages.manifest_row(line, parse, config.input, columns, max_bytes, stat=not config.skip_stat)
+                for line in _manifest_lines(config.input, csv_header is not None, *part))
+        items = (row for row in rows if row is not None)
+    seed = config.seed
+    return [(0 if isinstance(item, Rejected) else refs_lib.shuffle_hash(seed, item.key), item) for item in items]
+
+
+def list_inputs(config: BuildConfig, csv_header: Optional[str], pool=None, workers: int = 0) -> Iterator[Listed]:
+    """Every listed input as a ref, or as a row saying why it cannot be one (ReadImages, ReadManifest),
+    as (shuffle hash, ref) or (0, row).
+
+    With a process pool the work is shared by its workers: class folders are walked one per task,
+    a manifest is parsed (and its files stat-ed) in byte ranges. Results come back in the serial
+    order, so both ways list the same rows in the same order.
+    """
+    if arrays.is_arrays_input(config.input):
+        rows = arrays.list_refs(config.input, config.schema, config.image.image_encoding)
+        yield from ((0, r) if isinstance(r, Rejected) else (refs_lib.shuffle_hash(config.seed, r.key), r) for r in rows)
+        return
+    if refs_lib.is_manifest(config.input):
+        csv = csv_header is not None
+        if pool is None:
+            yield from _list_part(config, csv_header, (0, None))
+            return
+        parts = max(4 * workers, os.path.getsize(config.input) // MANIFEST_PART_BYTES)
+        tasks = [pool.submit(_list_part, config, csv_header, r) for r in _line_ranges(config.input, csv, parts)]
+        for task in tasks:
+            yield from task.result()
+        return
+    root = config.input.rstrip("/") or "/"
+    items = list(input_files.list_root(root))
+    tasks = ({name: pool.submit(_list_part, config, None, name) for name in items if isinstance(name, str)}
+             if pool else {})
+    for item in items:
+        if isinstance(item, Rejected):
+            yield 0, item
+        elif pool is None:
+            yield from _list_part(config, None, item)
+        else:
+            yield from tasks.pop(item).result()
+
+
+class _Shards:
+    """Refs grouped per planned shard, each shard's list handed out once (and then forgotten)."""
+
+    def __init__(self):
+        self.plans: Dict[str, planning.ShardPlan] = {}
+        self._members: Dict[ShardKey, List[Tuple[int, ImageRef]]] = {}
+
+    def add_split(self, plan: planning.ShardPlan, hashed: List[Tuple[int, ImageRef]]) -> None:
+        self.plans[plan.split] = plan
+        groups: List[List[Tuple[int, ImageRef]]] = [[] for _ in range(plan.num_shards)]
+        for h, ref in hashed:
+            groups[plan.shard_of(h)].append((h, ref))
+        for i, members in enumerate(groups):
+            self._members[(plan.split, i, plan.num_shards)] = members
+
+    def keys(self) -> List[ShardKey]:
+        return sorted(self._members)
+
+    def take(self, key: ShardKey) -> List[Tuple[int, ImageRef]]:
+        """The shard's (shuffle hash, ref) pairs, unordered: its writer sorts them (stages.shard_order)."""
+        return self._members.pop(key)
+
+
+def plan(config: BuildConfig, refs: List[Tuple[int, ImageRef]]) -> _Shards:
+    """Cuts each split into shards exactly as GlobalShuffle does, from (shuffle hash, ref) pairs.
+    Empties `refs` as it goes."""
+    by_split: Dict[str, List[Tuple[int, ImageRef]]] = collections.defaultdict(list)
+    num_bytes: Dict[str, int] = collections.Counter()
+    while refs:
+        h, ref = refs.pop()
+        by_split[ref.split].append((h, ref))
+        num_bytes[ref.split] += max(ref.size, 0)
+    shards = _Shards()
+    for split in sorted(by_split):
+        hashed = by_split.pop(split)
+        n = planning.choose_num_shards(len(hashed), num_bytes[split], config.num_shards, config.target_shard_mb,
+                                       config.min_shards)
+        shards.add_split(planning.plan_shards(split, [h for h, _ in hashed], num_bytes[split], n), hashed)
+    return shards
+
+
+Member = Tuple[str, str, str, str]  # (key, split, uri, label name) of a written image
+
+
+class _Contents:
+    """Each written image's (key, split, uri, label name) by its content digest, for the duplicate check.
+
+    A digest seen once keeps its member bare; a digest seen again gets a list, appended to in
+    place, so one file under 100,000 keys (a scraped dataset's placeholder image) stays linear.
+    """
+
+    def __init__(self):
+        self._by_digest: Dict[bytes, Union[Member, List[Member]]] = {}
+
+    def add(self, digest: bytes, member: Member) -> None:
+        seen = self._by_digest.setdefault(digest, member)
+        if seen is member:
+            return
+        if isinstance(seen, list):
+            seen.append(member)
+        else:
+            self._by_digest[digest] = [seen, member]
+
+    def groups(self) -> List[DuplicateGroup]:
+        """The DuplicateGroup of every digest held by more than one key, in first-seen order."""
+        found = []
+        for digest, members in self._by_digest.items():
+            if isinstance(members, list):
+                group = stages.duplicate_group(digest, members)
+                if group is not None:
+                    found.append(group)
+        return found
+
+
+# Below this many images, worker processes cost more to start than they save.
+PROCESS_MIN_IMAGES = 256
+# Image threads per worker process: one prepares an image while another parses or writes.
+THREADS_PER_PROCESS = 2
+
+
+def _fork_available() -> bool:
+    # Workers are forked: they inherit the imported codec and the build's settings, and never
+    # re-import the caller's __main__ (which spawn and forkserver do: a script calling run()
+    # without a `__main__` guard would start itself again in every worker). macOS's system
+    # libraries are not fork-safe, so elsewhere the default stays on threads.
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+
+
+def _auto_workers() -> int:
+    """Worker processes an input of PROCESS_MIN_IMAGES or more gets: one per core, where forking is
+    available and there is more than one core; otherwise 0 (threads in this process)."""
+    cores = os.cpu_count() or 1
+    return cores if cores > 1 and _fork_available() else 0
+
+
+class _Progress:
+    """The local engine's side of the progress line: each shard's {done, rejected, total} and each
+    split's image count as small JSON files in `folder`, which the launcher sums once a second;
+    raises KeyboardInterrupt in a shard writer once the build is cancelled."""
+
+    def __init__(self, folder: Optional[str], cancelled):
+        self._folder = folder
+        self._cancelled = cancelled
+        self._last: Dict[str, float] = {}
+
+    def __call__(self, filename: str, done: int, rejected: int, total: int) -> None:
+        if self._cancelled():
+            raise KeyboardInterrupt(f"cancelled while writing {filename}")
+        now = time.monotonic()
+        if self._folder is None or (done < total and now - self._last.get(filename, 0.0) < 0.5):
+            return
+        self._last[filename] = now
+        self._write(filename + ".json", {"done": done, "rejected": rejected, "total": total})
+
+    def plan(self, plan: planning.ShardPlan) -> None:
+        if self._folder is not None:
+            self._write(f"plan-{plan.split}.plan", {"split": plan.split, "count": plan.count,
+                                                    "num_shards": plan.num_shards})
+
+    def _write(self, name: str, data: dict) -> None:
+        path = os.path.join(self._folder, name)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+
+
+class _Writer:
+    """Writes shards with the build's ShardWriter: one per process, or one shared by this process's
+    shard threads (which then share its image threads)."""
+
+    def __init__(self, writer: stages.ShardWriter, threads: int, progress: _Progress):
+        self._writer = writer
+        self._threads = threads
+        self._progress = progress
+        self._read = shard_writer.limited_reader(writer.options)
+        self._images = (concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="imagerecords-image")
+                        if threads > 1 else None)
+
+    def __call__(self, key: ShardKey, members: List[Tuple[int, ImageRef]], labels: LabelMap) -> stages.StagedShard:
+        return self._writer.write(key, stages.shard_order(members), labels, read_bytes=self._read,
+                                  executor=self._images, window=2 * self._threads, observe=self._progress)
+
+    def close(self) -> None:
+        if self._images is not None:
+            self._images.shutdown(wait=True, cancel_futures=True)
+
+
+_WORKER: Dict[str, _Writer] = {}
+
+
+def _start_worker(writer: stages.ShardWriter, progress_dir: Optional[str], cancel, launcher: int) -> None:
+    # Ctrl-C (or a SIGTERM/SIGHUP to the group) reaches every process; the launcher answers it by
+    # setting `cancel`, which stops each shard at its next image and cleans its temporary file.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    _die_with_launcher(launcher)
+    _WORKER["writer"] = _Writer(writer, THREADS_PER_PROCESS, _Progress(progress_dir, cancel.is_set))
+
+
+def _die_with_launcher(launcher: int) -> None:
+    """Linux: the kernel kills this worker when its launcher dies without cleaning up (SIGKILL, the
+    OOM killer), so no orphan keeps writing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher:  # it died before the line above took effect
+        os._exit(1)
+
+
+# After a cancel, how long shard writers get to stop at their next image before they are killed.
+STOP_GRACE_S = 2.0
+
+
+def end_workers(pool) -> None:
+    """Stops a process pool now: queued shards never start, running ones get STOP_GRACE_S to stop
+    at their next image (the cancel event is set), then every worker left is killed."""
+    import time
+
+    # shutdown(wait=False) forgets the pool's manager thread; joined below, so it is gone before the
+    # interpreter exits (CPython 3.11's exit hook races a manager thread still closing its wakeup pipe).
+    manager = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for child in multiprocessing.active_children():
+        child.join(max(0.0, deadline - time.monotonic()))
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(5)
+    if manager is not None:
+        manager.join(5)
+
+
+def _write_in_worker(key: ShardKey, members: List[Tuple[int, ImageRef]], labels: LabelMap) -> stages.StagedShard:
+    return _WORKER["writer"](key, members, labels)
+
+
+def _fork_workers(workers: int, writer: stages.ShardWriter, progress_dir: Optional[str]):
+    """Starts `workers` forked worker processes now, before the build lists anything: a worker
+    forked later would share the launcher's pages holding every ref, and each page the launcher
+    then touches (a refcount, while pickling a shard's refs) would be copied, once per worker
+    (README, Scale). Forking is cheap (no new interpreter, nothing imported again), so it is done
+    even if the input turns out too small to use them. Elsewhere than Linux workers are spawned (the caller needs a
+    `__main__` guard)."""
+    ctx = multiprocessing.get_context("fork" if _fork_available() else "spawn")
+    cancel = ctx.Event()
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
+                                                  initargs=(writer, progress_dir, cancel, os.getpid()))
+    pool.submit(os.getpid).result()  # a fork context starts every worker at the first submit
+    return pool, cancel
+
+
+def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap],
+          csv_header: Optional[str], progress_dir: Optional[str], workers: Optional[int] = None
+          ) -> Tuple[publish.BuildResults, int]:
+    """Runs the whole build into `config.output`'s staging area and writes staging/results.json,
+    as build_pipeline's graph does. Nothing is published here (see imagerecords.pipeline.publish).
+
+    Args:
+      workers: worker processes writing shards (0: threads in this process); None: one per core
+        (_auto_workers) for PROCESS_MIN_IMAGES images or more, threads below.
+
+    Returns:
+      The results written, and the worker processes used.
+    """
+    forked = workers if workers is not None else _auto_workers()
+    if arrays.is_arrays_input(config.input):
+        arrays.forget_if_changed(config.input)
+        arrays.open_arrays(config.input)  # before the fork: the workers share the launcher's copy of an .npz
+    writer = stages.ShardWriter.of(config, build_id)
+    pool, cancel = _fork_workers(forked, writer, progress_dir) if forked else (None, None)
+    workers = list(getattr(pool, "_processes", {}).values())  # the pool forgets a dead worker
+    try:
+        return _build(config, writer, pool, cancel, forked, build_id=build_id, versions=versions, label_map=label_map,
+                      csv_header=csv_header, progress_dir=progress_dir, asked=workers is not None)
+    except BaseException as e:
+        if pool is not None:
+            if isinstance(e, concurrent.futures.BrokenExecutor):
+                # Before end_workers kills the survivors: which worker died, and how, for the one-line error.
+                e.worker_exits = [(p.pid, p.exitcode) for p in workers if p.exitcode is not None]
+            cancel.set()
+            end_workers(pool)
+        raise
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, process_cancel, forked: int, *, build_id: str,
+           versions: Mapping[str, str], label_map: Optional[LabelMap], csv_header: Optional[str],
+           progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
+    rejected: List[Rejected] = []
+    refs: List[Tuple[int, ImageRef]] = []
+    for pair in list_inputs(config, csv_header, process_pool, forked):
+        if isinstance(pair[1], Rejected):
+            rejected.append(pair[1])
+        else:
+            refs.append(pair)
+    known: List[DuplicateGroup] = []
+    base = None
+    if config.append:
+        base = appending.load_base(config)
+        refs, known = _against(config, base, refs, rejected)
+    if base is not None:
+        label_map = appending.grow_labels(base.labels, {r.label for _, r in refs}, label_map)
+    elif label_map is None:
+        label_map = refs_lib.vocabulary(sorted({r.label for _, r in refs}), arrays.label_type(config),
+                                        config.label_offset)
+    if any(f.dtype == "class_list" for f in config.features):
+        pairs = [pair for _, r in refs for pair in refs_lib.list_names(r.extras, config.features)]
+        label_map = (appending.grow_lists(label_map, config.features, pairs) if base is not None
+                     else refs_lib.with_lists(label_map, config.features, pairs))
+    # Assigned in place: each listed ref is freed as its assigned one takes its slot (no ref held twice).
+    splits = tuple(config.splits) if config.splits else None
+    kept = 0
+    for h, ref in refs:
+        out = stages.assign(ref, label_map, splits, config.split_seed)
+        if isinstance(out, Rejected):
+            rejected.append(out)
+        else:
+            refs[kept] = (h, out)
+            kept += 1
+    del refs[kept:]
+    workers = forked if asked or len(refs) >= PROCESS_MIN_IMAGES else 0
+    shards = plan(config, refs)
+    planned = _Progress(progress_dir, lambda: False)
+    for p in shards.plans.values():
+        planned.plan(p)
+
+    local_writer = None
+    if workers:
+        pool, write, cancel = process_pool, _write_in_worker, process_cancel
+    else:
+        cancel = threading.Event()
+        cores = os.cpu_count() or 1
+        # Threads: one shard writer per core, sharing one pool of image threads.
+        local_writer = _Writer(writer, max(cores, config.threads), _Progress(progress_dir, cancel.is_set))
+        pool = concurrent.futures.ThreadPoolExecutor(cores, thread_name_prefix="imagerecords-shard")
+        write = local_writer
+    contents = _Contents()
+    results = []
+    try:
+        futures = [pool.submit(write, key, shards.take(key), label_map) for key in shards.keys()]
+        for future in concurrent.futures.as_completed(futures):
+            staged = future.result()
+            results.append(staged.result)
+            rejected.extend(staged.rejected)
+            for digest, member in staged.contents:
+                contents.add(digest, member)
+    except BaseException:
+        cancel.set()  # running shards stop at their next image; queued ones never start
+        if workers:
+            end_workers(pool)
+        else:
+            pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        if local_writer is not None:
+            local_writer.close()
+            pool.shutdown()
+    groups = contents.groups() + known
+    del contents
+    results_written = stages.record_results(
+        results, rejected, label_map, groups, output=config.output,
+        find_duplicates=not config.skip_duplicate_check or config.append,
+        build=dict(build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
+                   parameters=config.to_json(), versions=dict(versions),
+                   max_reject_fraction=config.max_reject_fraction, version_name=config.version_name,
+                   **({"base": base.manifest.to_json()} if base is not None else {})))
+    return results_written, workers
+
+
+def _against(config: BuildConfig, base, refs: List[Tuple[int, ImageRef]], rejected: List[Rejected]
+             ) -> Tuple[List[Tuple[int, ImageRef]], List[DuplicateGroup]]:
+    """The refs whose keys the published dataset does not hold; the others become duplicates.jsonl
+    rows (same content) or errors.jsonl rows (changed), as appending.against says."""
+    read = shard_writer.limited_reader(config.image)
+    splits = tuple(config.splits) if config.splits else None
+    kept, known = [], []
+    for h, ref in refs:
+        out = appending.against(ref, base, read, config.image, splits, config.split_seed)
+        if isinstance(out, ImageRef):
+            kept.append((h, out))
+        elif isinstance(out, Rejected):
+            rejected.append(out)
+        else:
+            known.append(out)
+    return kept, known
+
+
+class LocalEngine:
+    """The local engine as the launcher runs it (see imagerecords.pipeline.engines.Engine)."""
+
+    reports_progress = True
+
+    def __init__(self, config: BuildConfig, workers: Optional[int] = None):
+        self.config = config
+        self.workers = workers
+        self.description = "local engine"
+
+    def name_job(self, build_id: str) -> None:
+        pass
+
+    def run(self, *, build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap],
+            csv_header: Optional[str], progress_dir: Optional[str]) -> None:
+        _, used = build(self.config, build_id=build_id, versions=versions, label_map=label_map, csv_header=csv_header,
+                        progress_dir=progress_dir, workers=self.workers)
+        self.description = f"local engine, {used} worker processes" if used else "local engine, in-process"
+
+    def stop(self) -> None:
+        pass  # build() ends its workers itself, on any way out
+
+    def handoff(self, lock) -> Optional[str]:
+        return None

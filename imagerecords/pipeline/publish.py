@@ -1,0 +1,865 @@
+"""The publish protocol: staging, the output lock, the build's results, and the commit.
+
+    OUT/.imagerecords.lock                  one build at a time (created only if absent)
+    OUT/.imagerecords-staging/<build id>/   each build's shards and results (a late writer of another
+                                            build can never reach them); no shard glob reaches in
+        <shard files>, index/, errors.jsonl, results.json (the engine's last write), commit.json
+        (the commit under way)
+    OUT/v-<build id>/                       a published build's shards and index files, never
+                                            rewritten; manifest.json names the current one
+    OUT/<version name>/                     the same, for a build given --version_name
+
+Commit, once every shard is staged and the reject budget passed: record the commit in staging →
+check every staged shard against what its writer reported (locally its size and sha256, read back;
+on gs:// its size and crc32c from the staging listing's object metadata, nothing read) → move the shards into
+the build's own version folder (no file a published manifest points at is touched) → errors.jsonl,
+duplicates.jsonl, TFDS's metadata → manifest.json last (the switch) → remove the versions beyond
+the retention (`--keep_versions`) → remove staging. A reader that loaded the previous manifest
+keeps reading the previous version's files until a later build removes them, and then fails
+naming them; never a mix. Each step can be redone, so a commit cut short is finished by
+`imagerecords finish OUT` (or replaced by a `--overwrite` rebuild).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime
+import errno
+import hashlib
+import json
+import logging
+import os
+import socket
+import uuid
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from imagerecords.pipeline import _hooks, dataset_files, storage
+from imagerecords.pipeline.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
+from imagerecords.format.manifest import (DUPLICATES, ERRORS, FLAT_LAYOUT, LOCK, MANIFEST, STAGING, VERSION_PREFIX,
+                                          Manifest, dumps)
+from imagerecords.format.paths import segment_problem
+from imagerecords.pipeline.config import version_name_problem
+
+log = logging.getLogger(__name__)
+
+RESULTS = "results.json"
+DETACHED = "detached"  # LockInfo.command of a build whose job runs on without its launcher
+COMMIT = "commit.json"
+STAGED_RECORD = ".staged.json"  # beside each staged shard: its fingerprint and its writer's report
+
+
+# Paths ----------------------------------------------------------------------------------------
+
+
+def staging_root(output: str) -> str:
+    """The folder holding every build's staging area (at most one live build: the lock's holder)."""
+    return storage.join(output, STAGING)
+
+
+def staging_dir(output: str, build_id: str) -> str:
+    """The staging area of one build: only that build's writers write into it."""
+    if segment_problem(build_id) or build_id.startswith("."):
+        raise ValueError(f"bad build id {build_id!r}")
+    return storage.join(output, STAGING, build_id)
+
+
+def version_folder(build_id: str) -> str:
+    """The folder (relative to the output) a published build's shards live in."""
+    return VERSION_PREFIX + build_id
+
+
+def staged_builds(output: str) -> List[str]:
+    """Build ids with a staging area in `output`, oldest first (build ids start with their UTC time)."""
+    root = staging_root(output)
+    prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
+    ids = {path[len(prefix):].replace(os.sep, "/").split("/", 1)[0] for path in storage.list_tree(root)}
+    return sorted(i for i in ids if i and not i.startswith("."))
+
+
+def write_bytes(uri: str, data: Union[bytes, Iterable[bytes]]) -> None:
+    """Writes a file through a temporary name and a rename, so readers never see half of it; the
+    temporary file does not outlive a failed write. `data` may be the bytes, or pieces of them
+    written one by one (errors.jsonl and duplicates.jsonl row by row: never a whole copy in memory)."""
+    tmp = f"{uri}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with storage.create(tmp) as f:
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                f.write(data)
+            else:
+                for piece in data:
+                    f.write(piece)
+        storage.rename(tmp, uri)
+    except BaseException:
+        _delete_quietly([tmp])
+        raise
+
+
+def _delete_quietly(paths: Sequence[str]) -> None:
+    for path in paths:
+        try:
+            if storage.exists(path):
+                storage.delete(path)
+        except OSError as e:
+            log.warning("could not remove %s: %s", path, e)
+
+
+def remove_staging(output: str, build_id: Optional[str] = None) -> None:
+    """Removes one build's staging area, or (build_id None) every build's: a killed build's or a
+    committed one's."""
+    staging = staging_root(output) if build_id is None else staging_dir(output, build_id)
+    if storage.is_local(output):
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+        return
+    storage.delete_all(storage.list_tree(staging))
+
+
+# The build's results (written by the graph, read by the launcher or `finish`) --------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResults:
+    """What the pipeline hands to the commit: written as staging/results.json by its last step.
+
+    Attributes:
+      build_id: the build that wrote it.
+      name, schema, seed, parameters, versions: what the manifest records of the build.
+      max_reject_fraction: the budget the commit enforces.
+      labels: the LabelMap as JSON ({names, offset, integer}).
+      shards: every staged shard (dataset_files.ShardResult).
+      num_rejected: errors.jsonl rows that count against the budget.
+      num_skipped: errors.jsonl rows marked skipped (not images of a class).
+      num_duplicate_groups: rows of duplicates.jsonl (-1: not looked for).
+      num_leaking_groups: those spanning more than one split.
+      num_label_conflicts: those whose members carry different labels.
+      base: with --append, the manifest (JSON) of the published dataset this build adds to: the
+        published manifest lists its shards, then this build's.
+      version_name: the version folder asked for (--version_name); None: v-<build id>.
+    """
+
+    build_id: str
+    name: str
+    schema: str
+    seed: int
+    parameters: Mapping[str, Any]
+    versions: Mapping[str, str]
+    max_reject_fraction: float
+    labels: Mapping[str, Any]
+    shards: Sequence[dataset_files.ShardResult]
+    num_rejected: int
+    num_skipped: int
+    num_duplicate_groups: int = -1
+    num_leaking_groups: int = 0
+    num_label_conflicts: int = 0
+    base: Optional[Mapping[str, Any]] = None
+    version_name: Optional[str] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["shards"] = [s.to_json() for s in self.shards]
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "BuildResults":
+        d = dict(d)
+        d["shards"] = tuple(dataset_files.ShardResult.from_json(s) for s in d["shards"])
+        return cls(**d)
+
+    @property
+    def num_written(self) -> int:
+        return sum(s.count for s in self.shards)
+
+    def verdict(self, output: str) -> None:
+        """Raises BudgetExceeded when more inputs were rejected than the budget allows."""
+        total = self.num_written + self.num_rejected
+        if total == 0 and self.base is not None:
+            raise BudgetExceeded(f"nothing to append: every input is already in {output}; the dataset is unchanged")
+        if total == 0:
+            raise BudgetExceeded(f"no image was found in the input ({self.num_skipped} entries skipped); "
+                                 f"nothing was published to {output}; fix --input and rerun the build with "
+                                 "--overwrite")
+        if self.num_rejected > self.max_reject_fraction * total:
+            raise BudgetExceeded(
+                f"{self.num_rejected} of {total} inputs rejected ({100 * self.num_rejected / total:.2f}%), over the "
+                f"budget of {100 * self.max_reject_fraction:g}% (--max_reject_fraction); reasons are in "
+                f"{storage.join(staging_dir(output, self.build_id), ERRORS)}; the dataset was not published; fix or "
+                "remove those inputs (or raise --max_reject_fraction) and rerun the build with --overwrite")
+
+    def manifest(self, created: Optional[str] = None) -> Manifest:
+        """The manifest that publishes this build: its shards named inside its version folder."""
+        folder = self.version_name or version_folder(self.build_id)
+        shards = [dataclasses.replace(r, shard=dataclasses.replace(
+            r.shard, filename=f"{folder}/{r.shard.filename}",
+            index_file=f"{folder}/{r.shard.index_file}" if r.shard.index_file else None)) for r in self.shards]
+        own = dataclasses.replace(dataset_files.build_manifest(
+            name=self.name, schema=self.schema, label_map=self.labels, seed=self.seed, parameters=self.parameters,
+            shards=shards, num_rejected=self.num_rejected, num_skipped=self.num_skipped, versions=self.versions,
+            created=created or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            num_duplicate_groups=self.num_duplicate_groups, num_leaking_groups=self.num_leaking_groups,
+            num_label_conflicts=self.num_label_conflicts),
+            version=folder)
+        if self.base is None:
+            return own
+        from imagerecords.pipeline import appending
+
+        return appending.merged_manifest(self.base, own)
+
+
+def _results_path(output: str, build_id: str) -> str:
+    return storage.join(staging_dir(output, build_id), RESULTS)
+
+
+def results_staged(output: str, build_id: Optional[str] = None) -> bool:
+    """Whether a build's engine finished into its staging area (its results.json is there); with
+    build_id None, whether any staged build did."""
+    ids = [build_id] if build_id else staged_builds(output)
+    return any(storage.exists(_results_path(output, i)) for i in ids)
+
+
+def read_results(output: str, build_id: Optional[str] = None) -> Optional[BuildResults]:
+    """The results of `build_id`, or (None) of the newest staged build that has them."""
+    for i in [build_id] if build_id else reversed(staged_builds(output)):
+        path = _results_path(output, i)
+        if storage.exists(path):
+            try:
+                results = BuildResults.from_json(json.loads(storage.read_bytes(path)))
+                if results.build_id != i:  # its id names the folders the commit moves between
+                    raise ValueError(f"it holds the results of build {results.build_id!r}, not of {i!r}")
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise _untrusted(output, path, e) from None
+            return results
+    return None
+
+
+def _untrusted(output: str, path: str, e: BaseException) -> OutputError:
+    """The one line for a staged file (results, commit record) that cannot be read or names paths
+    outside the output."""
+    reason = f"missing field {e.args[0]!r}" if isinstance(e, KeyError) else str(e)
+    return OutputError(f"refusing to publish {output}: {path} is unreadable ({reason}); nothing was published; "
+                       "rerun `imagerecords build ... --overwrite`")
+
+
+def owns_output(output: str, build_id: str) -> bool:
+    """Whether `build_id` may still write into `output`: its lock names no other build. A writer
+    whose launcher died and whose lock another build took over must not touch anything."""
+    holder = read_lock(output)
+    return holder is None or holder.build_id == build_id
+
+
+def holds_only_reasons(output: str) -> bool:
+    """Whether `output`'s staging area holds nothing but what a build over its budget leaves there
+    (errors.jsonl, and duplicates.jsonl when it looked)."""
+    root = staging_root(output)
+    prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
+    left = {path[len(prefix):].replace(os.sep, "/").split("/", 1)[-1] for path in storage.list_tree(root)}
+    return ERRORS in left and left <= {ERRORS, DUPLICATES}
+
+
+def discard_staged_shards(output: str, results: BuildResults) -> None:
+    """Removes a failed build's staged shards and results; its errors.jsonl stays for the reasons."""
+    staging = staging_dir(output, results.build_id)
+    names = [n for r in results.shards for n in (r.filename, r.index_file, r.filename + STAGED_RECORD,
+                                                 dataset_files.keys_name(r.filename)) if n]
+    _delete_quietly([storage.join(staging, n) for n in names + [RESULTS]])
+
+
+# The lock -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LockInfo:
+    """Who holds an output folder.
+
+    Attributes:
+      build_id: the holder's build id.
+      host: host name of the holder's launcher.
+      pid: process id of the holder's launcher.
+      started: UTC start time (ISO 8601).
+      command: what the holder runs (build, finish, or detached: a build submitted with --detached,
+        whose job runs on the cluster after its launcher exited; `finish` takes it over once
+        staging/results.json exists).
+    """
+
+    build_id: str
+    host: str
+    pid: int
+    started: str
+    command: str = "build"
+
+    def describe(self) -> str:
+        return f"build {self.build_id} ({self.command}, host {self.host}, pid {self.pid}, started {self.started})"
+
+    def is_dead_here(self) -> bool:
+        """True when the holder ran on this host and its process is gone: its lock is stale. A
+        detached build's launcher is gone by design (its job runs on), so its lock is never stale."""
+        if self.host != socket.gethostname() or self.command == DETACHED:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return is_zombie(self.pid)
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def new_build_id() -> str:
+    # Microseconds: two builds of one folder within a second still sort in the order they started.
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + "-" + uuid.uuid4().hex[:6]
+
+
+@dataclasses.dataclass(frozen=True)
+class UnreadableLock(LockInfo):
+    """A lock file that holds no LockInfo this tool wrote (not JSON, fields unknown or missing, a pid
+    that is not an integer).
+
+    Attributes:
+      reason: what is wrong with it, for the message.
+    """
+
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"unreadable lock file ({self.reason})"
+
+    def is_dead_here(self) -> bool:
+        return False  # nothing says whose it is: only --break_lock takes it
+
+
+def _unreadable(reason: str) -> UnreadableLock:
+    return UnreadableLock("unknown", "unknown", -1, "unknown", "unknown", reason)
+
+
+def read_lock(output: str) -> Optional[LockInfo]:
+    path = storage.join(output, LOCK)
+    try:
+        data = json.loads(storage.read_bytes(path))
+    except OSError:
+        return None
+    except ValueError:
+        return _unreadable("not JSON")
+    if not isinstance(data, dict):
+        return _unreadable("not a JSON object")
+    fields = {f.name: f for f in dataclasses.fields(LockInfo)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        return _unreadable(f"unknown field {unknown[0]!r}")
+    missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING]
+    if missing:
+        return _unreadable(f"it has no {missing[0]}")
+    pid = data["pid"]
+    if not isinstance(pid, int) or isinstance(pid, bool):  # a bool is an int to Python
+        shown = json.dumps(pid)
+        return _unreadable(f"its pid is {shown if len(shown) <= 40 else shown[:37] + '...'}, not an integer")
+    problem = segment_problem(data["build_id"])
+    if problem:  # a build id names staging and version folders
+        return _unreadable(f"its build_id {data['build_id']!r} {problem}")
+    return LockInfo(**data)
+
+
+def _create_exclusive(path: str, data: bytes) -> bool:
+    """Creates `path` holding `data` only if it does not exist; returns False when it did."""
+    if storage.is_local(path):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+    if path.startswith("gs://"):
+        from google.api_core import exceptions as gexc
+
+        bucket, _, name = path[len("gs://"):].partition("/")
+        blob = _gcs_client().bucket(bucket).blob(name)
+        try:
+            # Generation 0 means "only if no live object has this name": GCS decides, not us.
+            blob.upload_from_string(data, content_type="application/json", if_generation_match=0)
+        except gexc.PreconditionFailed:
+            return False
+        return True
+    # Other filesystems have no create-if-absent; check then create (a narrow race, documented).
+    if storage.exists(path):
+        return False
+    with storage.create(path) as f:
+        f.write(data)
+    return True
+
+
+def _gcs_client():
+    return storage.gcs_client()
+
+
+class OutputLock:
+    """The output folder's lock, held by one build (or `finish`) at a time.
+
+    A lock left by a killed launcher on this host (its pid is gone) is taken over with a note; one
+    held by a live process, or by another host, blocks until the user passes --break_lock.
+    """
+
+    def __init__(self, output: str, build_id: str, command: str = "build", break_lock: bool = False):
+        self._output = output
+        self._path = storage.join(output, LOCK)
+        self.info = LockInfo(build_id, socket.gethostname(), os.getpid(),
+                             datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), command)
+        self._break = break_lock
+        self._held = False
+        self.took_over: Optional[LockInfo] = None
+        self._took_over_because = ""
+
+    def acquire(self) -> "OutputLock":
+        data = json.dumps(dataclasses.asdict(self.info), sort_keys=True).encode()
+        for _ in range(3):
+            try:
+                created = _create_exclusive(self._path, data)
+            except OSError as e:
+                raise OutputError(f"cannot create the lock {self._path}: {os_reason(e)}") from None
+            if created:
+                self._held = True
+                return self
+            holder = read_lock(self._output)
+            if holder is None:
+                continue  # released between our create and our read: try again
+            dead = holder.is_dead_here()
+            detached = not dead and self._finishes_detached(holder)
+            if dead or detached or self._break:
+                log.info("taking over the lock of %s", holder.describe())
+                self.took_over = holder
+                self._took_over_because = "gone" if dead else "detached" if detached else "broken"
+                _delete_quietly([self._path])
+                continue
+            if isinstance(holder, UnreadableLock):
+                raise LockHeld(f"the lock file {self._path} is unreadable ({holder.reason}); if no build is running "
+                               f"into {self._output}, rerun with --break_lock")
+            raise LockHeld(f"{self._output} is locked by {holder.describe()}; wait for it to end, or, if no build "
+                           f"is running there any more, rerun with --break_lock")
+        if storage.is_local(self._path) and os.path.isdir(self._path):
+            raise OutputError(f"{self._path} is a folder, not a lock file; remove it (rm -r {self._path}) and rerun")
+        raise LockHeld(f"could not take the lock {self._path} after 3 tries (another build keeps taking it)")
+
+    def take_over_note(self) -> Optional[str]:
+        """What to tell the user about a lock this one replaced; None when there was none."""
+        if self.took_over is None:
+            return None
+        holder = self.took_over.describe()
+        if isinstance(self.took_over, UnreadableLock):
+            return f"broke the {holder} at your request (--break_lock)"
+        return {"gone": f"took over the lock of {holder}, whose process is no longer running",
+                "detached": f"took over the lock of {holder}, whose detached job has staged its results",
+                "broken": f"broke the lock of {holder} at your request (--break_lock)"}[self._took_over_because]
+
+    def _finishes_detached(self, holder: LockInfo) -> bool:
+        """`finish` takes over a detached build's lock once its job has staged its results."""
+        return (self.info.command == "finish" and holder.command == DETACHED
+                and results_staged(self._output))
+
+    def hand_over_to_detached_job(self) -> None:
+        """Marks the lock as held by this build's detached job (command "detached") and lets go of
+        it here: leaving the `with` block no longer removes it; `finish` takes it over later."""
+        self.info = dataclasses.replace(self.info, command=DETACHED)
+        write_bytes(self._path, json.dumps(dataclasses.asdict(self.info), sort_keys=True).encode())
+        self._held = False
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        holder = read_lock(self._output)
+        if holder is not None and holder.build_id == self.info.build_id:
+            _delete_quietly([self._path])
+        self._held = False
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def os_reason(e: BaseException) -> str:
+    """An OSError's reason without the run-dependent parts ('No space left on device')."""
+    if isinstance(e, OSError) and e.errno:
+        return os.strerror(e.errno)
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def is_no_space(e: BaseException) -> bool:
+    text = str(e)
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in text
+
+
+# The commit ------------------------------------------------------------------------------------
+
+
+def _versions_in(output: str) -> List[str]:
+    """The version folders in `output`, oldest first (their names start with the build's UTC time)."""
+    if storage.is_local(output):
+        try:
+            return sorted(e.name for e in os.scandir(output) if e.is_dir() and e.name.startswith(VERSION_PREFIX))
+        except FileNotFoundError:
+            return []
+    # Folders only (a delimited listing on gs://): the cost does not grow with the shards inside.
+    return [name for name in storage.list_folder(output)[1] if name.startswith(VERSION_PREFIX)]
+
+
+def _published(output: str) -> Optional[Manifest]:
+    """The manifest `output` publishes now, or None (none, or unreadable: a warning says so)."""
+    path = storage.join(output, MANIFEST)
+    if not storage.exists(path):
+        return None
+    try:
+        return Manifest.loads(storage.read_bytes(path), path)
+    except ValueError as e:
+        log.warning("ignoring the unreadable previous manifest: %s", e)
+        return None
+
+
+def _kept_versions(published: Optional[Manifest], keep: int) -> Tuple[str, ...]:
+    """The `keep` versions published most recently before this commit, newest first: the one the
+    folder's manifest names, then those it kept (the order of publication, not of names or clocks)."""
+    if keep < 1 or published is None:
+        return ()
+    chain = [published.version or FLAT_LAYOUT] + [v for v in published.previous_versions if v != published.version]
+    return tuple(chain[:keep])
+
+
+def _flat_files(output: str, name: str, published: Optional[Manifest]) -> List[str]:
+    """Shard and index files lying directly in `output`: a dataset written before versions had
+    folders (or a killed build of that time)."""
+    names = set(published.shard_files()) if published is not None and not published.version else set()
+    for entry in storage.list_names(output):
+        if entry.startswith(f"{name}-") and ".tfrecord" in entry:
+            names.add(entry)
+        elif entry.startswith(f".{name}-") and entry.endswith(".tmp"):
+            names.add(entry)
+    return sorted(names)
+
+
+def _make_parent(path: str) -> None:
+    """Creates the local folder `path` goes in: a local rename, unlike a create, does not make it;
+    object stores have no folders to make."""
+    if storage.is_local(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+
+
+def _remove_empty_folders(output: str, names: Sequence[str]) -> None:
+    """Removes the local sub-folders of `names` (such as index/) that are now empty."""
+    if not storage.is_local(output):
+        return
+    for folder in sorted({os.path.dirname(n) for n in names if os.path.dirname(n)}, reverse=True):
+        try:
+            os.rmdir(os.path.join(output, folder))
+        except OSError:  # not empty, or gone
+            pass
+
+
+def sha256_and_size(path: str) -> Tuple[str, int]:
+    """The sha256 (hex) and length of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    size = 0
+    with storage.open_read(path) as f:
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                break
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
+
+
+def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
+                 reported: Optional[Mapping[str, str]] = None,
+                 metadata: Optional[Mapping[str, Tuple[int, Optional[str]]]] = None) -> None:
+    """Checks every file the manifest lists (at its staged path, or in place when an earlier commit
+    attempt already moved it) against what its writer reported.
+
+    A file whose writer reported a crc32c (`reported`, by manifest file name) and whose object
+    metadata (`metadata`, by path: size and crc32c from a gs:// listing) is known is checked by that
+    metadata alone: GCS computed the crc32c of the stored bytes, so nothing is downloaded. Any other
+    file is read back and compared by size and sha256 (local files keep no checksum to ask for).
+
+    Raises:
+      OutputError: naming the first file that differs (another process wrote over it) or is missing.
+    """
+    reported = reported or {}
+    metadata = metadata or {}
+    expected = []
+    own = f"{manifest.version}/" if manifest.version else ""
+    for split in manifest.splits:
+        for shard in split.shards:
+            if not shard.filename.startswith(own):
+                continue  # an appended dataset's earlier shards: checked when they were published
+            expected.append((shard.filename, shard.num_bytes, shard.sha256))
+            if shard.index_file and shard.index_sha256:
+                expected.append((shard.index_file, -1, shard.index_sha256))
+
+    def one(item):
+        filename, num_bytes, sha256 = item
+        path = staged.get(filename) or storage.join(output, filename)
+        want_crc, (got_size, got_crc) = reported.get(filename), metadata.get(path, (-1, None))
+        if want_crc and got_crc:
+            if (num_bytes >= 0 and got_size != num_bytes) or got_crc != want_crc:
+                return (f"{path} is {got_size} bytes with crc32c {got_crc}, but its writer reported "
+                        f"{num_bytes if num_bytes >= 0 else '?'} bytes with crc32c {want_crc}")
+            return None
+        try:
+            got_sha, got_size = sha256_and_size(path)
+        except OSError as e:
+            return f"{path} cannot be read ({os_reason(e)})"
+        if (num_bytes >= 0 and got_size != num_bytes) or got_sha != sha256:
+            return (f"{path} is {got_size} bytes with sha256 {got_sha[:12]}..., but its writer reported "
+                    f"{num_bytes if num_bytes >= 0 else '?'} bytes with sha256 {sha256[:12]}...")
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for problem in pool.map(one, expected):
+            if problem:
+                raise OutputError(f"refusing to publish {output}: {problem}; it changed after it was written "
+                                  f"(damaged, or another process wrote into this build's files); nothing was "
+                                  f"published; rerun with --overwrite")
+
+
+def _crc32c_of(results: BuildResults, folder: str) -> Dict[str, str]:
+    """{file name in the manifest: crc32c its writer reported} for this build's shards and index files."""
+    out = {}
+    for r in results.shards:
+        if r.crc32c:
+            out[f"{folder}/{r.filename}"] = r.crc32c
+        if r.index_file and r.index_crc32c:
+            out[f"{folder}/{r.index_file}"] = r.index_crc32c
+    return out
+
+
+def _reported_crc32c(value: Any) -> Dict[str, str]:
+    """The commit record's crc32c map, checked: {name: base64 text}."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ValueError("its crc32c entry is not a map of file names to checksums")
+    return dict(value)
+
+
+def _folders(manifest: Manifest) -> Tuple[str, ...]:
+    """The version folders whose shards `manifest` lists (FLAT_LAYOUT for files directly in the folder)."""
+    return tuple(sorted({f.split("/", 1)[0] if "/" in f else FLAT_LAYOUT for f in manifest.shard_files()
+                         if not f.startswith("index/")})) or ((manifest.version,) if manifest.version else ())
+
+
+def _listed_folders(manifest: Manifest, published: Optional[Manifest]) -> Dict[str, Tuple[str, ...]]:
+    """{version: folders it lists} for the new version and those it keeps; {} when each lists only
+    its own folder (every build without --append: its manifest keeps its bytes)."""
+    listed = {manifest.version: _folders(manifest)}
+    for version in manifest.previous_versions:
+        if published is not None and version == (published.version or FLAT_LAYOUT):
+            listed[version] = _folders(published)
+        elif published is not None:
+            listed[version] = tuple(published.listed_folders.get(version, (version,)))
+    if all(folders in ((version,), ()) for version, folders in listed.items()):
+        return {}
+    return listed
+
+
+def commit(output: str, results: Optional[BuildResults] = None, keep_versions: int = 2) -> Manifest:
+    """Publishes the staged build in `output`; redoes a commit that was cut short.
+
+    Args:
+      output: the output folder (its lock must be held by the caller).
+      results: the staged build's results, already past the budget verdict; None to finish the
+        commit recorded in staging (or, if none was recorded, to commit the newest staged results).
+      keep_versions: published versions kept in `output`, this one included (at least 1): a reader
+        that loaded an older manifest can read its files until they fall out of this count.
+
+    Returns:
+      The published manifest.
+
+    Raises:
+      UnfinishedBuild: when staging holds nothing to commit, or a listed shard is neither staged
+        nor in place.
+      OutputError: when a staged file differs from what its writer reported.
+      BudgetExceeded: when finishing a build whose results are over budget.
+    """
+    if keep_versions < 1:
+        raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
+    record = None
+    published = _published(output)  # read once: the retention and the flat files both need it
+    if results is None:
+        for staged_id in reversed(staged_builds(output)):
+            path = storage.join(staging_dir(output, staged_id), COMMIT)
+            if storage.exists(path):
+                try:
+                    record = json.loads(storage.read_bytes(path))
+                    manifest = Manifest.from_json(record["manifest"], COMMIT)
+                    build_id = record["build_id"]
+                    reported = _reported_crc32c(record.get("crc32c") or {})
+                    # The record names the folders the commit moves into: its own build's only.
+                    if build_id != staged_id or (manifest.version != version_folder(staged_id)
+                                                 and version_name_problem(manifest.version) is not None):
+                        raise ValueError(f"it commits build {build_id!r} into {manifest.version!r}, not build "
+                                         f"{staged_id!r} into {version_folder(staged_id)!r} or a named version")
+                except (ValueError, KeyError, TypeError, AttributeError) as e:
+                    raise _untrusted(output, path, e) from None
+                log.info("finishing the commit recorded in %s", path)
+                break
+        if record is None:
+            results = read_results(output)
+            if results is None:
+                raise UnfinishedBuild(f"nothing to finish in {output}: no complete build is staged in "
+                                      f"{staging_root(output)} (its pipeline did not finish); rerun "
+                                      "`imagerecords build ... --overwrite`")
+            results.verdict(output)
+    if record is None:
+        if results.version_name:
+            check_version_free(output, results.version_name)
+        manifest = dataclasses.replace(results.manifest(),
+                                       previous_versions=_kept_versions(published, keep_versions - 1))
+        manifest = dataclasses.replace(manifest, listed_folders=_listed_folders(manifest, published))
+        build_id = results.build_id
+        reported = _crc32c_of(results, manifest.version)
+        # From here on the commit can be redone from this record.
+        record = {"manifest": manifest.to_json(), "build_id": build_id}
+        if reported:
+            record["crc32c"] = dict(sorted(reported.items()))
+        write_bytes(storage.join(staging_dir(output, build_id), COMMIT), dumps(record))
+    staging = staging_dir(output, build_id)
+    folder = manifest.version
+    # One listing of staging, not one existence request per shard (each is a round trip on gs://);
+    # on gs:// it carries every object's size and crc32c, which the check below compares.
+    on_gcs = staging.startswith("gs://")
+    metadata = storage.gcs_objects(staging) if on_gcs else {}
+    prefix = staging.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(staging) else os.sep)
+    in_staging = {path[len(prefix):].replace(os.sep, "/")
+                  for path in (metadata if on_gcs else storage.list_tree(staging))}
+    staged = {}
+    for filename in manifest.shard_files():
+        plain = filename[len(folder) + 1:]
+        if filename.startswith(folder + "/") and plain in in_staging:
+            staged[filename] = storage.join(staging, plain)
+        elif not storage.exists(storage.join(output, filename)):
+            raise UnfinishedBuild(f"cannot publish {output}: {filename} is neither staged nor in place; "
+                                  "rerun `imagerecords build ... --overwrite`")
+    if on_gcs and len(staged) < len(manifest.shard_files()):  # a commit being redone moved some already
+        metadata.update(storage.gcs_objects(storage.join(output, folder)))
+    # 1. Every file is what its writer wrote: a late writer of another build cannot slip one in.
+    check_staged(output, manifest, staged, reported, metadata)
+    # The shards' keys files ride along (unlisted: --append checks each against its shard's count),
+    # also those of shards a cut commit already moved, so a redone commit publishes every one.
+    for filename in manifest.shard_files():
+        keys = dataset_files.keys_name(filename[len(folder) + 1:])
+        if filename.startswith(folder + "/") and keys in in_staging:
+            staged[f"{folder}/{keys}"] = storage.join(staging, keys)
+    # 2. Into the version folder, which no published manifest names yet: readers see nothing change.
+    for i, (filename, path) in enumerate(sorted(staged.items())):
+        final = storage.join(output, filename)
+        _make_parent(final)
+        storage.rename(path, final)
+        if i == 0:
+            _hooks.pause("in_commit")
+    # 3. Reports and TFDS's metadata, then the manifest: the switch to the new version.
+    for report in (ERRORS, DUPLICATES):
+        staged_report, final_report = storage.join(staging, report), storage.join(output, report)
+        if storage.exists(staged_report):
+            storage.rename(staged_report, final_report)
+        elif report == ERRORS and not storage.exists(final_report):
+            write_bytes(final_report, b"")
+        elif report == DUPLICATES and manifest.num_duplicate_groups < 0:
+            _delete_quietly([final_report])  # this build did not look: an older report would mislead
+    for filename, content in dataset_files.metadata_files(manifest):
+        write_bytes(storage.join(output, filename), content)
+    flat = _flat_files(output, manifest.name, published)
+    write_bytes(storage.join(output, MANIFEST), manifest.dumps())
+    # 4. Retention: the versions this manifest keeps stay; every other version folder goes (older
+    # ones, and any a cut commit left unpublished), and the flat files unless they are kept.
+    kept = set(manifest.previous_versions).union(*manifest.listed_folders.values())
+    for old in sorted(set(_versions_in(output)) | _named_versions(output, published)):
+        if old != folder and old not in kept:
+            _delete_version(output, old)
+    if flat and FLAT_LAYOUT not in kept:
+        _delete_quietly([storage.join(output, n) for n in flat])
+        _remove_empty_folders(output, flat)
+    remove_staging(output)
+    return manifest
+
+
+def commit_results(output: str, results: BuildResults, *, keep_versions: int = 2, overwrite: bool = False) -> Manifest:
+    """The launcher's last steps for a build with no launcher (a pipeline ending in WriteDataset):
+    take the output's lock, refuse to replace a published dataset without `overwrite`, apply the
+    reject budget, commit, release the lock. A commit cut short is finished by `imagerecords finish`.
+
+    Raises:
+      LockHeld: another build or `finish` holds the output.
+      OutputError: a dataset is published there and `overwrite` is off, or a staged file changed.
+      BudgetExceeded: too many rows were rejected (the staged shards are removed, errors.jsonl stays).
+    """
+    _hooks.pause("before_commit")
+    with OutputLock(output, results.build_id):
+        if not overwrite and _published(output) is not None:
+            raise OutputError(f"{output} holds a published dataset; pass overwrite=True to replace it (nothing was "
+                              f"published; this build's shards stay in {staging_dir(output, results.build_id)})")
+        try:
+            results.verdict(output)
+        except BudgetExceeded:
+            discard_staged_shards(output, results)  # errors.jsonl stays, for the reasons
+            raise
+        return commit(output, results, keep_versions=keep_versions)
+
+
+def version_taken(output: str, name: str) -> bool:
+    """Whether `output` holds anything under `name` (a file, a folder, or objects below it)."""
+    path = storage.join(output, name)
+    if storage.is_local(output):
+        return os.path.lexists(path)
+    return storage.exists(path) or bool(storage.list_tree(path))
+
+
+def check_version_free(output: str, name: str) -> None:
+    """Refuses a --version_name that `output` already holds: a published version is never rewritten.
+
+    Raises:
+      OutputError: naming the version.
+    """
+    if version_taken(output, name):
+        raise OutputError(f"version {name!r} already exists in {output} (versions are never rewritten); "
+                          "choose another --version_name; nothing was published")
+
+
+def _named_versions(output: str, published: Optional[Manifest]) -> set:
+    """The named (--version_name) versions the published manifest keeps: retention removes them
+    like v- folders once they fall out of the count. Only a folder holding nothing but this
+    dataset's shards and index files is taken: a manifest naming another folder never deletes it."""
+    if published is None:
+        return set()
+    chain = [published.version, *published.previous_versions]
+    out = set()
+    for v in chain:
+        if not v or v == FLAT_LAYOUT or v.startswith(VERSION_PREFIX) or version_name_problem(v) is not None:
+            continue
+        root = storage.join(output, v)
+        prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
+        names = [p[len(prefix):].replace(os.sep, "/") for p in storage.list_tree(root)]
+        if all((n.startswith(f"{published.name}-") and ".tfrecord" in n and "/" not in n)
+               or (n.startswith((f"{dataset_files.INDEX_DIR}/", f"{dataset_files.KEYS_DIR}/")) and n.count("/") == 1)
+               for n in names):
+            out.add(v)
+        else:
+            log.warning("not removing %s: it holds files this dataset's builds do not write", root)
+    return out
+
+
+def _delete_version(output: str, folder: str) -> None:
+    path = storage.join(output, folder)
+    try:
+        if storage.is_local(output):
+            import shutil
+
+            shutil.rmtree(path)
+        else:
+            storage.delete_all(storage.list_tree(path))
+    except OSError as e:
+        log.warning("could not remove the old version %s: %s", path, e)

@@ -1,0 +1,465 @@
+"""The work of each build stage as plain functions, importable without Beam.
+
+`transforms/` wires them into the Beam graph (one DoFn or Map per function); the in-process engine
+(`pipeline/local.py`) calls the same functions directly. One definition of every step is what
+keeps the two byte-identical.
+
+    manifest_row     a manifest line → ImageRef or Rejected           (ReadManifest)
+    assign           split and label id of a ref, or Rejected         (AssignLabels)
+    shard_order      a shard's refs in hash order                     (GlobalShuffle)
+    stage_shard      one shard written into staging                   (WriteShards)
+    duplicate_group  identical files under different keys            (FindDuplicates)
+    record_results   errors.jsonl, duplicates.jsonl, results.json     (RecordResults)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import time
+import uuid
+from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+
+from imagerecords.pipeline import _hooks, codec, dataset_files, input_files, planning, publish, shard_writer, storage
+from imagerecords.format import records
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.format.manifest import DUPLICATES, ERRORS, Shard
+from imagerecords.pipeline.dataset_files import ShardResult
+from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, ManifestColumns, Rejected
+
+log = logging.getLogger(__name__)
+
+# Listing ------------------------------------------------------------------------------------------
+
+
+def manifest_row(line: bytes, parse: Callable[[str], Mapping[str, Any]], manifest: str,
+                 columns: ManifestColumns, max_file_bytes: Optional[int], stat: bool = True
+                 ) -> Optional[Union[ImageRef, Rejected]]:
+    """One manifest line as a ref, or the row saying why not; None for a blank line.
+
+    Args:
+      line: the line without its line end, as bytes: a line that is not UTF-8 is a rejected row,
+        not the end of the build.
+      parse: turns the line into a {column: value} row (refs.csv_row_parser(header) or
+        refs.parse_jsonl_line); raises ValueError for a malformed line.
+      manifest: the manifest's path (relative paths resolve against its folder).
+      stat: look up the size of a row without one (a missing file is rejected here); without it a
+        missing file is rejected when its shard reads it.
+    """
+    if not line.strip():
+        return None
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return Rejected(line.decode("utf-8", "backslashreplace"),
+                        f"{manifest}: bad manifest line: not UTF-8 ({e.reason} at byte {e.start})", stage="list",
+                        error=type(e).__name__)
+    try:
+        row = parse(text)
+    except ValueError as e:
+        return Rejected(text, f"{manifest}: bad manifest line: {input_files.stable_text(str(e))}", stage="list",
+                        error=type(e).__name__)
+    try:
+        ref, rejected = refs_lib.parse_manifest_row(row, _folder_of(manifest), columns)
+    except RecursionError:  # a value nested just within the parser's limit, too deep to write back
+        return Rejected(text, f"{manifest}: bad manifest line: {refs_lib.DEEP_JSON}", stage="list",
+                        error="RecursionError")
+    if rejected is not None:
+        return rejected
+    if ref.size >= 0 or not stat:  # the manifest gave the size, or the user skips the lookup
+        size, problem = ref.size, None
+    else:
+        size, problem = _size(ref)
+    if problem is not None:
+        reason, error = problem
+        return Rejected(ref.uri, reason, ref.key, ref.split, stage="list", error=error)
+    too_big = input_files.size_refusal(size, max_file_bytes)
+    if too_big is not None:
+        return Rejected(ref.uri, too_big, ref.key, ref.split, stage="read")
+    return dataclasses.replace(ref, size=size)
+
+
+# Relative paths resolve against the manifest's folder: worked out once per manifest, not per row.
+_folder_of = functools.lru_cache(maxsize=16)(refs_lib.dirname)
+
+
+def _size(ref: ImageRef) -> Tuple[int, Optional[Tuple[str, str]]]:
+    """Returns (size, None), or (-1, (reason, error type)) when the file cannot be listed."""
+    if storage.is_local(ref.uri):
+        # Local: stat only (a FIFO, dangling symlink or folder is a row, never opened).
+        found = input_files.probe(ref.uri)
+        if found.kind == "file":
+            return found.size, None
+        if found.kind == "dir":
+            return -1, ("a folder, not a file", "")
+        return -1, (found.reason, found.error)
+    from apache_beam.io.filesystem import BeamIOError
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        matched = [m for m in FileSystems.match([ref.uri])[0].metadata_list if m.path == ref.uri]
+    except BeamIOError as e:
+        return -1, (f"file not found ({input_files.describe_os_error(e)})", type(e).__name__)
+    if not matched:
+        return -1, ("file not found", "")
+    return matched[0].size_in_bytes, None
+
+
+# Labels and splits --------------------------------------------------------------------------------
+
+
+def assign(ref: ImageRef, labels: LabelMap, splits: Optional[Sequence[Tuple[str, float]]],
+           split_seed: int) -> Union[ImageRef, Rejected]:
+    """The ref with its split and label id set, or the row saying why it has none."""
+    if splits:
+        split = refs_lib.assign_split(splits, split_seed, ref.key)
+    else:
+        split = ref.split or "train"
+    problem = refs_lib.split_name_problem(split)
+    if problem:
+        return Rejected(ref.uri, problem, ref.key, split, stage="label")
+    label_id = labels.label_id(ref.label)
+    if label_id is None:
+        reason = ((labels.integer and refs_lib.int_label_problem(ref.label))
+                  or f"label {ref.label!r} is not in the label map")
+        return Rejected(ref.uri, reason, ref.key, split, stage="label")
+    return ImageRef(ref.key, ref.uri, ref.label, split, ref.size, label_id, ref.extras)  # not replace(): 1.6x dearer
+
+
+# The shuffle --------------------------------------------------------------------------------------
+
+
+def shard_order(members: Iterable[Tuple[int, ImageRef]]) -> List[ImageRef]:
+    """A shard's (shuffle hash, ref) pairs as refs in hash order. The rest of the sort key only
+    orders repeats of one key, so which repeat is kept (and which rejected as a duplicate) never
+    depends on how the runner grouped them."""
+    ordered = sorted(members, key=lambda hr: (hr[0], hr[1].key, hr[1].uri, hr[1].label or "", hr[1].label_id,
+                                              hr[1].extras))
+    return [r for _, r in ordered]
+
+
+# Writing a shard ----------------------------------------------------------------------------------
+
+
+class BuildAbandoned(RuntimeError):
+    """A shard writer's build lost the output's lock (its launcher died and another build took over)."""
+
+
+
+@dataclasses.dataclass
+class StagedShard:
+    """What stage_shard wrote: the shard, the inputs it turned away, and (with contents) the
+    (16-byte source digest, (key, split, uri, label name)) of every record written, for the
+    duplicate check."""
+
+    result: ShardResult
+    rejected: List[Rejected]
+    contents: List[Tuple[bytes, Tuple[str, str, str, str]]]
+    passthrough: int
+
+    def to_json(self) -> dict:
+        return {"result": self.result.to_json(), "rejected": [dataclasses.asdict(r) for r in self.rejected],
+                "contents": [[d.hex(), list(m)] for d, m in self.contents], "passthrough": self.passthrough}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "StagedShard":
+        return cls(ShardResult.from_json(d["result"]), [Rejected(**r) for r in d["rejected"]],
+                   [(bytes.fromhex(h), tuple(m)) for h, m in d["contents"]], int(d["passthrough"]))
+
+
+# Observes a shard being written: (shard file name, images done, rejected, total). The local engine
+# passes one for its progress line and raises KeyboardInterrupt from it to cancel; Beam passes none.
+Observer = Callable[[str, int, int, int], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardWriter:
+    """Writes one shard into the build's staging area: everything a shard's bytes depend on besides
+    its refs and labels, built once from the config (ShardWriter.of) and held by both engines.
+
+    A new per-image or per-shard option is a field here and a line in `of`; the engines pass the
+    writer along and never see it.
+
+    Attributes:
+      output: the output folder.
+      build_id: the build whose staging area it writes into, and whose lock it must still hold.
+      name: the dataset name (shard file prefix).
+      preset: the Example schema preset.
+      options: how images are decoded, resized and encoded.
+      write_index: also write each shard's tfrecord2idx index.
+      contents: keep each written record's source digest (for the duplicate check).
+      features: the declared features each record also holds (ImageRef.extras has their values).
+      resume_from: the earlier builds (ids, newest first) whose staging areas a resumed build takes
+        shards from when they staged one with the same fingerprint (moved, not rewritten); listed
+        once, when the writer is made, not once per shard.
+    """
+
+    output: str
+    build_id: str
+    name: str
+    preset: str
+    options: codec.ImageOptions
+    write_index: bool = False
+    contents: bool = True
+    resume_from: Tuple[str, ...] = ()
+    features: Tuple[Any, ...] = ()  # imagerecords.format.features.Feature
+    source: str = ""  # an arrays input's files (arrays.input_identity), in the resume fingerprint
+
+    @classmethod
+    def of(cls, config, build_id: str) -> "ShardWriter":
+        """The writer of `config` (a BuildConfig) for build `build_id`."""
+        earlier = tuple(b for b in reversed(publish.staged_builds(config.output)) if b != build_id) if config.resume \
+            else ()
+        from imagerecords.pipeline import arrays
+
+        source = arrays.input_identity(config.input) if arrays.is_arrays_input(config.input) else ""
+        return cls(output=config.output, build_id=build_id, name=config.name, preset=config.schema,
+                   options=config.image, write_index=config.write_index, contents=not config.skip_duplicate_check,
+                   resume_from=earlier, features=tuple(config.features), source=source)
+
+    def write(self, shard: Tuple[str, int, int], refs: Sequence[ImageRef], labels: LabelMap, *,
+              read_bytes: Callable[[str], bytes], executor: Optional[concurrent.futures.Executor] = None,
+              window: int = 2, observe: Optional[Observer] = None) -> "StagedShard":
+        """Writes one shard (refs in hash order) to a temporary file in the build's staging area and
+        renames it to its shard name when complete, if the build still holds the output's lock (a
+        writer that outlived its launcher must not touch what the next build stages); with
+        write_index, its tfrecord2idx index too; then its record (fingerprint and result).
+
+        Args:
+          shard: (split, shard index, number of shards of the split).
+          read_bytes: reads an input file (shard_writer.limited_reader), one per worker.
+          executor, window: where images are read and prepared, and how many at once (bounded memory).
+          observe: called as images are done; may raise KeyboardInterrupt to stop the write.
+        """
+        split, index, num_shards = shard
+        _hooks.pause("before_shards")
+        if self.source and refs:  # an arrays build: this process's cached arrays must be this input's
+            from imagerecords.pipeline import arrays
+
+            arrays.forget_if_changed(refs[0].uri.rpartition(arrays.ROW_MARK)[0], self.source)
+        filename = planning.shard_name(self.name, split, index, num_shards)
+        staging = publish.staging_dir(self.output, self.build_id)
+        fingerprint = shard_fingerprint(shard, refs, name=self.name, preset=self.preset, labels=labels,
+                                        options=self.options, write_index=self.write_index, contents=self.contents,
+                                        features=self.features, source=self.source)
+        if self.resume_from:
+            reused = _reuse_staged(self.output, self.build_id, self.resume_from, filename, fingerprint)
+            if reused is not None:
+                if observe:
+                    observe(filename, len(refs), len(reused.rejected), len(refs))
+                return reused
+        # A unique temporary name per attempt: a retried or speculative bundle never writes into
+        # another attempt's file, and the last rename wins with identical bytes.
+        tmp = storage.join(staging, f".{filename}.{uuid.uuid4().hex}.tmp")
+        kept, duplicates = shard_writer.dedupe_sorted(refs)
+
+        def on_progress(done: int, rejected: int) -> None:
+            if observe:
+                observe(filename, done + len(duplicates), rejected + len(duplicates), len(refs))
+            if done == len(kept) // 2:
+                _hooks.fail_once(filename)
+
+        try:
+            with storage.create(tmp) as stream:
+                stats, rejected = shard_writer.write_shard(
+                    kept, stream, read_bytes=read_bytes, preset=self.preset, labels=labels, options=self.options,
+                    executor=executor, window=window, on_progress=on_progress, features=self.features)
+            _hooks.pause("before_rename")
+            if not publish.owns_output(self.output, self.build_id):
+                raise BuildAbandoned(f"build {self.build_id} no longer holds the lock of {self.output}: {filename} "
+                                     "was not staged")
+            storage.rename(tmp, storage.join(staging, filename))
+        except BaseException:
+            if storage.exists(tmp):
+                storage.delete(tmp)
+            raise
+        if observe:
+            observe(filename, len(refs), len(duplicates) + len(rejected), len(refs))
+        _hooks.log_writer(filename, stats.count)
+        index_file = index_sha256 = index_crc32c = None
+        if self.write_index:
+            # tfrecord2idx format (records.format_index), in the index folder no shard glob reaches.
+            index_file = dataset_files.index_name(filename)
+            index_data = records.format_index(records.index_entries(stats.offsets, stats.num_bytes))
+            index_sha256 = hashlib.sha256(index_data).hexdigest()
+            index_crc32c = records.crc32c_of(index_data)
+            publish.write_bytes(storage.join(staging, index_file), index_data)
+        result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
+                                          stats.passthrough, index_file, index_sha256, stats.kinds),
+                             stats.crc32c, index_crc32c)
+        # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
+        names, offset = labels.names, labels.offset
+        written = ([(digest, (r.key, r.split, r.uri, names[r.label_id - offset])) for digest, r in stats.contents]
+                   if self.contents else [])
+        publish.write_bytes(storage.join(staging, dataset_files.keys_name(filename)), dataset_files.format_keys(
+            [(r.key, names[r.label_id - offset] if 0 <= r.label_id - offset < len(names) else "", r.size, digest)
+             for digest, r in stats.contents]))
+        out = StagedShard(result, duplicates + rejected, written, stats.passthrough)
+        publish.write_bytes(storage.join(staging, filename + publish.STAGED_RECORD), publish.dumps(
+            {"fingerprint": fingerprint, "staged": out.to_json()}))
+        _hooks.pause("mid_shards")
+        return out
+
+
+
+
+def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, name: str, preset: str,
+                      labels: LabelMap, options: codec.ImageOptions, write_index: bool, contents: bool,
+                      features: Sequence[Any] = (), source: str = "") -> str:
+    """sha256 of everything a shard's bytes depend on: its place, its refs in order (key, path,
+    label, size), the size and modification time of every local file a ref reads (its image and
+    each image feature's file), the label map, the encoding settings and the code version. A
+    remote file counts by its listed size only (a stat per object would cost a request each)."""
+    from imagerecords import __version__
+
+    h = hashlib.sha256()
+    h.update(json.dumps({"shard": list(shard), "name": name, "preset": preset, "labels": labels.to_json(),
+                         "options": dataclasses.asdict(options), "write_index": write_index, "contents": contents,
+                         "code": __version__, "pillow": _pillow_version(),
+                         **({"features": [f.to_json() | {"name": f.name} for f in features]} if features else {}),
+                         **({"source": source} if source else {})},
+                        sort_keys=True, default=str).encode())
+    images = [f.name for f in features if f.dtype == "image"]
+    for r in refs:
+        h.update(json.dumps([r.key, r.uri, r.label, r.label_id, r.split, r.size, *([r.extras] if r.extras else []),
+                             *_read_files(r, images)]).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _read_files(ref: ImageRef, images: Sequence[str]) -> List[str]:
+    """'size:mtime' of each local file `ref` reads (an arrays row's files are in the writer's source)."""
+    from imagerecords.pipeline.arrays import is_row  # imported once: sys.modules holds it after the first ref
+
+    paths = [] if is_row(ref.uri) else [ref.uri]
+    if images and ref.extras:
+        values = json.loads(ref.extras)
+        paths += [values[n] for n in images if isinstance(values.get(n), str)]
+    return [_stat(p) for p in paths]
+
+
+def _stat(path: str) -> str:
+    if not storage.is_local(path):
+        return ""
+    try:
+        st = os.stat(path)
+    except OSError:  # read (and rejected) at write time; a file that appears later changes this
+        return "missing"
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+@functools.lru_cache(maxsize=1)
+def _pillow_version() -> str:
+    from importlib import metadata as importlib_metadata
+
+    try:
+        return importlib_metadata.version("pillow")
+    except importlib_metadata.PackageNotFoundError:
+        return ""
+
+
+def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: str, fingerprint: str
+                  ) -> Optional["StagedShard"]:
+    """Moves `filename` (and its index and record) from the staging area of one of the `earlier`
+    builds into this build's when it staged it with the same fingerprint; returns what it recorded."""
+    for other in earlier:
+        source = publish.staging_dir(output, other)
+        record_path = storage.join(source, filename + publish.STAGED_RECORD)
+        if not storage.exists(record_path):  # asked first: a missing object's read fails late on gs://
+            continue
+        try:
+            record = json.loads(storage.read_bytes(record_path))
+            if record.get("fingerprint") != fingerprint:
+                continue
+            # Shard.from_json refuses names that climb out of staging; a record naming another
+            # shard than the one it sits beside is not this shard's either.
+            staged = StagedShard.from_json(record["staged"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # rewritten, not reused: "resumed: N of M shards reused" shows it
+        if staged.result.shard.filename != filename or staged.result.shard.index_file not in (
+                None, dataset_files.index_name(filename)):
+            continue
+        moves = [staged.result.shard.filename] + ([staged.result.shard.index_file] if staged.result.shard.index_file
+                                                  else [])
+        if not all(storage.exists(storage.join(source, n)) for n in moves):
+            continue
+        damage = _staged_damage(source, staged.result.shard)
+        if damage:  # truncated or changed since it was staged: written again, never carried to the commit
+            log.warning("not reusing %s: %s; writing it again", storage.join(source, filename), damage)
+            continue
+        target = publish.staging_dir(output, build_id)
+        keys = dataset_files.keys_name(filename)
+        if storage.exists(storage.join(source, keys)):  # without it, --append reads this shard's records instead
+            moves.append(keys)
+        for n in moves + [filename + publish.STAGED_RECORD]:
+            destination = storage.join(target, n)
+            if storage.is_local(destination):
+                os.makedirs(os.path.dirname(destination), exist_ok=True)
+            storage.rename(storage.join(source, n), destination)
+        publish.write_bytes(storage.join(target, filename + publish.STAGED_RECORD), publish.dumps(
+            {"fingerprint": fingerprint, "staged": record["staged"], "reused": True}))
+        return staged
+    return None
+
+
+def _staged_damage(folder: str, shard: Shard) -> Optional[str]:
+    """Why a staged shard (or its index) differs from what its writer recorded, or None."""
+    expected = [(shard.filename, shard.num_bytes, shard.sha256)]
+    if shard.index_file and shard.index_sha256:
+        expected.append((shard.index_file, -1, shard.index_sha256))
+    for name, num_bytes, sha256 in expected:
+        try:
+            got_sha, got_size = publish.sha256_and_size(storage.join(folder, name))
+        except OSError as e:
+            return f"{name} cannot be read ({publish.os_reason(e)})"
+        if (num_bytes >= 0 and got_size != num_bytes) or got_sha != sha256:
+            return f"{name} is {got_size} bytes with sha256 {got_sha[:12]}..., its writer recorded " \
+                   f"{num_bytes if num_bytes >= 0 else '?'} bytes with sha256 {sha256[:12]}..."
+    return None
+
+
+# Duplicates and results ---------------------------------------------------------------------------
+
+
+def duplicate_group(digest: bytes, members: Iterable[Tuple[str, str, str, str]]) -> Optional[DuplicateGroup]:
+    """The group of (key, split, uri, label name) sharing one content digest, or None when only one
+    key has it."""
+    unique = tuple(sorted(set(members)))
+    return DuplicateGroup(digest.hex(), unique) if len(unique) > 1 else None
+
+
+def errors_jsonl(rejected: Sequence[Rejected]) -> Iterator[bytes]:
+    """errors.jsonl, line by line: one row per rejected or skipped input, in a fixed order."""
+    for r in sorted(rejected, key=lambda r: (r.split, r.key, r.uri, r.stage, r.reason)):
+        yield (r.to_json() + "\n").encode("utf-8")
+
+
+def duplicates_jsonl(groups: Sequence[DuplicateGroup]) -> Iterator[bytes]:
+    """duplicates.jsonl, line by line: one row per group of identical files, groups that leak
+    across splits first, then label conflicts."""
+    for g in sorted(groups, key=lambda g: (not g.leaks, not g.conflicts, g.members)):
+        yield (g.to_json() + "\n").encode("utf-8")
+
+
+def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected], labels: LabelMap,
+                   duplicates: Sequence[DuplicateGroup], *, output: str, build: Mapping[str, Any],
+                   find_duplicates: bool) -> publish.BuildResults:
+    """Writes errors.jsonl, duplicates.jsonl (when looked for) and, last, results.json into staging:
+    the presence of results.json says every shard was written."""
+    staging = publish.staging_dir(output, build["build_id"])
+    publish.write_bytes(storage.join(staging, ERRORS), errors_jsonl(rejected))
+    if find_duplicates:
+        publish.write_bytes(storage.join(staging, DUPLICATES), duplicates_jsonl(duplicates))
+    skipped = sum(1 for r in rejected if r.skipped)
+    out = publish.BuildResults(labels=labels.to_json(), shards=tuple(sorted(results, key=lambda r: (r.split, r.index))),
+                               num_rejected=len(rejected) - skipped, num_skipped=skipped,
+                               num_duplicate_groups=len(duplicates) if find_duplicates else -1,
+                               num_leaking_groups=sum(1 for g in duplicates if g.leaks),
+                               num_label_conflicts=sum(1 for g in duplicates if g.conflicts), **build)
+    publish.write_bytes(storage.join(staging, publish.RESULTS), publish.dumps(out.to_json()))
+    return out

@@ -1,0 +1,171 @@
+"""Files on local disk or on any Beam filesystem (gs://, s3://, ...), behind one small API.
+
+Local paths are served by `os` directly, so a local build, `verify`, `inspect` and `report` never
+pay Beam's import; a URI goes through Beam's FileSystems, imported on first use.
+Both sides raise OSError (Beam's BeamIOError is one) for a failed operation.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import BinaryIO, Dict, List, Optional, Tuple
+
+from imagerecords.format.paths import has_scheme, join  # join: re-exported as the builder's one path join
+
+__all__ = ["is_local", "join", "open_read", "read_bytes", "open_if_exists", "create", "rename", "exists", "delete",
+           "delete_all", "list_names", "list_tree", "list_folder", "gcs_objects", "gcs_client"]
+
+
+def _filesystems():
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems
+
+
+def _uncompressed():
+    from apache_beam.io.filesystem import CompressionTypes
+
+    return CompressionTypes.UNCOMPRESSED
+
+
+def is_local(path: str) -> bool:
+    return not has_scheme(path)
+
+
+def open_read(uri: str) -> BinaryIO:
+    """Opens a file for reading as bytes, never decompressing (a .gz name is not a hint here)."""
+    if is_local(uri):
+        return open(uri, "rb")
+    return _filesystems().open(uri, compression_type=_uncompressed())
+
+
+def read_bytes(uri: str) -> bytes:
+    """The whole file, for the small ones read at once (manifests, records, locks, label maps)."""
+    with open_read(uri) as f:
+        return f.read()
+
+
+def open_if_exists(uri: str) -> Optional[BinaryIO]:
+    """Like open_read, but None when there is no such file (optional files such as errors.jsonl)."""
+    if is_local(uri):
+        try:
+            return open(uri, "rb")
+        except FileNotFoundError:
+            return None
+    return open_read(uri) if exists(uri) else None
+
+
+def create(uri: str) -> BinaryIO:
+    """Opens a new file for writing (replacing one of that name); a local parent folder is made."""
+    if is_local(uri):
+        parent = os.path.dirname(uri)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        return open(uri, "wb")
+    return _filesystems().create(uri, mime_type="application/octet-stream", compression_type=_uncompressed())
+
+
+def rename(src: str, dst: str) -> None:
+    """Moves `src` to `dst`, replacing it: atomic locally, copy then delete on object stores."""
+    if is_local(src) and is_local(dst):
+        os.replace(src, dst)
+        return
+    _filesystems().rename([src], [dst])
+
+
+def exists(uri: str) -> bool:
+    if is_local(uri):
+        return os.path.exists(uri)
+    return _filesystems().exists(uri)
+
+
+def delete(uri: str) -> None:
+    """Removes a file (locally, a folder with everything in it)."""
+    if is_local(uri):
+        if os.path.isdir(uri) and not os.path.islink(uri):
+            shutil.rmtree(uri)
+        else:
+            os.remove(uri)
+        return
+    _filesystems().delete([uri])
+
+
+def delete_all(uris: List[str]) -> None:
+    """Removes many files: one batched request per 100 on gs://, one by one locally."""
+    remote = [u for u in uris if not is_local(u)]
+    for uri in uris:
+        if is_local(uri):
+            delete(uri)
+    if remote:
+        _filesystems().delete(remote)
+
+
+def list_names(folder: str) -> List[str]:
+    """Names of the files directly in `folder` (hidden ones included; sub-folders' files excluded)."""
+    if is_local(folder):
+        try:
+            return sorted(e.name for e in os.scandir(folder) if not e.is_dir())
+        except FileNotFoundError:
+            return []
+    if folder.startswith("gs://"):
+        return list_folder(folder)[0]
+    prefix = folder.rstrip("/") + "/"
+    found = _filesystems().match([prefix + "*"])[0].metadata_list
+    return sorted({m.path[len(prefix):] for m in found if "/" not in m.path[len(prefix):]})
+
+
+def list_tree(folder: str) -> List[str]:
+    """Every file under `folder`, as full paths."""
+    if is_local(folder):
+        out = []
+        for dirpath, _, files in os.walk(folder):
+            out.extend(os.path.join(dirpath, f) for f in files)
+        return sorted(out)
+    return sorted(m.path for m in _filesystems().match([folder.rstrip("/") + "/**"])[0].metadata_list)
+
+
+def list_folder(folder: str) -> Tuple[List[str], List[str]]:
+    """(names of the files directly in `folder`, names of its sub-folders), both sorted.
+
+    On gs:// this is one listing with a delimiter (prefix `folder/`, delimiter '/'): GCS returns the
+    sub-folders as prefixes, so its cost does not grow with the objects inside them (a dataset's shards).
+    """
+    if is_local(folder):
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            return [], []
+        return sorted(e.name for e in entries if not e.is_dir()), sorted(e.name for e in entries if e.is_dir())
+    if not folder.startswith("gs://"):
+        prefix = folder.rstrip("/") + "/"
+        rest = [p[len(prefix):] for p in list_tree(folder)]
+        return sorted(r for r in rest if "/" not in r), sorted({r.split("/", 1)[0] for r in rest if "/" in r})
+    bucket, prefix = _split_gs(folder)
+    pages = gcs_client().list_blobs(bucket, prefix=prefix, delimiter="/")
+    files = [blob.name[len(prefix):] for blob in pages]  # iterating every page fills pages.prefixes
+    return sorted(files), sorted(p[len(prefix):].rstrip("/") for p in pages.prefixes)
+
+
+def gcs_objects(folder: str) -> Dict[str, Tuple[int, Optional[str]]]:
+    """{gs:// path: (size, crc32c as GCS shows it: base64, big-endian)} of every object under the
+    gs:// `folder`: the listing carries each object's metadata, so no object is read."""
+    bucket, prefix = _split_gs(folder)
+    return {f"gs://{bucket}/{blob.name}": (int(blob.size), blob.crc32c)
+            for blob in gcs_client().list_blobs(bucket, prefix=prefix)}
+
+
+def gcs_client():
+    """A google-cloud-storage client made as Beam makes its own (same credentials and endpoint).
+    A new one per call: callers make a few calls per commit, and a client kept across calls would
+    outlive a change of endpoint or a fork."""
+    from apache_beam.io.gcp import gcsio
+
+    return gcsio.GcsIO().client
+
+
+def _split_gs(folder: str) -> Tuple[str, str]:
+    """('bucket', 'name/prefix/') of a gs:// folder; the prefix ends with '/' (or is empty: the bucket)."""
+    bucket, _, name = folder[len("gs://"):].partition("/")
+    name = name.rstrip("/")
+    return bucket, name + "/" if name else ""

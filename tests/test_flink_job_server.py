@@ -1,0 +1,101 @@
+"""Many small builds on one Flink cluster through a job server kept up between them (Beam's
+--job_endpoint): no build starts a job server of its own, and each writes the local engine's bytes."""
+
+import filecmp
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import build, manifest_without_time, shard_files, skip_unless_flink_cluster_runs
+from test_flink_build import ARGS, JOB_TIMEOUT  # the same builds and limits as the cluster tests
+from tests.support import flink
+
+pytestmark = [pytest.mark.flink, pytest.mark.slow]
+
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    skip_unless_flink_cluster_runs()
+    with flink.FlinkCluster.start(taskmanagers=2, slots=1, parallelism=2, worker_pools=True) as running:
+        yield running
+
+
+def _java_in(pid):
+    """The JVMs among `pid`'s descendants (a job server FlinkRunner would start), as {pid: argv}."""
+    found = {}
+    for child in flink.process_tree(pid) - {pid}:
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue  # ended between the listing and the read
+        if os.path.basename(argv[0]) == b"java":
+            found[child] = argv
+    return found
+
+
+def _workers_started(cluster):
+    """SDK workers the cluster's pools have started so far (Beam's pool logs one line per worker)."""
+    return sum(pool.log_tail(10 ** 9).count("Starting worker with command") for pool in cluster.pools)
+
+
+def _build_watched(args, work):
+    """Runs `imagerecords build` in a process of its own and samples its process tree until it ends.
+
+    Returns:
+        The JVMs seen below the launcher, {pid: argv}.
+    """
+    seen = {}
+    with open(work / "launcher.err", "w") as err:
+        launcher = subprocess.Popen([sys.executable, "-m", "imagerecords", "build", *map(str, args)],
+                                    stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + JOB_TIMEOUT
+        try:
+            while launcher.poll() is None:
+                seen.update(_java_in(launcher.pid))
+                assert time.monotonic() < deadline, f"the build did not end within {JOB_TIMEOUT} s"
+                time.sleep(0.2)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
+    assert launcher.returncode == 0, (work / "launcher.err").read_text()[-3000:]
+    return seen
+
+
+def test_two_builds_through_one_kept_up_job_server_match_the_local_engine(cluster, image_tree, tmp_path):
+    reference = tmp_path / "local"
+    build(image_tree[0], reference, *ARGS)
+    known = {job["jid"] for job in cluster.jobs()}
+    with cluster.job_server() as server:
+        args = cluster.pipeline_args(job_endpoint=server.endpoint)
+        assert not any(a.startswith("--flink_job_server_jar") for a in args)
+        outs, workers = [], []
+        # The second build also asks Flink to keep SDK workers between stages: the bytes must not change.
+        for i, extra in enumerate([[], ["--environment_cache_millis=60000"]]):
+            out = tmp_path / f"flink-{i}"
+            before = _workers_started(cluster)
+            seen = _build_watched(["--input", image_tree[0], "--output", out, "--no_progress", *ARGS, *args, *extra],
+                                  tmp_path)
+            # The launcher submitted to the server that was up: it started no JVM (no job server) of its own.
+            assert seen == {}, seen
+            assert server.proc.poll() is None, server.log_tail()
+            outs.append(out)
+            workers.append(_workers_started(cluster) - before)
+        server_pid = server.pid
+    print(f"\nSDK workers started per job: {workers[0]} without the environment cache, {workers[1]} with it")
+    assert min(workers) >= 1, workers  # the cluster's pools ran the work, not the launcher
+    jobs = [job for job in cluster.jobs() if job["jid"] not in known]
+    assert sorted(job["state"] for job in jobs) == ["FINISHED", "FINISHED"], jobs
+    assert not os.path.exists(f"/proc/{server_pid}"), "the job server outlived its context"
+    names = [os.path.basename(p) for p in shard_files(reference)]
+    assert len(names) == 4
+    for out in outs:
+        assert [os.path.basename(p) for p in shard_files(out)] == names
+        for a, b in zip(shard_files(out), shard_files(reference)):
+            assert filecmp.cmp(a, b, shallow=False), b
+        assert manifest_without_time(out) == manifest_without_time(reference)

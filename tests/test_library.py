@@ -1,0 +1,230 @@
+"""The build library under the command: imagerecords.build, build_arrays, BuildOptions, Error.
+
+Builds run on conftest's image tree (4 classes x 10 generated images and one truncated JPEG) and on
+arrays made here with NumPy; library builds run in a fresh interpreter so that the test can see
+which modules the call imported (no argv parsing: nothing of imagerecords.cli).
+"""
+
+import filecmp
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import imagerecords
+from imagerecords.cli import main as cli
+from imagerecords.pipeline import errors, publish, session
+from imagerecords.pipeline.options import BuildOptions
+from tests.conftest import build, shard_files
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _python(code: str) -> dict:
+    """Runs `code` in a fresh interpreter (this tree first on the path) and returns the JSON it
+    prints last."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# Prints which of imagerecords.cli's modules, Beam and TensorFlow the call imported.
+_IMPORTED = ("json.dumps(dict(result, cli=sorted(m for m in sys.modules if m.startswith('imagerecords.cli')), "
+             "beam='apache_beam' in sys.modules, tf='tensorflow' in sys.modules))")
+
+
+def _same_shards(a, b):
+    left, right = shard_files(a), shard_files(b)
+    assert [os.path.basename(p) for p in left] == [os.path.basename(p) for p in right] and left
+    for x, y in zip(left, right):
+        assert filecmp.cmp(x, y, shallow=False), (x, y)
+
+
+def test_build_publishes_the_commands_bytes_without_argv_and_reports_progress(image_tree, tmp_path):
+    root, _ = image_tree
+    out = tmp_path / "lib"
+    result = _python(f"""
+import json, sys, imagerecords
+seen = []
+manifest = imagerecords.build({str(root)!r}, {str(out)!r}, num_shards=2, splits={{"train": 0.75, "test": 0.25}},
+                              local_workers=0, progress=seen.append, max_reject_fraction=0.05)
+result = dict(examples=manifest.num_examples, rejected=manifest.num_rejected,
+              done=[p.done for p in seen], totals=[p.total for p in seen], finals=[p.final for p in seen])
+print({_IMPORTED})
+""")
+    assert result["cli"] == [] and not result["beam"] and not result["tf"]
+    assert (result["examples"], result["rejected"]) == (40, 1)
+    # Counts never go down; the last report is the only final one, with every input done.
+    assert result["done"] == sorted(result["done"]) and len(result["done"]) >= 2
+    assert result["finals"] == [False] * (len(result["finals"]) - 1) + [True]
+    assert result["done"][-1] == result["totals"][-1] == 41
+    cli_manifest = build(root, tmp_path / "cli", "--num_shards", 2, "--splits", "train=0.75,test=0.25",
+                         "--max_reject_fraction", 0.05)
+    assert cli_manifest.num_examples == 40
+    _same_shards(out, tmp_path / "cli")
+
+
+def test_build_arrays_publishes_the_commands_bytes_without_argv(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    arrays = {"image": rng.integers(0, 256, (12, 8, 8, 3), dtype=np.uint8), "label": np.arange(12) % 3}
+    folder = tmp_path / "arrays"  # build_arrays's own folder name, so that the keys agree
+    folder.mkdir()
+    for name, value in arrays.items():
+        np.save(folder / f"{name}.npy", value)
+    result = _python(f"""
+import json, sys, numpy as np, imagerecords
+arrays = {{name: np.load({str(folder)!r} + "/" + name + ".npy") for name in ("image", "label")}}
+manifest = imagerecords.build_arrays(arrays, {str(tmp_path / "lib")!r}, num_shards=1, seed=np.int64(4))
+result = dict(examples=manifest.num_examples)
+print({_IMPORTED})
+""")
+    assert result["cli"] == [] and result["examples"] == 12
+    capsys.readouterr()
+    build(folder, tmp_path / "cli", "--num_shards", 1, "--seed", 4)
+    summary = capsys.readouterr().out
+    _same_shards(tmp_path / "lib", tmp_path / "cli")
+    # An arrays build counts rows, not images.
+    assert " rows/s" in summary and "images/s" not in summary, summary
+
+
+@pytest.mark.parametrize("settings,named", [
+    # wrong type
+    ({"num_shards": "4"}, "num_shards"),
+    ({"num_shards": True}, "num_shards"),
+    ({"overwrite": "yes"}, "overwrite"),
+    ({"local_workers": 1.5}, "local_workers"),
+    ({"progress": "stderr"}, "progress"),
+    ({"pipeline_options": "--runner=DirectRunner", "runner": "DirectRunner"}, "pipeline_options"),
+    ({"runner": 3}, "runner"),
+    # argument edges: negatives, unknown names, options that contradict each other
+    ({"num_shards": 0}, "num_shards"),
+    ({"local_workers": -1}, "local_workers"),
+    ({"max_reject_fraction": -0.1}, "max_reject_fraction"),
+    ({"num_shard": 4}, "num_shard"),
+    ({"pipeline_options": ["--direct_num_workers=2"]}, "need a runner"),
+    ({"runner": "PrismRunner", "pipeline_options": ["--runner=FlinkRunner"]}, "disagrees"),
+])
+def test_a_bad_option_is_a_value_error_at_the_call_naming_it(image_tree, tmp_path, settings, named):
+    root, _ = image_tree
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=named):
+        imagerecords.build(str(root), str(out), **settings)
+    assert not out.exists()  # refused before anything was read or written
+
+
+@pytest.mark.parametrize("value", [None, "", 7])
+def test_input_and_output_must_be_paths(tmp_path, value):
+    with pytest.raises(ValueError, match="input"):
+        BuildOptions.make(value, str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="output"):
+        BuildOptions.make(str(tmp_path), value)
+
+
+def test_numpy_numbers_are_taken_as_numbers(tmp_path):
+    options = BuildOptions.make(str(tmp_path), str(tmp_path / "out"), num_shards=np.int32(3), local_workers=np.int64(0),
+                                max_reject_fraction=np.float32(0.5))
+    assert (options.config.num_shards, options.local_workers) == (3, 0)
+    assert type(options.config.num_shards) is int and type(options.local_workers) is int
+    assert options.config.max_reject_fraction == 0.5
+
+
+def test_an_expected_failure_is_an_imagerecords_error_and_the_command_keeps_its_line(image_tree, tmp_path, capsys):
+    root, _ = image_tree
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(imagerecords.Error) as e:
+        imagerecords.build(str(root), str(out), max_reject_fraction=0.05)
+    assert isinstance(e.value, errors.OutputError) and "not empty" in str(e.value)
+    capsys.readouterr()
+    code = cli.main(["build", "--input", str(root), "--output", str(out), "--no_progress"])
+    err = capsys.readouterr().err
+    assert code == 4 and err == f"imagerecords build: error: {e.value}\n"
+    assert (out / "notes.txt").read_text() == "mine" and sorted(os.listdir(out)) == ["notes.txt"]
+
+
+def test_import_imagerecords_and_its_error_import_no_beam_and_no_tensorflow():
+    result = _python("import json, sys, imagerecords\nimagerecords.Error, imagerecords.BuildOptions\nresult = {}\n"
+                     f"print({_IMPORTED})")
+    assert result == {"cli": [], "beam": False, "tf": False}
+
+
+def test_build_with_no_flags_names_the_command_once(capsys):
+    code = cli.main(["build"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == ("imagerecords build: error: --input and --output are required (see imagerecords build "
+                   "--help)\n")
+
+
+def test_an_unknown_flag_names_the_command_once(capsys):
+    code = cli.main(["build", "--input", "a", "--output", "b", "--num_shards", "x"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("imagerecords build") == 2, err  # the prefix, and the --help hint
+    assert err.startswith("imagerecords build: error: argument --num_shards: invalid int value: 'x'"), err
+
+
+@pytest.mark.parametrize("staged,says", [(1, "1 complete shard is staged"), (2, "2 complete shards are staged")])
+def test_a_stopped_build_counts_its_staged_shards_in_words(tmp_path, staged, says):
+    import signal
+
+    from imagerecords.pipeline.config import BuildConfig
+
+    out = tmp_path / "out"
+    build_id = publish.new_build_id()
+    staging = publish.staging_dir(str(out), build_id)
+    os.makedirs(staging)
+    for i in range(staged):
+        open(os.path.join(staging, f"s{i}{publish.STAGED_RECORD}"), "w").close()
+    e = session._interrupted(errors.Stopped(signal.SIGTERM), "engine", BuildConfig(input="in", output=str(out)),
+                             build_id)
+    assert f"; {says}: rerun the same command with --resume to reuse them" in str(e)
+
+
+@pytest.mark.slow
+def test_the_runner_option_chooses_beam_and_writes_the_local_engines_bytes(image_tree, tmp_path):
+    root, _ = image_tree
+    settings = dict(num_shards=2, max_reject_fraction=0.05)
+    beam = imagerecords.build(str(root), str(tmp_path / "beam"), runner="DirectRunner",
+                              pipeline_options=["--direct_num_workers=1"], **settings)
+    local = imagerecords.build(str(root), str(tmp_path / "local"), **settings)
+    assert beam.num_examples == local.num_examples == 40
+    _same_shards(tmp_path / "beam", tmp_path / "local")
+    with pytest.raises(errors.UsageError, match="--local_workers is for the local engine"):
+        imagerecords.build(str(root), str(tmp_path / "x"), runner="DirectRunner", local_workers=2, **settings)
+
+
+def test_stopping_a_beam_build_spares_the_callers_own_processes():
+    """Ctrl-C in a notebook ends the Beam build's SDK workers and job servers, never the processes
+    the caller was already running (a TensorBoard, a data server) nor theirs."""
+    import time
+
+    from imagerecords.pipeline.engines.beam import runner
+
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)"
+    bystander = subprocess.Popen([sys.executable, "-c", code])
+    engine_child, before = None, set()
+    try:
+        before = set(runner._descendants(os.getpid()))
+        deadline = time.monotonic() + 30
+        while len(before) < 2 and time.monotonic() < deadline:  # the bystander and its own child
+            before = set(runner._descendants(os.getpid()))
+        assert bystander.pid in before and len(before) >= 2, f"the bystander's child never started: {before}"
+        engine_child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        runner.end_child_processes(spare=before)
+        assert not runner._alive(engine_child.pid), "the build's own process outlived stop()"
+        assert bystander.poll() is None
+        assert all(runner._alive(pid) for pid in before), "a process the caller started before the build was ended"
+    finally:
+        for pid in before | set(runner._descendants(os.getpid())):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        for proc in (bystander, engine_child):
+            if proc is not None:
+                proc.wait()

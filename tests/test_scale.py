@@ -1,0 +1,78 @@
+"""The scale figures' own tools: the internet-scale simulation and the planning-only pass, at tiny sizes.
+
+The simulated manifests are written with the commit's own steps and read back with the real
+loaders (format.manifest.load, reader.load_info in a fresh process); the planning pass lists real
+JPEGs drawn by the benchmark corpus into tmp_path.
+"""
+
+import csv
+import json
+import os
+
+import pytest
+
+from benchmarks import bench_scale, corpus, scale_sim
+from imagerecords.format import manifest as manifest_lib
+from imagerecords.pipeline import planning
+from imagerecords.reader.info import load_info
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_simulated_manifest_loads_with_the_real_loaders_and_counts_add_up(tmp_path):
+    folder = str(tmp_path / "ds")
+    shards = planning.choose_num_shards(5000, 5000 * 20_000, None, 1.0, 8)
+    assert shards == 100
+    figures = scale_sim.build_manifest(folder, 5000, shards, 20_000, classes=7)
+    manifest = manifest_lib.load(folder, _read, os.path.exists)
+    (split,) = manifest.splits
+    assert split.name == "train" and len(split.shards) == shards and split.num_examples == 5000
+    for shard in split.shards:  # each shard's histogram counts its records, over the 7 classes
+        assert sum(n for _, n in shard.labels) == shard.count == 50
+        assert {label for label, _ in shard.labels} <= set(range(7))
+    assert manifest.label_names == tuple(f"c{i:05d}" for i in range(7))
+    assert figures["manifest_mb"] == pytest.approx(os.path.getsize(os.path.join(folder, "manifest.json")) / 1e6)
+    assert figures["label_pairs"] == sum(len(s.labels) for s in split.shards)
+    info = load_info(folder)
+    assert info.split("train").num_examples == 5000 and len(info.split("train").shards) == shards
+    with open(os.path.join(folder, "dataset_info.json")) as f:  # TFDS's metadata came from the same manifest
+        assert json.load(f)["splits"][0]["shardLengths"] == [str(50)] * shards
+    loaded = scale_sim.load_in_reader(folder)  # what a reader host pays, in a fresh process
+    assert loaded["records"] == 5000 and loaded["shards"] == shards
+    assert loaded["load_s"] > 0 and loaded["added_mb"] >= 0
+
+
+def test_simulation_measures_small_sizes_and_extrapolates_large_ones_per_shard():
+    rows = scale_sim.simulate([3000, 30000], image_bytes=20_000, classes=5, target_shard_mb=1.0, min_shards=8,
+                              request_ms=50.0, parallel_requests=10, max_label_pairs=1000)
+    small, large = rows
+    assert small["measured"] and not large["measured"] and large["extrapolated_from"] == 3000
+    assert (small["shards"], large["shards"]) == (60, 600)
+    assert small["records"] == 3000 and small["label_pairs"] == 60 * 5
+    assert large["manifest_mb"] == pytest.approx(small["manifest_mb"] * 10)
+    assert large["load_s"] == pytest.approx(small["load_s"] * 10)
+    # The sums: every ref crosses the shuffle once; every shard is checked once and renamed (copy + delete).
+    assert large["shuffle_gb"] == pytest.approx(30000 * large["ref_bytes"] / 1e9)
+    assert large["commit_rename_requests"] == 1200 and large["commit_check_requests"] == 600
+    assert large["commit_renames_parallel_min"] == pytest.approx(1200 * 0.05 / 10 / 60)
+    text = scale_sim.table(rows)
+    assert "measured" in text and "extrapolated from 3,000" in text
+
+
+def test_planning_pass_lists_assigns_and_plans_every_row(tmp_path):
+    tiny = corpus.ensure_tiny_images(8, cache=str(tmp_path / "cache"))
+    manifest = tmp_path / "rows.csv"
+    with open(manifest, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "key"])
+        for i in range(300):
+            w.writerow([tiny[i % len(tiny)], f"c{i % 3}", f"row{i:05d}"])
+        w.writerow([str(tmp_path / "gone.jpg"), "c0", "missing"])  # a row whose file is not there
+    figures = bench_scale.plan_only(str(manifest))
+    assert figures["rows"] == 300 and figures["rejected"] == 1
+    assert figures["shards"] == 8  # min_shards: the inputs are far below one shard's size
+    assert figures["peak_rss_mb"] >= figures["base_rss_mb"] > 0
+    assert figures["total_s"] == pytest.approx(figures["list_s"] + figures["assign_s"] + figures["plan_s"])
