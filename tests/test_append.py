@@ -314,3 +314,35 @@ def test_changed_files_are_found_from_the_keys_files_without_reading_the_old_sha
     # Every other old key is a duplicates.jsonl row of its own key, none of them read from a shard.
     dups = [d for d in _rows(os.path.join(out, "duplicates.jsonl")) if len({m["key"] for m in d["members"]}) == 1]
     assert sorted(d["members"][0]["key"] for d in dups) == sorted(set(keys0) - {longer, same_size})
+
+
+def test_a_missing_or_damaged_keys_file_is_replaced_by_reading_its_shard(tmp_path):
+    root, out, zebras = _delta_tree(tmp_path)
+    intact = str(tmp_path / "intact")
+    shutil.copytree(out, intact)
+    first = _manifest(out)
+    names = _files(out, first)
+    keys_files = [os.path.join(out, n.rpartition("/")[0], "keys", n.rpartition("/")[2] + ".jsonl") for n in names]
+    assert len(keys_files) == 4 and all(os.path.exists(k) for k in keys_files)
+    os.remove(keys_files[0])
+    with open(keys_files[1], "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    with open(keys_files[1], "wb") as f:
+        f.write(b"".join(lines[:-1]))  # a row short: the shard's count says the file is incomplete
+    with open(keys_files[2], "wb") as f:
+        f.write(b"\xff\x00 not a keys file\n" * len(lines))
+    with open(keys_files[3], "rb") as f:
+        kept = f.read()
+    for target in (intact, out):
+        rc, err = _run("--input", root, "--output", target, *ARGS, "--append")
+        assert rc == 0, err[-2000:]
+    damaged, healthy = _manifest(out), _manifest(intact)
+    # The same delta, the same reports: the damaged keys files cost a read of their shards, nothing else.
+    assert _shards(damaged) == _shards(healthy)
+    assert _rows(os.path.join(out, "duplicates.jsonl")) == _rows(os.path.join(intact, "duplicates.jsonl"))
+    assert _rows(os.path.join(out, "errors.jsonl")) == _rows(os.path.join(intact, "errors.jsonl")) == []
+    keys = _keys(out)
+    assert set(keys) == set(_keys(intact)) and zebras <= set(keys)
+    # The old keys files are the old version's: an append reads them, never rewrites them.
+    with open(keys_files[3], "rb") as f:
+        assert f.read() == kept

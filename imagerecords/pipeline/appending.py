@@ -256,7 +256,7 @@ def against(ref: ImageRef, base: Base, read_bytes, options: codec.ImageOptions,
         except codec.ImageError:
             same = False
     if same:
-        return _repeated(ref, known, split)
+        return _repeated(ref, known, split, digest)
     return _changed(ref, known, split, "its bytes differ from the stored record")
 
 
@@ -278,8 +278,10 @@ def _untouched_since(uri: str, since_ns: Optional[int]) -> bool:
     return max(st.st_mtime_ns, st.st_ctime_ns) < since_ns - _CLOCK_SLACK_NS
 
 
-def _repeated(ref: ImageRef, known: Known, split: str) -> DuplicateGroup:
-    return DuplicateGroup(known.digest.hex(), tuple(sorted({
+def _repeated(ref: ImageRef, known: Known, split: str, digest: Optional[bytes] = None) -> DuplicateGroup:
+    # Named by the source file's digest, as a keys file stores it: a shard read instead (no keys
+    # file) holds the re-encoded bytes, whose digest would name the same file otherwise.
+    return DuplicateGroup((digest or known.digest).hex(), tuple(sorted({
         (ref.key, known.split, known.shard, known.label), (ref.key, split, ref.uri, ref.label or "")})))
 
 
