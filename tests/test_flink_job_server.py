@@ -86,11 +86,25 @@ def test_two_builds_through_one_kept_up_job_server_match_the_local_engine(cluste
             assert server.proc.poll() is None, server.log_tail()
             outs.append(out)
             workers.append(_workers_started(cluster) - before)
+        # The third through warm pools (imagerecords' worker_pool --warm, what docs/flink.md ships for
+        # the sidecar): SDK workers are threads of the pools, no interpreter starts, the same bytes.
+        cluster.restart_worker_pools(warm=True)
+        try:
+            out = tmp_path / "flink-warm"
+            before = _workers_started(cluster)
+            assert _build_watched(["--input", image_tree[0], "--output", out, "--no_progress", *ARGS, *args],
+                                  tmp_path) == {}
+            assert _workers_started(cluster) == before, "a warm pool started an SDK worker process"
+            assert all("SDK workers run as threads" in pool.log_tail(10 ** 9) for pool in cluster.pools)
+            outs.append(out)
+        finally:
+            cluster.restart_worker_pools()
         server_pid = server.pid
-    print(f"\nSDK workers started per job: {workers[0]} without the environment cache, {workers[1]} with it")
+    print(f"\nSDK worker processes started per job: {workers[0]} without the environment cache, {workers[1]} with it, "
+          "0 with warm pools")
     assert min(workers) >= 1, workers  # the cluster's pools ran the work, not the launcher
     jobs = [job for job in cluster.jobs() if job["jid"] not in known]
-    assert sorted(job["state"] for job in jobs) == ["FINISHED", "FINISHED"], jobs
+    assert sorted(job["state"] for job in jobs) == ["FINISHED"] * 3, jobs
     assert not os.path.exists(f"/proc/{server_pid}"), "the job server outlived its context"
     names = [os.path.basename(p) for p in shard_files(reference)]
     assert len(names) == 4

@@ -181,34 +181,6 @@ is a sidecar in the TaskManager's pod and the config is ``localhost:PORT``; here
 one network namespace, so each TaskManager runs in a mount namespace of its own whose /etc/hosts
 maps this name to the loopback address of *its* worker pool (127.0.0.11, 127.0.0.12, ...)."""
 
-# Beam's worker pool (apache_beam.runners.worker.worker_pool_main) binds [::]:PORT, which only one
-# pool per port and network namespace can do. This starts the same servicer bound to one address.
-_WORKER_POOL_PY = textwrap.dedent("""\
-    import logging, sys
-    import grpc
-    from apache_beam.portability.api import beam_fn_api_pb2_grpc
-    from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer
-    from apache_beam.utils import thread_pool_executor
-
-    host, port, warm = sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["warm"]
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout)
-    server = grpc.server(thread_pool_executor.shared_unbounded_instance(),
-                         options=[("grpc.so_reuseport", 0)])
-    if warm:
-        # Warm: every SDK worker is a thread of this process, which has Beam's worker and the
-        # project's transforms imported already, so a job's workers start without an interpreter.
-        import apache_beam.runners.worker.sdk_worker_main, imagerecords.transforms
-        logging.info("warm worker pool: SDK workers run as threads")
-    # Otherwise every SDK worker is a child process (`python -c ...SdkHarness`), as with
-    # `python -m apache_beam.runners.worker.worker_pool_main --service_port=PORT`.
-    beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(
-        BeamFnExternalWorkerPoolServicer(use_process=not warm, data_buffer_time_limit_ms=-1), server)
-    if server.add_insecure_port(f"{host}:{port}") == 0:
-        sys.exit(f"worker pool: cannot bind {host}:{port}")
-    server.start()
-    logging.info("worker pool listening on %s:%d", host, port)
-    server.wait_for_termination()
-    """)
 
 
 def can_isolate_hosts() -> Optional[str]:
@@ -299,7 +271,8 @@ class WorkerPool:
         env.update(self.env)
         with open(self.workdir / "pool.out", "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_POOL_PY, self.host, str(self.port), *(["warm"] if self.warm else [])],
+                [sys.executable, "-m", "imagerecords.pipeline.engines.beam.worker_pool", "--host", self.host,
+                 "--port", str(self.port), *(["--warm"] if self.warm else [])],
                 cwd=self.workdir, env=env,
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
