@@ -9,7 +9,6 @@ function of the pixels, the filter, the level and the libdeflate build.
 from __future__ import annotations
 
 import struct
-import zlib
 
 import numpy as np
 
@@ -40,7 +39,10 @@ _BLOCK_BYTES = 1 << 16
 
 def _chunk(kind: bytes, data) -> list:
     """The parts of one chunk: length, type, data, CRC of type and data."""
-    return [struct.pack(">I", len(data)), kind, data, struct.pack(">I", zlib.crc32(data, zlib.crc32(kind)))]
+    import deflate
+
+    # libdeflate's CRC-32 (PNG's and zlib's) runs ~20x the speed of zlib.crc32 on an IDAT.
+    return [struct.pack(">I", len(data)), kind, data, struct.pack(">I", deflate.crc32(data, deflate.crc32(kind)))]
 
 
 def _neighbours(raw: np.ndarray, above: np.ndarray, bpp: int):
