@@ -42,6 +42,9 @@ BUILD = [
     # 13); a build's JPEG bytes depend on its libjpeg, so byte-identical rebuilds use constraints.txt.
     "pillow>=12.3",
     "pyyaml>=6.0",
+    # libdeflate for the PNGs the builder writes (codec.png_bytes); their bytes depend on its build,
+    # so byte-identical rebuilds use constraints.txt's.
+    "deflate>=0.9.0",
 ]
 # imagerecords.torch: a PyTorch dataset and loader decoding with Pillow; no TensorFlow. The floor is
 # not run by CI (it runs constraints.txt's torch). gs:// needs google-cloud-storage too (in `gcp`).

@@ -1,4 +1,4 @@
-"""--png_level: the zlib level of every PNG a build writes (png, keep's conversions, uint8 arrays).
+"""--png_level: the libdeflate level of every PNG a build writes (png, keep's conversions, uint8 arrays).
 
 Fixtures are drawn by code here: flat pictures (gradients with a patch, the kind a mask or a drawing
 is, where zlib's levels differ in size) saved as PNG and BMP with Pillow into tmp_path.
@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from conftest import build, read_examples, shard_files
-from imagerecords.pipeline import codec
+from imagerecords.pipeline import codec, png_writer
 from test_bad_inputs_resume import _kill_after_two_shards, _resume
 
 CLASSES = ("cat", "dog")
@@ -59,12 +59,10 @@ def _cli(*args):
     return proc.returncode, proc.stderr
 
 
-def test_png_bytes_are_pillows_at_the_level_asked():
+def test_png_bytes_are_the_writers_at_the_level_asked():
     img = Image.fromarray(_flat(0, 0))
-    for level in (0, 1, 6, 9):
-        want = io.BytesIO()
-        img.save(want, format="PNG", compress_level=level, optimize=False)
-        assert codec.png_bytes(img, level) == want.getvalue()
+    for level in (0, 1, 6, 9, 12):
+        assert codec.png_bytes(img, level) == png_writer.encode(_flat(0, 0), level, png_writer.FILTER)
     assert codec.png_bytes(img) == codec.png_bytes(img, codec.PNG_LEVEL) == codec.png_bytes(img, 1)
     assert len(codec.png_bytes(img, 9)) < len(codec.png_bytes(img, 1)) < len(codec.png_bytes(img, 0))
 
@@ -127,7 +125,7 @@ def test_uint8_arrays_are_stored_at_the_level(tmp_path):
     assert sizes[9] < sizes[1], sizes
 
 
-@pytest.mark.parametrize("value", ["10", "-1", "1.5", "x", ""])
+@pytest.mark.parametrize("value", ["13", "-1", "1.5", "x", ""])
 def test_a_bad_level_is_one_line_and_exit_2(flat_tree, tmp_path, value):
     root, _ = flat_tree
     rc, err = _cli("--input", root, "--output", tmp_path / "out", "--png_level", value)
@@ -136,9 +134,9 @@ def test_a_bad_level_is_one_line_and_exit_2(flat_tree, tmp_path, value):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("value", [10, -1, 1.5, True, "1", None])
-def test_image_options_refuse_a_level_outside_zlibs(value):
-    with pytest.raises(ValueError, match=r"png_level must be a whole number within 0\.\.9"):
+@pytest.mark.parametrize("value", [13, -1, 1.5, True, "1", None])
+def test_image_options_refuse_a_level_outside_libdeflates(value):
+    with pytest.raises(ValueError, match=r"png_level must be a whole number within 0\.\.12"):
         codec.ImageOptions(png_level=value)
 
 
@@ -173,21 +171,49 @@ def test_append_with_another_level_is_refused_in_one_line(flat_tree, tmp_path):
     assert rc == 0, err
 
 
-def test_append_to_a_dataset_written_before_the_setting_takes_its_level_6(flat_tree, tmp_path):
+def _as_an_earlier_version_wrote_it(out, *keys):
+    """Drops `keys` from the manifest's parameters.image, as versions before them wrote it."""
+    raw = json.loads((out / "manifest.json").read_text())
+    for key in keys:
+        del raw["parameters"]["image"][key]
+    (out / "manifest.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    return (out / "manifest.json").read_bytes()
+
+
+def test_the_manifest_records_the_writer_beside_the_level(flat_tree, tmp_path):
+    manifest = build(flat_tree[0], tmp_path / "out", "--image_encoding", "png", "--num_shards", 1)
+    assert manifest.parameters["image"]["png_level"] == codec.PNG_LEVEL
+    assert manifest.parameters["image"]["png_writer"] == codec.PNG_WRITER
+
+
+def test_append_to_a_dataset_of_pillows_pngs_is_refused_in_one_line(flat_tree, tmp_path):
+    """A manifest with a level and no writer was written by Pillow's PNG writer: the same level
+    gave other bytes, so appending this version's PNGs to it is refused, never mixed."""
+    root, add = _copy_with_a_delta(flat_tree, tmp_path)
+    out = tmp_path / "out"
+    assert _cli("--input", root, "--output", out, "--image_encoding", "png", "--num_shards", 1)[0] == 0
+    before = _as_an_earlier_version_wrote_it(out, "png_writer")
+    add()
+    rc, err = _cli("--input", root, "--output", out, "--image_encoding", "png", "--num_shards", 1, "--append")
+    assert rc == 2, err
+    assert err.strip().count("\n") == 0 and "--append refused" in err, err
+    assert "written by 'pillow'" in err and repr(codec.PNG_WRITER) in err and "--overwrite" in err, err
+    assert (out / "manifest.json").read_bytes() == before
+
+
+def test_append_to_a_dataset_written_before_the_setting_is_refused(flat_tree, tmp_path):
+    """No level recorded: written at 6, by Pillow; another level is named first, then the writer."""
     root, add = _copy_with_a_delta(flat_tree, tmp_path)
     out = tmp_path / "out"
     assert _cli("--input", root, "--output", out, "--image_encoding", "png", "--png_level", 6,
                 "--num_shards", 1)[0] == 0
-    # What an earlier version wrote: the same manifest without the level.
-    raw = json.loads((out / "manifest.json").read_text())
-    del raw["parameters"]["image"]["png_level"]
-    (out / "manifest.json").write_text(json.dumps(raw, indent=2, sort_keys=True))
+    _as_an_earlier_version_wrote_it(out, "png_level", "png_writer")
+    add()
     rc, err = _cli("--input", root, "--output", out, "--image_encoding", "png", "--num_shards", 1, "--append")
     assert rc == 2 and '"png_level": 6' in err and "--append refused" in err, err
-    add()
     rc, err = _cli("--input", root, "--output", out, "--image_encoding", "png", "--num_shards", 1,
                    "--png_level", 6, "--append")
-    assert rc == 0, err
+    assert rc == 2 and "written by 'pillow'" in err and err.strip().count("\n") == 0, err
 
 
 def test_resume_with_another_level_rewrites_every_shard(flat_tree, tmp_path):

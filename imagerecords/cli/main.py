@@ -87,7 +87,7 @@ def _one_folder(command: str, rest: Sequence[str]) -> argparse.Namespace:
 
 # Commands that run Beam, and what the `build` extra installs for them (import name: distribution).
 _BUILDER_COMMANDS = ("build", "demo", "verify", "finish")
-_BUILDER_MODULES = {"apache_beam": "apache-beam", "PIL": "pillow", "yaml": "pyyaml"}
+_BUILDER_MODULES = {"apache_beam": "apache-beam", "PIL": "pillow", "yaml": "pyyaml", "deflate": "deflate"}
 
 
 def _missing_builder_extra(command: str) -> Optional[str]:

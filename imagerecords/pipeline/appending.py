@@ -85,7 +85,16 @@ def _check_compatible(config, manifest: Manifest) -> None:
     image = dict(theirs.get("image") or {})
     if "png_level" in mine.get("image", {}) and "png_level" not in image and image:
         # Written before the level was a setting, so with the level every PNG had then.
-        theirs["image"] = {**image, "png_level": codec.LEGACY_PNG_LEVEL}
+        image["png_level"] = codec.LEGACY_PNG_LEVEL
+    if "png_level" in image:
+        image.setdefault("png_writer", codec.LEGACY_PNG_WRITER)  # a level without a writer: Pillow's
+        same = {k: v for k, v in image.items() if k != "png_writer"} == \
+            {k: v for k, v in mine.get("image", {}).items() if k != "png_writer"}
+        if same and image["png_writer"] != mine["image"].get("png_writer"):
+            # The same pixels at the same level are other bytes from another writer: never mixed in one dataset.
+            raise _one_line(f"the dataset's PNGs were written by {image['png_writer']!r} (another version), "
+                            f"this version writes them with {codec.PNG_WRITER!r}")
+        theirs["image"] = image
     for key in _SAME:
         if mine.get(key) != theirs.get(key):
             raise _one_line(f"{key} {json.dumps(mine.get(key), sort_keys=True)} differs from the dataset's "

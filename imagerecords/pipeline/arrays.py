@@ -325,14 +325,14 @@ def _source(path: str, preset: str, image_encoding: str) -> Tuple[Dict[str, Any]
 
 
 def encode_image(pixels, encoding: str, quality: int, png_level: int = codec.PNG_LEVEL) -> bytes:
-    """A uint8 (H, W), (H, W, 1) or (H, W, 3) row as PNG (Pillow, at `png_level`, no metadata) or JPEG."""
+    """A uint8 (H, W), (H, W, 1) or (H, W, 3) row as PNG (codec.png_bytes, at `png_level`) or JPEG."""
+    if encoding != "jpeg":
+        return codec.png_bytes(pixels, png_level)  # from the array: no Pillow image in between
     from PIL import Image
 
     if pixels.ndim == 3 and pixels.shape[2] == 1:
         pixels = pixels[:, :, 0]
     img = Image.fromarray(pixels)
-    if encoding != "jpeg":
-        return codec.png_bytes(img, png_level)
     out = io.BytesIO()
     img.save(out, format="JPEG", quality=quality)
     return out.getvalue()

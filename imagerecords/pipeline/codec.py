@@ -29,10 +29,16 @@ _PILLOW_FORMATS = {"jpeg": "JPEG", "png": "PNG", "gif": "GIF", "bmp": "BMP", "ti
 
 # --image_encoding values: what a record's image bytes are (see ImageOptions.image_encoding).
 ENCODINGS = ("jpeg", "png", "keep", "raw")
-# zlib level of every PNG the build writes unless --png_level says otherwise; fixed, so equal pixels
-# give equal bytes with one zlib. 1 by measurement on the photo corpus (README, --png_level): 2.65x
-# the speed of zlib's default 6 with Pillow's zlib-ng, and no larger.
+# libdeflate level of every PNG the build writes unless --png_level says otherwise; fixed, so equal
+# pixels give equal bytes. 1 by measurement on the photo corpus (README, --png_level): the fastest
+# level that compresses, within 3% of level 6's bytes.
 PNG_LEVEL = 1
+PNG_LEVELS = range(13)  # libdeflate's: 10-12 search exhaustively, slow but smaller on flat pictures
+# What writes the PNGs, recorded beside the level in manifest.json: the same level gave other bytes
+# with Pillow's writer (zlib-ng), so a dataset of those is never appended to with these.
+PNG_WRITER = "numpy-libdeflate"
+# A manifest that records a level but no writer was written by Pillow's.
+LEGACY_PNG_WRITER = "pillow"
 # The level builds used before it was a setting: a manifest that records none was written with it.
 LEGACY_PNG_LEVEL = 6
 
@@ -187,11 +193,11 @@ class ImageOptions:
         decoded pixels as little-endian float32, H x W x C, exactly: float TIFFs, 16- and 32-bit
         integer images; image/height and image/width give the shape). A uint8 image array of an
         .npz or .npy input defaults to 'png'.
-      png_level: zlib level (0-9) of every PNG the build writes (--image_encoding png, keep's
-        conversions, uint8 arrays, png image features): 1 (the default) is the fast one and, on
-        photos, as small as the rest; higher levels take longer and pay off on flat pictures (masks,
-        drawings: 9 writes them 2-3x smaller); 0 stores without compression. The bytes are fixed by
-        the level and the Pillow/zlib build in constraints.txt.
+      png_level: libdeflate level (0-12) of every PNG the build writes (--image_encoding png,
+        keep's conversions, uint8 arrays, png image features): 1 (the default) is the fast one and,
+        on photos, within 3% of the rest; higher levels take longer and pay off on flat pictures
+        (masks, drawings); 10-12 search exhaustively (10x slower than 9); 0 stores without
+        compression. The bytes are fixed by the level and the `deflate` build in constraints.txt.
     """
 
     max_side: Optional[int] = None
@@ -209,8 +215,8 @@ class ImageOptions:
                 raise ValueError(f"{name} must be a positive number of pixels, got {value}")
         if not 1 <= self.quality <= 100:
             raise ValueError(f"quality must be within 1..100 (libjpeg's range), got {self.quality}")
-        if isinstance(self.png_level, bool) or not isinstance(self.png_level, int) or not 0 <= self.png_level <= 9:
-            raise ValueError(f"png_level must be a whole number within 0..9 (zlib's levels), got {self.png_level!r}")
+        if isinstance(self.png_level, bool) or not isinstance(self.png_level, int) or self.png_level not in PNG_LEVELS:
+            raise ValueError(f"png_level must be a whole number within 0..12 (libdeflate's levels), got {self.png_level!r}")
         if self.image_encoding not in ENCODINGS:
             raise ValueError(f"image_encoding must be one of {', '.join(ENCODINGS)}, got {self.image_encoding!r}")
         if not (isinstance(self.max_file_mb, (int, float)) and math.isfinite(self.max_file_mb) and self.max_file_mb > 0):
@@ -366,13 +372,24 @@ def _lossless(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def png_bytes(img: Image.Image, level: int = PNG_LEVEL) -> bytes:
-    """Deterministic PNG bytes: the given zlib level, no metadata (text, time, ICC, EXIF, DPI) carried over."""
-    clean = img.copy()
-    clean.info = {}
-    out = io.BytesIO()
-    clean.save(out, format="PNG", compress_level=level, optimize=False)
-    return out.getvalue()
+# Pillow modes png_writer encodes (their arrays are uint8 or uint16 with 1-4 channels); _lossless,
+# image features and array images produce no other.
+_OWN_PNG_MODES = ("L", "LA", "RGB", "RGBA", "I;16", "I;16B", "I;16L")
+
+
+def png_bytes(img, level: int = PNG_LEVEL) -> bytes:
+    """Deterministic PNG bytes of a Pillow image (a mode of _OWN_PNG_MODES) or a uint8/uint16 array
+    (H, W) or (H, W, 1-4): the pixels only (no text, time, ICC, EXIF or DPI chunk), filtered and
+    deflated by png_writer at the given libdeflate level."""
+    import numpy as np
+
+    from imagerecords.pipeline import png_writer
+
+    if isinstance(img, Image.Image):
+        if img.mode not in _OWN_PNG_MODES:
+            raise ValueError(f"no PNG writer for Pillow mode {img.mode}; convert it with _lossless first")
+        img = np.asarray(img)
+    return png_writer.encode(img, level)
 
 
 def _png_header(data: bytes) -> Tuple[int, int, bool]:

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
+from imagerecords.pipeline import codec
 from imagerecords.pipeline.codec import ImageOptions
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.refs import ManifestColumns, split_name_problem
@@ -241,6 +242,8 @@ class BuildConfig:
             del d["image"]["image_encoding"]  # a default build's manifest keeps the bytes it had before the setting
             if not any(f.dtype == "image" and f.encoding != "jpeg" for f in self.features or ()):
                 del d["image"]["png_level"]  # writes no PNG: the level shapes no byte
+        if "png_level" in d["image"]:
+            d["image"]["png_writer"] = codec.PNG_WRITER  # the level's bytes depend on the writer too
         return d
 
 

@@ -24,7 +24,7 @@ def encode_extras(ref: ImageRef, features: Sequence[Feature], labels: LabelMap,
     Args:
       geometry: how the main image was shrunk and rotated; an image feature that is not declared
         `independent` must be the image's size and is moved the same way.
-      png_level: zlib level of the PNGs written for png/keep image features.
+      png_level: libdeflate level of the PNGs written for png/keep image features.
 
     Raises:
       ValueProblem: naming the feature, for a value or an image file that cannot be stored.

@@ -31,7 +31,7 @@ def versions() -> Dict[str, str]:
 
     out = {"imagerecords": __version__}
     for label, dists in (("apache-beam", ["apache-beam"]), ("tensorflow", ["tensorflow", "tensorflow-cpu"]),
-                         ("pillow", ["pillow"]), ("numpy", ["numpy"])):
+                         ("pillow", ["pillow"]), ("numpy", ["numpy"]), ("deflate", ["deflate"])):
         for dist in dists:
             try:
                 out[label] = importlib_metadata.version(dist)

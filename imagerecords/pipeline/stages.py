@@ -321,7 +321,8 @@ def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, 
     h = hashlib.sha256()
     h.update(json.dumps({"shard": list(shard), "name": name, "preset": preset, "labels": labels.to_json(),
                          "options": dataclasses.asdict(options), "write_index": write_index, "contents": contents,
-                         "code": __version__, "pillow": _pillow_version(),
+                         "code": __version__, "pillow": _version("pillow"),
+                         "png_writer": [codec.PNG_WRITER, _version("deflate")],
                          **({"features": [f.to_json() | {"name": f.name} for f in features]} if features else {}),
                          **({"source": source} if source else {})},
                         sort_keys=True, default=str).encode())
@@ -353,12 +354,12 @@ def _stat(path: str) -> str:
     return f"{st.st_size}:{st.st_mtime_ns}"
 
 
-@functools.lru_cache(maxsize=1)
-def _pillow_version() -> str:
+@functools.lru_cache(maxsize=4)
+def _version(distribution: str) -> str:
     from importlib import metadata as importlib_metadata
 
     try:
-        return importlib_metadata.version("pillow")
+        return importlib_metadata.version(distribution)
     except importlib_metadata.PackageNotFoundError:
         return ""
 
