@@ -218,6 +218,8 @@ def test_dataflow_worker_requirements_resolve_beside_the_pinned_and_the_newest_b
     assert got["pinned"]["apache-beam"] == _pinned("apache-beam")
     # Beside the pinned Beam the workers get constraints.txt's Pillow: a local build's JPEG bytes.
     assert got["pinned"]["pillow"] == _pinned("pillow") and got["pinned"]["pyyaml"] == _pinned("PyYAML")
+    # And constraints.txt's libdeflate, whose build fixes the PNG bytes, beside either Beam.
+    assert got["pinned"]["deflate"] == got["newest"]["deflate"] == _pinned("deflate")
     newest = tuple(int(p) for p in got["newest"]["apache-beam"].split(".")[:2])
     assert newest >= (2, 72), got["newest"]["apache-beam"]  # a Beam that caps Pillow below 13
     assert int(got["newest"]["pillow"].split(".")[0]) == 12
