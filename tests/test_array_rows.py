@@ -7,11 +7,13 @@ refs.assign_split, and whole shards (their refs, in order) with arrays.list_refs
 seeded numpy arrays saved by the test.
 """
 
+import json
+
 import numpy as np
 import pytest
 
 from conftest import build
-from imagerecords.pipeline import array_rows, arrays, planning, stages
+from imagerecords.pipeline import array_rows, arrays, dataset_files, planning, stages
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.engines import local
 from imagerecords.pipeline.options import BuildOptions
@@ -139,3 +141,23 @@ def test_build_through_rows_equals_build_through_refs(tmp_path, monkeypatch):
     for name in files["rows"]:
         assert files["rows"][name] == files["refs"][name], name
     assert files["rows"]["errors.jsonl"].count(b"\n") == 5
+
+
+TEXTS = ["plain", "ünï\u2028code", 'q"uo\\te', "\x00ctl\x7f", "😀", "", "a/b#row=3"]
+
+
+def test_fingerprint_lines_are_json_dumps():
+    for a in TEXTS:
+        for b in TEXTS:
+            row = [a, b, b, 5, a, -1, 12345678901234, "123:456"]
+            assert stages._json_list(row) == json.dumps(row) + "\n"
+    assert stages._json_list(["a", None, 1.5, True, [1]]) == json.dumps(["a", None, 1.5, True, [1]]) + "\n"
+
+
+def test_keys_file_is_json_dumps_per_row():
+    rows = [(a, b, size, bytes(range(i, i + 16))) for i, (a, b) in enumerate((a, b) for a in TEXTS for b in TEXTS)
+            for size in (-1, 0, 2**40)]
+    expected = b"".join(json.dumps({"key": k, "label": label, "size": size, "digest": d.hex()}, sort_keys=True,
+                                   ensure_ascii=False).encode("utf-8") + b"\n" for k, label, size, d in rows)
+    assert dataset_files.format_keys(rows) == expected
+    assert dataset_files.format_keys([]) == b""
