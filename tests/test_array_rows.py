@@ -17,7 +17,7 @@ from imagerecords.pipeline import array_rows, arrays, dataset_files, planning, s
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.engines import local
 from imagerecords.pipeline.options import BuildOptions
-from imagerecords.pipeline.refs import LabelMap, Rejected
+from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 
 
 def _random_hashes(rng, n):
@@ -161,3 +161,36 @@ def test_keys_file_is_json_dumps_per_row():
                                    ensure_ascii=False).encode("utf-8") + b"\n" for k, label, size, d in rows)
     assert dataset_files.format_keys(rows) == expected
     assert dataset_files.format_keys([]) == b""
+
+
+def test_fingerprint_line_is_json_dumps(tmp_path):
+    image = tmp_path / "a.png"
+    image.write_bytes(b"x" * 10)
+    refs = [ImageRef("data.npz:000000007", "/d/data.npz#row=7", "3", "train", 3136, 3),
+            ImageRef("cat/a.png", str(image), "cät\u2028", "validation", 10, 0),
+            ImageRef("gone.png", str(tmp_path / "gone.png"), "dog", "train", -1, 1),
+            ImageRef("e.png", str(image), "dog", "train", 10, 1, extras='{"mask":"%s","w":[1.5]}' % image),
+            ImageRef("n.png", str(image), None, "", -1, -1)]
+    for r in refs:
+        for images in ((), ("mask",)):
+            expected = json.dumps([r.key, r.uri, r.label, r.label_id, r.split, r.size,
+                                   *([r.extras] if r.extras else []), *stages._read_files(r, images)]) + "\n"
+            assert stages._fingerprint_line(r, images, arrays.is_row) == expected
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_npz_members_open_as_np_load_reads_them(tmp_path, save):
+    rng = np.random.default_rng(9)
+    given = {"image": rng.random((5, 3, 2), dtype=np.float32), "fortran": np.asfortranarray(rng.random((4, 6))),
+             "label": np.array(["a", "bb", "ccc", "", "é"]), "flag": np.array([True, False, True]),
+             "empty": np.zeros((0, 3), np.int64), "big": rng.integers(0, 2**63, (7,), dtype=np.uint64)}
+    path = str(tmp_path / "x.npz")
+    save(path, **given)
+    arrays.open_arrays.cache_clear()
+    opened = arrays.open_arrays(path)
+    arrays.open_arrays.cache_clear()
+    assert sorted(opened) == sorted(given)
+    for name, a in given.items():
+        assert opened[name].dtype == a.dtype and opened[name].shape == a.shape and np.array_equal(opened[name], a)
+        # Stored members are mapped, not read; compressed ones cannot be.
+        assert isinstance(opened[name], np.memmap) == (save is np.savez and a.size > 0), name

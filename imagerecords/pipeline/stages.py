@@ -332,10 +332,21 @@ def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, 
                          **({"source": source} if source else {})},
                         sort_keys=True, default=str).encode())
     images = [f.name for f in features if f.dtype == "image"]
+    from imagerecords.pipeline.arrays import is_row  # once per shard, not per ref
+
     for r in refs:
-        h.update(_json_list([r.key, r.uri, r.label, r.label_id, r.split, r.size, *([r.extras] if r.extras else []),
-                             *_read_files(r, images)]).encode())
+        h.update(_fingerprint_line(r, images, is_row).encode())
     return h.hexdigest()
+
+
+def _fingerprint_line(r: ImageRef, images: Sequence[str], is_row: Callable[[str], bool]) -> str:
+    """json.dumps([key, uri, label, label id, split, size, extras if any, each file read's stat]) + newline."""
+    if not r.extras and type(r.label) is str:  # the common line, spelled as json.dumps spells it
+        text = _ascii_string
+        tail = "" if is_row(r.uri) else ", " + text(_stat(r.uri))
+        return f"[{text(r.key)}, {text(r.uri)}, {text(r.label)}, {r.label_id}, {text(r.split)}, {r.size}{tail}]\n"
+    return _json_list([r.key, r.uri, r.label, r.label_id, r.split, r.size, *([r.extras] if r.extras else []),
+                       *_read_files(r, images)])
 
 
 _ascii_string = json.encoder.encode_basestring_ascii
