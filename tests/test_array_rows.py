@@ -105,7 +105,7 @@ def test_rows_path_gives_the_ref_paths_shards(tmp_path, labels, label_map):
     assert array_rows.applies(config)
     expected, plans, rejected, expected_map = _ref_path_shards(config, label_map)
 
-    got_rejected, got_map, shards, count = local._plan_rows(config, label_map)
+    got_rejected, got_map, shards, count, _ = local._plan_rows(config, label_map)
     assert got_map == expected_map
     assert shards.plans == plans
     assert shards.keys() == sorted(expected)
@@ -122,8 +122,11 @@ def test_build_through_rows_equals_build_through_refs(tmp_path, monkeypatch):
     rng = np.random.default_rng(5)
     n = 700
     path = tmp_path / "digits.npz"
-    np.savez(path, image=rng.integers(0, 256, (n, 6, 6), dtype=np.uint8), label=_labels_int(n, rng),
-             weight=rng.random(n).astype(np.float32))
+    image, label, weight = rng.integers(0, 256, (n, 6, 6), dtype=np.uint8), _labels_int(n, rng), rng.random(n)
+    # Rows 100..139 repeat rows 0..39 whole: the duplicate check groups them (some across splits).
+    for a in (image, label, weight):
+        a[100:140] = a[0:40]
+    np.savez(path, image=image, label=label, weight=weight.astype(np.float32))
     outputs = {}
     for way in ("rows", "refs"):
         if way == "refs":
@@ -140,7 +143,9 @@ def test_build_through_rows_equals_build_through_refs(tmp_path, monkeypatch):
     assert sorted(files["rows"]) == sorted(files["refs"])
     for name in files["rows"]:
         assert files["rows"][name] == files["refs"][name], name
-    assert files["rows"]["errors.jsonl"].count(b"\n") == 5
+    assert files["rows"]["errors.jsonl"].count(b"\n") == 7  # rows 3 and 7 are repeated too
+    assert files["rows"]["duplicates.jsonl"].count(b"\n") == 38  # 40 repeats less the 2 rejected
+    assert b'"leak": true' in files["rows"]["duplicates.jsonl"]
 
 
 TEXTS = ["plain", "ünï\u2028code", 'q"uo\\te', "\x00ctl\x7f", "😀", "", "a/b#row=3"]

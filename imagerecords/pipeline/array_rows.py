@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from imagerecords.pipeline import arrays, planning
 from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
 
 # Keys spell the row in 9 digits: below this many rows their text order is their row order,
 # which the shard order's tie-break (equal hashes, by key) relies on.
@@ -263,3 +263,77 @@ def plan(assigned: Assigned, path: str, row_bytes: int, config
                                              tuple((assigned.texts[c], assigned.label_ids[c])
                                                    for c in used.tolist()))
     return plans, shards
+
+
+@dataclasses.dataclass
+class RowContents:
+    """A row shard's written records for the duplicate check, as its writer sends them back: each
+    record's 16-byte content digest back to back, and its row (StagedShard.contents' compact form:
+    a (digest, member) tuple per record cost the launcher more to unpickle and index than the rest
+    of its work)."""
+
+    digests: bytes
+    rows: Any
+
+    @classmethod
+    def of(cls, contents: Sequence[Tuple[bytes, Tuple[str, str, str, str]]]) -> "RowContents":
+        import numpy as np
+
+        rows = np.fromiter((int(m[2].rpartition(arrays.ROW_MARK)[2]) for _, m in contents), np.int64, len(contents))
+        return cls(b"".join(d for d, _ in contents), rows)
+
+
+class Contents:
+    """The duplicate check of a row build (engines/local.py's _Contents on columns): digests and
+    rows gathered per shard, sorted once; members are made only for digests held by two rows."""
+
+    def __init__(self, path: str, assigned: Assigned, labels: LabelMap):
+        import numpy as np
+
+        self._path = path
+        top = int(assigned.rows.max()) + 1 if len(assigned.rows) else 0
+        self._split = np.zeros(top, np.int64)
+        self._split[assigned.rows] = assigned.splits
+        self._code = np.zeros(top, np.int64)
+        self._code[assigned.rows] = assigned.codes
+        self._names = assigned.names
+        # The label map's name of each code, as the shard writer records it.
+        self._label = [labels.names[i - labels.offset] if 0 <= i - labels.offset < len(labels.names) else ""
+                       for i in assigned.label_ids]
+        self._digests: List[bytes] = []
+        self._rows: List[Any] = []
+
+    def add(self, contents) -> None:
+        """One shard's contents: a RowContents, or (digest, member) pairs (a shard reused by --resume)."""
+        if not isinstance(contents, RowContents):
+            contents = RowContents.of(contents)
+        self._digests.append(contents.digests)
+        self._rows.append(contents.rows)
+
+    def groups(self) -> List[DuplicateGroup]:
+        """The DuplicateGroup of every digest two or more rows hold (stages.duplicate_group)."""
+        import numpy as np
+
+        from imagerecords.pipeline import stages
+
+        if not self._rows:
+            return []
+        rows = np.concatenate(self._rows)
+        halves = np.frombuffer(b"".join(self._digests), ">u8").reshape(-1, 2)
+        order = np.lexsort((halves[:, 1], halves[:, 0]))
+        ordered = halves[order]
+        same = (ordered[1:] == ordered[:-1]).all(axis=1)
+        found = []
+        start = 0
+        for end in (np.flatnonzero(~same) + 1).tolist() + [len(order)]:
+            if end - start > 1:
+                members = []
+                for i in rows[order[start:end]].tolist():
+                    uri = f"{self._path}{arrays.ROW_MARK}{i}"
+                    members.append((f"{_base(self._path)}:{i:09d}", self._names[self._split[i]], uri,
+                                    self._label[self._code[i]]))
+                group = stages.duplicate_group(ordered[start].astype(">u8").tobytes(), members)
+                if group is not None:
+                    found.append(group)
+            start = end
+        return found

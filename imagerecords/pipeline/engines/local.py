@@ -292,9 +292,13 @@ class _Writer:
 
     def __call__(self, key: ShardKey, members: Union[List[Tuple[int, ImageRef]], array_rows.RowShard],
                  labels: LabelMap) -> stages.StagedShard:
-        ordered = members.refs() if isinstance(members, array_rows.RowShard) else stages.shard_order(members)
-        return self._writer.write(key, ordered, labels, read_bytes=self._read,
-                                  executor=self._images, window=2 * self._threads, observe=self._progress)
+        rows = isinstance(members, array_rows.RowShard)
+        ordered = members.refs() if rows else stages.shard_order(members)
+        staged = self._writer.write(key, ordered, labels, read_bytes=self._read,
+                                    executor=self._images, window=2 * self._threads, observe=self._progress)
+        if rows:  # the launcher's array_rows.Contents takes them in this compact form
+            staged.contents = array_rows.RowContents.of(staged.contents)
+        return staged
 
     def close(self) -> None:
         if self._images is not None:
@@ -449,9 +453,9 @@ def _plan_refs(config: BuildConfig, csv_header: Optional[str], process_pool, for
 
 
 def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap]
-               ) -> Tuple[List[Rejected], LabelMap, "_Shards", int]:
+               ) -> Tuple[List[Rejected], LabelMap, "_Shards", int, array_rows.Contents]:
     """_plan_refs for an arrays build (array_rows.applies), on NumPy columns: (rejected rows, label
-    map, shards holding rows, images planned)."""
+    map, shards holding rows, images planned, the duplicate check of their records)."""
     listed = array_rows.list_rows(config.input, config.schema, config.image.image_encoding)
     if label_map is None:
         label_map = refs_lib.vocabulary(listed.texts, arrays.label_type(config), config.label_offset)
@@ -460,17 +464,19 @@ def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap]
     plans, members = array_rows.plan(assigned, config.input, listed.row_bytes, config)
     shards = _Shards()
     shards.add_rows(plans, members)
-    return listed.rejected + assigned.rejected, label_map, shards, len(assigned.rows)
+    return (listed.rejected + assigned.rejected, label_map, shards, len(assigned.rows),
+            array_rows.Contents(config.input, assigned, label_map))
 
 
 def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, process_cancel, forked: int, *, build_id: str,
            versions: Mapping[str, str], label_map: Optional[LabelMap], csv_header: Optional[str],
            progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
     if array_rows.applies(config):
-        rejected, label_map, shards, count = _plan_rows(config, label_map)
+        rejected, label_map, shards, count, contents = _plan_rows(config, label_map)
         known, base = [], None
     else:
         rejected, label_map, shards, count, known, base = _plan_refs(config, csv_header, process_pool, forked, label_map)
+        contents = _Contents()
     workers = forked if asked or count >= PROCESS_MIN_IMAGES else 0
     planned = _Progress(progress_dir, lambda: False)
     for p in shards.plans.values():
@@ -486,7 +492,6 @@ def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, proces
         local_writer = _Writer(writer, max(cores, config.threads), _Progress(progress_dir, cancel.is_set))
         pool = concurrent.futures.ThreadPoolExecutor(cores, thread_name_prefix="imagerecords-shard")
         write = local_writer
-    contents = _Contents()
     results = []
     try:
         futures = [pool.submit(write, key, shards.take(key), label_map) for key in shards.keys()]
@@ -494,8 +499,11 @@ def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, proces
             staged = future.result()
             results.append(staged.result)
             rejected.extend(staged.rejected)
-            for digest, member in staged.contents:
-                contents.add(digest, member)
+            if isinstance(contents, array_rows.Contents):
+                contents.add(staged.contents)
+            else:
+                for digest, member in staged.contents:
+                    contents.add(digest, member)
     except BaseException:
         cancel.set()  # running shards stop at their next image; queued ones never start
         if workers:
