@@ -18,7 +18,9 @@ the orchestration differs:
       inputs), images of a shard prepared on a small thread pool → results.json
 
 With worker processes the listing runs in them too; the launcher only gathers, assigns, plans
-and records.
+and records. An arrays build (array_rows.applies) holds no ref per row here: its rows are listed,
+assigned and planned as NumPy columns, each shard's writer gets its row indices (array_rows.RowShard)
+and sends back its content digests in one piece (array_rows.RowContents).
 """
 
 from __future__ import annotations
