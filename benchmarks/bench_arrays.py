@@ -65,6 +65,36 @@ def ours(npz, out):
     return time.perf_counter() - started
 
 
+def launcher(npz):
+    """Seconds the local engine's launcher spends listing, assigning, planning and pickling the
+    shards of `npz` (the arrays already open), (ref path, columnar path): a ref per row
+    (engines.local.list_inputs, stages.assign, plan) against array_rows' NumPy columns."""
+    import pickle
+
+    from imagerecords.pipeline import arrays, stages
+    from imagerecords.pipeline import refs as refs_lib
+    from imagerecords.pipeline.engines import local
+    from imagerecords.pipeline.options import BuildOptions
+
+    config = BuildOptions.make(npz, npz + ".unused-out").config
+    arrays.forget_if_changed(npz)
+    arrays.open_arrays(npz)
+    started = time.perf_counter()
+    listed = [pair for pair in local.list_inputs(config, None) if not isinstance(pair[1], refs_lib.Rejected)]
+    labels = refs_lib.vocabulary(sorted({r.label for _, r in listed}), arrays.label_type(config), 0)
+    assigned = [(h, stages.assign(r, labels, None, 0)) for h, r in listed]
+    del listed
+    shards = local.plan(config, assigned)
+    for key in shards.keys():
+        pickle.dumps(shards.take(key), protocol=pickle.HIGHEST_PROTOCOL)
+    refs_s = time.perf_counter() - started
+    started = time.perf_counter()
+    shards = local._plan_rows(config, None)[2]
+    for key in shards.keys():
+        pickle.dumps(shards.take(key), protocol=pickle.HIGHEST_PROTOCOL)
+    return refs_s, time.perf_counter() - started
+
+
 def read(files, decode):
     import tensorflow as tf
 
@@ -88,12 +118,14 @@ def workload(name, x, y, work, decode_ours, decode_seed):
     cores = os.cpu_count() or 1
     per_core_s = per_core_loop(npz, os.path.join(work, f"{name}.percore.tfrecord"), cores)
     ours_s = ours(npz, os.path.join(work, f"{name}-out"))
+    launcher_refs_s, launcher_rows_s = launcher(npz)
     files = sorted(glob.glob(os.path.join(work, f"{name}-out", "*", "*.tfrecord-*")))
     n1, ours_read = read(files, decode_ours)
     n2, seed_read = read([os.path.join(work, f"{name}.seed.tfrecord")], decode_seed)
     assert n1 == n2 == len(x), (n1, n2)
     return {"rows": len(x), "seed_build_s": seed_s, "ours_build_s": ours_s, "build_speedup": seed_s / ours_s,
             "per_core_build_s": per_core_s, "per_core_speedup": per_core_s / ours_s,
+            "launcher_refs_s": launcher_refs_s, "launcher_rows_s": launcher_rows_s,
             "seed_read_per_s": n2 / seed_read, "ours_read_per_s": n1 / ours_read,
             "read_ratio": (n1 / ours_read) / (n2 / seed_read)}
 
@@ -122,7 +154,8 @@ def main(argv=None):
         print(f"{name:15} {w['rows']:6} rows  build: ours {w['ours_build_s']:.1f} s vs seed loop "
               f"{w['seed_build_s']:.1f} s (x{w['build_speedup']:.2f}), per-core loop {w['per_core_build_s']:.1f} s "
               f"(x{w['per_core_speedup']:.2f})  read: ours {w['ours_read_per_s']:.0f}/s vs "
-              f"seed {w['seed_read_per_s']:.0f}/s (x{w['read_ratio']:.2f})")
+              f"seed {w['seed_read_per_s']:.0f}/s (x{w['read_ratio']:.2f})  launcher: {w['launcher_rows_s']:.2f} s "
+              f"vs {w['launcher_refs_s']:.2f} s a ref per row")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

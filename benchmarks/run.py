@@ -385,6 +385,9 @@ def bench_arrays_group(res: Results, work: str, quick: bool, r: int, float_rows:
                 baseline=f"arrays/{name}_seed_loop_build")
         res.add("arrays", f"{name}_build_vs_per_core", w["rows"] / w["ours_build_s"], "rows/s",
                 baseline=f"arrays/{name}_seed_loop_per_core_build")
+        res.add("arrays", f"{name}_launcher_refs", w["rows"] / w["launcher_refs_s"], "rows/s")
+        res.add("arrays", f"{name}_launcher", w["rows"] / w["launcher_rows_s"], "rows/s",
+                baseline=f"arrays/{name}_launcher_refs")
         res.add("arrays", f"{name}_seed_read", w["seed_read_per_s"], "rows/s")
         res.add("arrays", f"{name}_read", w["ours_read_per_s"], "rows/s", baseline=f"arrays/{name}_seed_read")
     shutil.rmtree(folder, ignore_errors=True)

@@ -23,7 +23,7 @@ GROUPS = {
     "encodings": [f"{e}_{m}" for e in ("jpeg", "keep", "png0", "png1", "png3", "png6") for m in ("img_s", "mb")]
     + [f"png{level}_{m}_vs_png6" for level in (0, 1, 3) for m in ("img_s", "mb")],
     "arrays": [f"{w}_{f}" for w in ("float32_28x28", "uint8_32x32x3")
-               for f in ("seed_loop_build", "build", "seed_read", "read")],
+               for f in ("seed_loop_build", "build", "launcher_refs", "launcher", "seed_read", "read")],
     "startup": ["build16_default", "build16_in_memory", "build16_multi_threading", "build16_multi_processing"],
     "memory": ["default_base_peak_rss", "default_rows20_kib_per_image", "default_rows60_kib_per_image",
                "default_slope_kib_per_image"],

@@ -1,6 +1,7 @@
 """NumPy input: an .npz file or a folder of .npy files, one record per row, one feature per array.
 
-    data.npz        np.load whole (zip members cannot be memory-mapped): it must fit in memory once
+    data.npz        np.savez's members memory-mapped in place (np.savez_compressed's read whole: it
+                    must then fit in memory once)
     data/           a folder of NAME.npy files, np.load(mmap_mode="r"): each worker reads only its rows
 
 Every array's first dimension is the row count N. `image` and `label` go under the schema preset's
@@ -127,13 +128,18 @@ def forget_if_changed(path: str, identity: Optional[str] = None) -> None:
 
 @functools.lru_cache(maxsize=4)
 def open_arrays(path: str) -> Dict[str, Any]:
-    """The input's arrays by name: an .npz read whole, .npy files memory-mapped. Cached per process:
-    the local engine opens it before it forks, so its workers share one copy of an .npz."""
+    """The input's arrays by name: .npy files and an .npz's stored members memory-mapped, its
+    compressed ones read whole. Cached per process: the local engine opens it before it forks, so
+    its workers share one copy of an .npz."""
     import numpy as np
 
     if not os.path.isdir(path):
+        with zipfile.ZipFile(path) as zf:
+            mapped = {info.filename[:-4]: _map_member(np, path, zf, info) for info in zf.infolist()
+                      if info.filename.endswith(".npy")}
         with np.load(path, allow_pickle=False) as z:
-            return {name: z[name] for name in sorted(z.files)}
+            # Reading 600 MB through zipfile (and its CRC) was the launcher's longest step.
+            return {name: mapped[name] if mapped.get(name) is not None else z[name] for name in sorted(z.files)}
     return {name[:-4]: np.load(os.path.join(path, name), mmap_mode="r", allow_pickle=False)
             for name in sorted(os.listdir(path)) if name.endswith(".npy") and not name.startswith(".")}
 
@@ -272,6 +278,34 @@ def manifest_features(config) -> Dict[str, Any]:
         return {}
     _, columns = columns_of(_headers(config.input), config.schema, config.image.image_encoding)
     return features.specs_to_json([c.feature for c in columns])
+
+
+def _map_member(np, path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo):
+    """A read-only memory map of an uncompressed .npz member's array, or None (compressed,
+    encrypted, an object array, or a header np.lib.format reads another way: np.load reads it)."""
+    if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+        return None
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        local = f.read(30)
+        if len(local) != 30 or local[:4] != b"PK\x03\x04":
+            return None
+        # The local header's name and extra field lengths (they may differ from the central directory's).
+        start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+        f.seek(start)
+        try:
+            version = np.lib.format.read_magic(f)
+            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read is None:
+                return None
+            shape, fortran, dtype = read(f)
+        except ValueError:
+            return None
+        offset = f.tell()
+    size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    if dtype.hasobject or offset + size > start + info.file_size or size == 0:
+        return None
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(shape), order="F" if fortran else "C")
 
 
 # Listing -----------------------------------------------------------------------------------------

@@ -154,5 +154,16 @@ def plan_shards(split: str, hashes: Sequence[int], num_bytes: int, num_shards: i
     return finish_plan(coarse, values)
 
 
+def plan_sorted(split: str, sorted_hashes: Sequence[int], num_bytes: int, num_shards: int) -> ShardPlan:
+    """plan_shards' plan from a split's hashes already in ascending order (a list or a NumPy array,
+    sorted there in one call): shard i's boundary is the hash ranked i*count//num_shards, the
+    value the bucket walk finds."""
+    n = len(sorted_hashes)
+    if n == 0:
+        return finish_plan(coarse_plan(split, {}, num_bytes, num_shards), ())
+    return ShardPlan(split, n, num_bytes, num_shards,
+                     tuple(int(sorted_hashes[i * n // num_shards]) for i in range(1, num_shards)))
+
+
 def shard_name(name: str, split: str, index: int, num_shards: int) -> str:
     return f"{name}-{split}.tfrecord-{index:05d}-of-{num_shards:05d}"

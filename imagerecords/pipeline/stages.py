@@ -301,12 +301,18 @@ class ShardWriter:
             [(r.key, names[r.label_id - offset] if 0 <= r.label_id - offset < len(names) else "", r.size, digest)
              for digest, r in stats.contents]))
         out = StagedShard(result, duplicates + rejected, written, stats.passthrough)
-        publish.write_bytes(storage.join(staging, filename + publish.STAGED_RECORD), publish.dumps(
+        publish.write_bytes(storage.join(staging, filename + publish.STAGED_RECORD), _record_bytes(
             {"fingerprint": fingerprint, "staged": out.to_json()}))
         _hooks.pause("mid_shards")
         return out
 
 
+
+
+def _record_bytes(record: Mapping[str, Any]) -> bytes:
+    """A staged shard's record as JSON, compact: json's C encoder (indent takes its pure-Python one,
+    which cost a third of an arrays shard's writing in the row-per-record `contents`)."""
+    return (json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
 def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, name: str, preset: str,
@@ -327,10 +333,38 @@ def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, 
                          **({"source": source} if source else {})},
                         sort_keys=True, default=str).encode())
     images = [f.name for f in features if f.dtype == "image"]
+    from imagerecords.pipeline.arrays import is_row  # once per shard, not per ref
+
     for r in refs:
-        h.update(json.dumps([r.key, r.uri, r.label, r.label_id, r.split, r.size, *([r.extras] if r.extras else []),
-                             *_read_files(r, images)]).encode() + b"\n")
+        h.update(_fingerprint_line(r, images, is_row).encode())
     return h.hexdigest()
+
+
+def _fingerprint_line(r: ImageRef, images: Sequence[str], is_row: Callable[[str], bool]) -> str:
+    """json.dumps([key, uri, label, label id, split, size, extras if any, each file read's stat]) + newline."""
+    if not r.extras and type(r.label) is str:  # the common line, spelled as json.dumps spells it
+        text = _ascii_string
+        tail = "" if is_row(r.uri) else ", " + text(_stat(r.uri))
+        return f"[{text(r.key)}, {text(r.uri)}, {text(r.label)}, {r.label_id}, {text(r.split)}, {r.size}{tail}]\n"
+    return _json_list([r.key, r.uri, r.label, r.label_id, r.split, r.size, *([r.extras] if r.extras else []),
+                       *_read_files(r, images)])
+
+
+_ascii_string = json.encoder.encode_basestring_ascii
+
+
+def _json_list(values: Sequence[Any]) -> str:
+    """json.dumps(values) + newline, for a list of str and int (a ref's fingerprint line) written
+    without the encoder's per-call set-up, which cost more than the line; other values go to json.dumps."""
+    parts = []
+    for v in values:
+        if type(v) is str:
+            parts.append(_ascii_string(v))
+        elif type(v) is int:
+            parts.append(int.__repr__(v))
+        else:
+            return json.dumps(list(values)) + "\n"
+    return "[" + ", ".join(parts) + "]\n"
 
 
 def _read_files(ref: ImageRef, images: Sequence[str]) -> List[str]:
@@ -402,7 +436,7 @@ def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: 
             if storage.is_local(destination):
                 os.makedirs(os.path.dirname(destination), exist_ok=True)
             storage.rename(storage.join(source, n), destination)
-        publish.write_bytes(storage.join(target, filename + publish.STAGED_RECORD), publish.dumps(
+        publish.write_bytes(storage.join(target, filename + publish.STAGED_RECORD), _record_bytes(
             {"fingerprint": fingerprint, "staged": record["staged"], "reused": True}))
         return staged
     return None

@@ -18,7 +18,9 @@ the orchestration differs:
       inputs), images of a shard prepared on a small thread pool → results.json
 
 With worker processes the listing runs in them too; the launcher only gathers, assigns, plans
-and records.
+and records. An arrays build (array_rows.applies) holds no ref per row here: its rows are listed,
+assigned and planned as NumPy columns, each shard's writer gets its row indices (array_rows.RowShard)
+and sends back its content digests in one piece (array_rows.RowContents).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import threading
 import time
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from imagerecords.pipeline import appending, arrays, input_files, planning, publish, shard_writer, stages, storage
+from imagerecords.pipeline import appending, array_rows, arrays, input_files, planning, publish, shard_writer, stages, storage
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
@@ -160,10 +162,16 @@ class _Shards:
         for i, members in enumerate(groups):
             self._members[(plan.split, i, plan.num_shards)] = members
 
+    def add_rows(self, plans: Mapping[str, planning.ShardPlan], shards: Mapping[ShardKey, array_rows.RowShard]
+                 ) -> None:
+        """An arrays build's plans and shards (array_rows.plan): each shard's rows, not its refs."""
+        self.plans.update(plans)
+        self._members.update(shards)
+
     def keys(self) -> List[ShardKey]:
         return sorted(self._members)
 
-    def take(self, key: ShardKey) -> List[Tuple[int, ImageRef]]:
+    def take(self, key: ShardKey) -> Union[List[Tuple[int, ImageRef]], array_rows.RowShard]:
         """The shard's (shuffle hash, ref) pairs, unordered: its writer sorts them (stages.shard_order)."""
         return self._members.pop(key)
 
@@ -284,9 +292,15 @@ class _Writer:
         self._images = (concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="imagerecords-image")
                         if threads > 1 else None)
 
-    def __call__(self, key: ShardKey, members: List[Tuple[int, ImageRef]], labels: LabelMap) -> stages.StagedShard:
-        return self._writer.write(key, stages.shard_order(members), labels, read_bytes=self._read,
-                                  executor=self._images, window=2 * self._threads, observe=self._progress)
+    def __call__(self, key: ShardKey, members: Union[List[Tuple[int, ImageRef]], array_rows.RowShard],
+                 labels: LabelMap) -> stages.StagedShard:
+        rows = isinstance(members, array_rows.RowShard)
+        ordered = members.refs() if rows else stages.shard_order(members)
+        staged = self._writer.write(key, ordered, labels, read_bytes=self._read,
+                                    executor=self._images, window=2 * self._threads, observe=self._progress)
+        if rows:  # the launcher's array_rows.Contents takes them in this compact form
+            staged.contents = array_rows.RowContents.of(staged.contents)
+        return staged
 
     def close(self) -> None:
         if self._images is not None:
@@ -344,7 +358,8 @@ def end_workers(pool) -> None:
         manager.join(5)
 
 
-def _write_in_worker(key: ShardKey, members: List[Tuple[int, ImageRef]], labels: LabelMap) -> stages.StagedShard:
+def _write_in_worker(key: ShardKey, members: Union[List[Tuple[int, ImageRef]], array_rows.RowShard],
+                     labels: LabelMap) -> stages.StagedShard:
     return _WORKER["writer"](key, members, labels)
 
 
@@ -399,9 +414,10 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, process_cancel, forked: int, *, build_id: str,
-           versions: Mapping[str, str], label_map: Optional[LabelMap], csv_header: Optional[str],
-           progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
+def _plan_refs(config: BuildConfig, csv_header: Optional[str], process_pool, forked: int,
+               label_map: Optional[LabelMap]):
+    """Lists, labels, assigns and plans a build ref by ref: (rejected rows, label map, shards, images
+    planned, known duplicate groups (an append's), the published dataset appended to or None)."""
     rejected: List[Rejected] = []
     refs: List[Tuple[int, ImageRef]] = []
     for pair in list_inputs(config, csv_header, process_pool, forked):
@@ -434,8 +450,36 @@ def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, proces
             refs[kept] = (h, out)
             kept += 1
     del refs[kept:]
-    workers = forked if asked or len(refs) >= PROCESS_MIN_IMAGES else 0
-    shards = plan(config, refs)
+    count = len(refs)
+    return rejected, label_map, plan(config, refs), count, known, base
+
+
+def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap]
+               ) -> Tuple[List[Rejected], LabelMap, "_Shards", int, array_rows.Contents]:
+    """_plan_refs for an arrays build (array_rows.applies), on NumPy columns: (rejected rows, label
+    map, shards holding rows, images planned, the duplicate check of their records)."""
+    listed = array_rows.list_rows(config.input, config.schema, config.image.image_encoding)
+    if label_map is None:
+        label_map = refs_lib.vocabulary(listed.texts, arrays.label_type(config), config.label_offset)
+    assigned = array_rows.assign(listed, label_map, tuple(config.splits) if config.splits else None,
+                                 config.split_seed, config.seed)
+    plans, members = array_rows.plan(assigned, config.input, listed.row_bytes, config)
+    shards = _Shards()
+    shards.add_rows(plans, members)
+    return (listed.rejected + assigned.rejected, label_map, shards, len(assigned.rows),
+            array_rows.Contents(config.input, assigned, label_map))
+
+
+def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, process_cancel, forked: int, *, build_id: str,
+           versions: Mapping[str, str], label_map: Optional[LabelMap], csv_header: Optional[str],
+           progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
+    if array_rows.applies(config):
+        rejected, label_map, shards, count, contents = _plan_rows(config, label_map)
+        known, base = [], None
+    else:
+        rejected, label_map, shards, count, known, base = _plan_refs(config, csv_header, process_pool, forked, label_map)
+        contents = _Contents()
+    workers = forked if asked or count >= PROCESS_MIN_IMAGES else 0
     planned = _Progress(progress_dir, lambda: False)
     for p in shards.plans.values():
         planned.plan(p)
@@ -450,7 +494,6 @@ def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, proces
         local_writer = _Writer(writer, max(cores, config.threads), _Progress(progress_dir, cancel.is_set))
         pool = concurrent.futures.ThreadPoolExecutor(cores, thread_name_prefix="imagerecords-shard")
         write = local_writer
-    contents = _Contents()
     results = []
     try:
         futures = [pool.submit(write, key, shards.take(key), label_map) for key in shards.keys()]
@@ -458,8 +501,11 @@ def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, proces
             staged = future.result()
             results.append(staged.result)
             rejected.extend(staged.rejected)
-            for digest, member in staged.contents:
-                contents.add(digest, member)
+            if isinstance(contents, array_rows.Contents):
+                contents.add(staged.contents)
+            else:
+                for digest, member in staged.contents:
+                    contents.add(digest, member)
     except BaseException:
         cancel.set()  # running shards stop at their next image; queued ones never start
         if workers:

@@ -1,0 +1,339 @@
+"""An arrays input's rows as NumPy columns: listed, assigned and planned without a ref per row.
+
+The local engine's launcher takes this path for an arrays build (engines/local.py): row indices,
+64-bit shuffle hashes, split codes and label codes are arrays, and each shard goes to its writer
+as (shard key, RowShard), whose refs are made there. Every value is the one the ref path gives
+(arrays.list_refs, refs.shuffle_hash / assign_split, stages.assign, planning.plan_shards,
+stages.shard_order), so the shards, errors.jsonl and duplicates.jsonl are byte-identical (tested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from imagerecords.pipeline import arrays, planning
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+
+# Keys spell the row in 9 digits: below this many rows their text order is their row order,
+# which the shard order's tie-break (equal hashes, by key) relies on.
+MAX_ROWS = 10**9
+
+
+def applies(config) -> bool:
+    """Whether a build (a BuildConfig) takes this path: a local arrays input, not an append (which
+    compares each row with the published dataset, ref by ref)."""
+    return (arrays.is_arrays_input(config.input) and "://" not in config.input and not config.append
+            and not config.features)
+
+
+@dataclasses.dataclass
+class Listed:
+    """An arrays input's usable rows, in row order.
+
+    Attributes:
+      path: the input as given (the refs' uri prefix).
+      rows: the row indices (int64) whose label can be a class.
+      codes: each of those rows' index into `texts` (int64).
+      texts: the distinct label texts, as a ref's `label`.
+      rejected: the rows whose label cannot be a class (arrays.list_refs' rows).
+      row_bytes: a row's bytes over every array (a ref's `size`).
+    """
+
+    path: str
+    rows: Any
+    codes: Any
+    texts: List[str]
+    rejected: List[Rejected]
+    row_bytes: int
+
+    def key(self, i: int) -> str:
+        return f"{_base(self.path)}:{i:09d}"
+
+    def uri(self, i: int) -> str:
+        return f"{self.path}{arrays.ROW_MARK}{i}"
+
+
+def _base(path: str) -> str:
+    return os.path.basename(path.rstrip("/"))
+
+
+def list_rows(path: str, preset: str, image_encoding: str) -> Listed:
+    """arrays.list_refs' rows as columns: the same rows kept, the same rows rejected for the same reasons."""
+    import numpy as np
+
+    arrays.forget_if_changed(path)
+    source, n, columns = arrays._source(path, preset, image_encoding)
+    if n >= MAX_ROWS:
+        raise ValueError(f"{n} rows: the columnar listing orders keys of 9 digits")
+    row_bytes = sum(a.itemsize * (int(a.size // a.shape[0]) if a.shape[0] else 0) for a in source.values())
+    label = next((c for c in columns if c.role in ("class", "names")), None)
+    listed = Listed(path, np.arange(n, dtype=np.int64), np.zeros(n, np.int64), [""], [], row_bytes)
+    if label is None:
+        return listed
+    values = source[label.array]
+    bad: Dict[int, str] = {}  # row -> why its label cannot be a class
+    if label.role == "class":
+        negative = np.flatnonzero(values < 0)
+        above = np.flatnonzero(values > arrays.MAX_CLASS_ID)
+        for i in negative.tolist():
+            bad[i] = f"label {int(values[i])} is negative: class labels are ids 0, 1, ..."
+        for i in above.tolist():
+            bad[i] = (f"label {int(values[i])} is above the largest class id {arrays.MAX_CLASS_ID}: integer labels "
+                      "are ids 0, 1, ... (the vocabulary holds one name per id); give class names "
+                      "as a string array instead")
+        distinct, inverse = np.unique(values, return_inverse=True)
+        texts = [str(int(v)) for v in distinct.tolist()]
+    else:
+        distinct, inverse = np.unique(values, return_inverse=True)
+        texts, problems = [], {}
+        for k, v in enumerate(distinct.tolist()):
+            text = v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
+            texts.append(text)
+            problem = "label is an empty string: give every row a class name" if not text else \
+                refs_lib.label_problem(text)
+            if problem is not None:
+                problems[k] = problem
+        inverse = inverse.reshape(-1)
+        for k, problem in problems.items():
+            for i in np.flatnonzero(inverse == k).tolist():
+                bad[i] = problem
+    inverse = inverse.reshape(-1).astype(np.int64)
+    # Distinct values can share a text (a bytes label and its escape): one code per text.
+    table = sorted(set(texts))
+    index = {t: c for c, t in enumerate(table)}
+    codes = np.array([index[t] for t in texts], np.int64).reshape(-1)[inverse]
+    keep = np.ones(n, bool)
+    if bad:
+        keep[np.fromiter(bad, np.int64, len(bad))] = False
+        listed.rejected = [Rejected(listed.uri(i), bad[i], listed.key(i), stage="label") for i in sorted(bad)]
+    used = np.unique(codes[keep])
+    # Only the texts of kept rows make the vocabulary: renumber the codes over them.
+    renumber = np.full(len(table), -1, np.int64)
+    renumber[used] = np.arange(len(used))
+    listed.rows = np.flatnonzero(keep).astype(np.int64)
+    listed.codes = renumber[codes[keep]]
+    listed.texts = [table[c] for c in used.tolist()]
+    return listed
+
+
+def hashes(salt: str, path: str, rows) -> Any:
+    """refs.hash64(salt, key) of each row's key, as a uint64 array."""
+    import numpy as np
+
+    prefix = f"{_base(path)}:".encode("utf-8")
+    start = hashlib.blake2b(digest_size=8, person=refs_lib._person(salt))
+    out = bytearray()
+    for i in rows.tolist():
+        h = start.copy()  # a copy of the salted state costs less than a new hash with its salt
+        h.update(b"%s%09d" % (prefix, i))
+        out += h.digest()
+    return np.frombuffer(bytes(out), ">u8").astype(np.uint64)
+
+
+@dataclasses.dataclass
+class Assigned:
+    """The listed rows with a split and a label id (stages.assign's results).
+
+    Attributes:
+      rows, codes, hashes: the kept rows, their label codes and shuffle hashes.
+      texts: the label text of each label code.
+      splits: each kept row's index into `names`.
+      names: split names.
+      label_ids: the label id of each label code.
+      rejected: the rows stages.assign turns away.
+    """
+
+    rows: Any
+    codes: Any
+    hashes: Any
+    texts: List[str]
+    splits: Any
+    names: List[str]
+    label_ids: List[int]
+    rejected: List[Rejected]
+
+
+def assign(listed: Listed, labels: LabelMap, splits: Optional[Sequence[Tuple[str, float]]], split_seed: int,
+           seed: int) -> Assigned:
+    """stages.assign of every listed row, with each kept row's shuffle hash."""
+    import numpy as np
+
+    rows, codes = listed.rows, listed.codes
+    if splits:
+        names = [name for name, _ in splits]
+        u = hashes(f"split:{split_seed}", listed.path, rows).astype(np.float64) / 2.0**64
+        cumulative, bounds = 0.0, []
+        for _, fraction in splits:  # summed in order, as refs.assign_split does
+            cumulative += fraction
+            bounds.append(cumulative)
+        # assign_split: the first split whose running sum exceeds u, else the last.
+        split_of = np.minimum(np.searchsorted(np.array(bounds), u, side="right"), len(names) - 1)
+    else:
+        names = ["train"]
+        split_of = np.zeros(len(rows), np.int64)
+    rejected: List[Rejected] = []
+    keep = np.ones(len(rows), bool)
+    for s, name in enumerate(names):
+        problem = refs_lib.split_name_problem(name)
+        if problem:
+            for k in np.flatnonzero(split_of == s).tolist():
+                i = int(rows[k])
+                rejected.append(Rejected(listed.uri(i), problem, listed.key(i), name, stage="label"))
+            keep &= split_of != s
+    label_ids = []
+    for c, text in enumerate(listed.texts):
+        label_id = labels.label_id(text)
+        label_ids.append(-1 if label_id is None else label_id)
+        if label_id is None:
+            reason = ((labels.integer and refs_lib.int_label_problem(text))
+                      or f"label {text!r} is not in the label map")
+            for k in np.flatnonzero(keep & (codes == c)).tolist():
+                i = int(rows[k])
+                rejected.append(Rejected(listed.uri(i), reason, listed.key(i), names[split_of[k]], stage="label"))
+            keep &= codes != c
+    rows, codes, split_of = rows[keep], codes[keep], split_of[keep]
+    return Assigned(rows, codes, hashes(f"shuffle:{seed}", listed.path, rows), listed.texts, split_of, names, label_ids, rejected)
+
+
+@dataclasses.dataclass
+class RowShard:
+    """One shard's rows as its writer gets them: what it needs to make their refs, in shard order.
+
+    Attributes:
+      path: the arrays input as given.
+      split: the shard's split.
+      size: each ref's size (the row's bytes).
+      rows: the rows (int64), in shard order.
+      codes: each row's index into `labels`.
+      labels: (label text, label id) per code.
+    """
+
+    path: str
+    split: str
+    size: int
+    rows: Any
+    codes: Any
+    labels: Tuple[Tuple[str, int], ...]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def refs(self) -> List[ImageRef]:
+        """The shard's refs in shard order: those stages.shard_order gives from the ref path's pairs."""
+        prefix, uri = f"{_base(self.path)}:", f"{self.path}{arrays.ROW_MARK}"
+        texts = [sys.intern(t) for t, _ in self.labels]
+        ids = [i for _, i in self.labels]
+        split, size = self.split, self.size
+        return [ImageRef(f"{prefix}{i:09d}", f"{uri}{i}", texts[c], split, size, ids[c])
+                for i, c in zip(self.rows.tolist(), self.codes.tolist())]
+
+
+def plan(assigned: Assigned, path: str, row_bytes: int, config
+         ) -> Tuple[Dict[str, planning.ShardPlan], Dict[Tuple[str, int, int], RowShard]]:
+    """Each split's ShardPlan (planning.plan_shards' boundaries) and each shard's RowShard."""
+    import numpy as np
+
+    plans: Dict[str, planning.ShardPlan] = {}
+    shards: Dict[Tuple[str, int, int], RowShard] = {}
+    for s in sorted(range(len(assigned.names)), key=lambda s: assigned.names[s]):
+        split = assigned.names[s]
+        mine = np.flatnonzero(assigned.splits == s)
+        if not len(mine):
+            continue
+        # Rows ascend, so a stable sort breaks equal hashes by key, as stages.shard_order does.
+        order = mine[np.argsort(assigned.hashes[mine], kind="stable")]
+        ordered = assigned.hashes[order]
+        count = len(order)
+        num_bytes = count * max(row_bytes, 0)
+        n = planning.choose_num_shards(count, num_bytes, config.num_shards, config.target_shard_mb, config.min_shards)
+        p = planning.plan_sorted(split, ordered, num_bytes, n)
+        plans[split] = p
+        # Shard i holds the hashes in [boundary i, boundary i+1) (ShardPlan.shard_of).
+        cuts = np.searchsorted(ordered, np.array(p.boundaries, np.uint64), side="left").tolist() if n > 1 else []
+        rows, codes = assigned.rows[order], assigned.codes[order]
+        for i, (lo, hi) in enumerate(zip([0] + cuts, cuts + [count])):
+            used = np.unique(codes[lo:hi])
+            local = np.searchsorted(used, codes[lo:hi])
+            shards[(split, i, n)] = RowShard(path, split, row_bytes, rows[lo:hi].copy(), local,
+                                             tuple((assigned.texts[c], assigned.label_ids[c])
+                                                   for c in used.tolist()))
+    return plans, shards
+
+
+@dataclasses.dataclass
+class RowContents:
+    """A row shard's written records for the duplicate check, as its writer sends them back: each
+    record's 16-byte content digest back to back, and its row (StagedShard.contents' compact form:
+    a (digest, member) tuple per record cost the launcher more to unpickle and index than the rest
+    of its work)."""
+
+    digests: bytes
+    rows: Any
+
+    @classmethod
+    def of(cls, contents: Sequence[Tuple[bytes, Tuple[str, str, str, str]]]) -> "RowContents":
+        import numpy as np
+
+        rows = np.fromiter((int(m[2].rpartition(arrays.ROW_MARK)[2]) for _, m in contents), np.int64, len(contents))
+        return cls(b"".join(d for d, _ in contents), rows)
+
+
+class Contents:
+    """The duplicate check of a row build (engines/local.py's _Contents on columns): digests and
+    rows gathered per shard, sorted once; members are made only for digests held by two rows."""
+
+    def __init__(self, path: str, assigned: Assigned, labels: LabelMap):
+        import numpy as np
+
+        self._path = path
+        top = int(assigned.rows.max()) + 1 if len(assigned.rows) else 0
+        self._split = np.zeros(top, np.int64)
+        self._split[assigned.rows] = assigned.splits
+        self._code = np.zeros(top, np.int64)
+        self._code[assigned.rows] = assigned.codes
+        self._names = assigned.names
+        # The label map's name of each code, as the shard writer records it.
+        self._label = [labels.names[i - labels.offset] if 0 <= i - labels.offset < len(labels.names) else ""
+                       for i in assigned.label_ids]
+        self._digests: List[bytes] = []
+        self._rows: List[Any] = []
+
+    def add(self, contents) -> None:
+        """One shard's contents: a RowContents, or (digest, member) pairs (a shard reused by --resume)."""
+        if not isinstance(contents, RowContents):
+            contents = RowContents.of(contents)
+        self._digests.append(contents.digests)
+        self._rows.append(contents.rows)
+
+    def groups(self) -> List[DuplicateGroup]:
+        """The DuplicateGroup of every digest two or more rows hold (stages.duplicate_group)."""
+        import numpy as np
+
+        from imagerecords.pipeline import stages
+
+        if not self._rows:
+            return []
+        rows = np.concatenate(self._rows)
+        halves = np.frombuffer(b"".join(self._digests), ">u8").reshape(-1, 2)
+        order = np.lexsort((halves[:, 1], halves[:, 0]))
+        ordered = halves[order]
+        same = (ordered[1:] == ordered[:-1]).all(axis=1)
+        found = []
+        start = 0
+        for end in (np.flatnonzero(~same) + 1).tolist() + [len(order)]:
+            if end - start > 1:
+                members = []
+                for i in rows[order[start:end]].tolist():
+                    uri = f"{self._path}{arrays.ROW_MARK}{i}"
+                    members.append((f"{_base(self._path)}:{i:09d}", self._names[self._split[i]], uri,
+                                    self._label[self._code[i]]))
+                group = stages.duplicate_group(ordered[start].astype(">u8").tobytes(), members)
+                if group is not None:
+                    found.append(group)
+            start = end
+        return found

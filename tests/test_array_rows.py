@@ -1,0 +1,201 @@
+"""The columnar arrays path (array_rows) against the ref path it replaces in the local engine.
+
+Each piece is compared value for value with the function it stands for: the NumPy plan with
+planning.plan_shards on random hashes, the hashes with refs.hash64, the splits with
+refs.assign_split, and whole shards (their refs, in order) with arrays.list_refs -> stages.assign
+-> engines.local.plan -> stages.shard_order on seeded arrays with rejected labels. Fixtures are
+seeded numpy arrays saved by the test.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import build
+from imagerecords.pipeline import array_rows, arrays, dataset_files, planning, stages
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.engines import local
+from imagerecords.pipeline.options import BuildOptions
+from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
+
+
+def _random_hashes(rng, n):
+    h = rng.integers(0, 2**64, n, dtype=np.uint64)
+    # Repeats, and many hashes in one bucket, as plan_shards' bucket walk must handle.
+    h[: n // 10] = h[n // 10: 2 * (n // 10)]
+    h[-(n // 5):] = (h[-(n // 5):] & np.uint64(0xFFFF)) | np.uint64(0x1234 << 48)
+    return h
+
+
+@pytest.mark.parametrize("n,shards", [(1, 1), (7, 3), (10, 10), (5, 9), (1000, 8), (20011, 64), (50000, 1)])
+def test_numpy_plan_is_plan_shards_shard_for_shard(n, shards):
+    rng = np.random.default_rng(n * 31 + shards)
+    h = _random_hashes(rng, n)
+    expected = planning.plan_shards("train", h.tolist(), 123, shards)
+    ordered = np.sort(h)
+    got = planning.plan_sorted("train", ordered, 123, shards)
+    assert got == expected
+    # Every hash lands in the same shard both ways.
+    cuts = np.searchsorted(ordered, np.array(got.boundaries, np.uint64), side="left").tolist()
+    for i, (lo, hi) in enumerate(zip([0] + cuts, cuts + [n])):
+        assert [expected.shard_of(v) for v in ordered[lo:hi].tolist()] == [i] * (hi - lo)
+
+
+def test_empty_split_plan_is_plan_shards():
+    assert planning.plan_sorted("test", np.zeros(0, np.uint64), 0, 3) == planning.plan_shards("test", [], 0, 3)
+
+
+def test_hashes_and_splits_are_the_refs_ones():
+    rows = np.array([0, 1, 2, 999, 123456, 999999999], np.int64)
+    path = "/some/where/dätä.npz"
+    got = array_rows.hashes("shuffle:7", path, rows).tolist()
+    assert got == [refs_lib.shuffle_hash(7, f"dätä.npz:{i:09d}") for i in rows.tolist()]
+    splits = (("train", 0.7), ("validation", 0.2), ("test", 0.1))
+    n = 20000
+    listed = array_rows.Listed(path, np.arange(n, dtype=np.int64), np.zeros(n, np.int64), ["3"], [], 4)
+    assigned = array_rows.assign(listed, LabelMap(tuple(map(str, range(4))), integer=True), splits, 5, 0)
+    names = [assigned.names[s] for s in assigned.splits.tolist()]
+    assert names == [refs_lib.assign_split(splits, 5, f"dätä.npz:{i:09d}") for i in range(n)]
+    assert set(names) == {"train", "validation", "test"}
+
+
+def _labels_int(n, rng):
+    y = rng.integers(0, 6, n).astype(np.int64)
+    y[[3, 50, 51]] = -1
+    y[[7, 90]] = arrays.MAX_CLASS_ID + 1
+    return y
+
+
+def _labels_names(n, rng):
+    y = np.array(["cat", "dog", "émeu", "b\u00e6r"])[rng.integers(0, 4, n)].astype("U8")
+    y[[2, 60]] = ""
+    y[[11]] = "bad\nname"
+    return y
+
+
+def _ref_path_shards(config, label_map):
+    """The ref path's shards: {shard key: refs in shard order}, its rejected rows and label map."""
+    rejected, refs = [], []
+    for h, r in local.list_inputs(config, None):
+        (rejected.append(r) if isinstance(r, Rejected) else refs.append((h, r)))
+    if label_map is None:
+        label_map = refs_lib.vocabulary(sorted({r.label for _, r in refs}), arrays.label_type(config),
+                                        config.label_offset)
+    kept = []
+    for h, r in refs:
+        out = stages.assign(r, label_map, tuple(config.splits) if config.splits else None, config.split_seed)
+        (rejected.append(out) if isinstance(out, Rejected) else kept.append((h, out)))
+    shards = local.plan(config, kept)
+    return {k: stages.shard_order(shards.take(k)) for k in shards.keys()}, shards.plans, rejected, label_map
+
+
+@pytest.mark.parametrize("labels", [_labels_int, _labels_names, None])
+@pytest.mark.parametrize("label_map", [None, LabelMap(("cat", "0", "1", "émeu"))])
+def test_rows_path_gives_the_ref_paths_shards(tmp_path, labels, label_map):
+    n = 3000
+    rng = np.random.default_rng(3)
+    arrays_in = {"image": rng.random((n, 4, 4), dtype=np.float32)}
+    if labels is not None:
+        arrays_in["label"] = labels(n, rng)
+    path = tmp_path / "data.npz"
+    np.savez(path, **arrays_in)
+    config = BuildOptions.make(str(path), str(tmp_path / "out"), splits={"train": 0.8, "test": 0.2}, seed=4,
+                               num_shards=5).config
+    assert array_rows.applies(config)
+    expected, plans, rejected, expected_map = _ref_path_shards(config, label_map)
+
+    got_rejected, got_map, shards, count, _ = local._plan_rows(config, label_map)
+    assert got_map == expected_map
+    assert shards.plans == plans
+    assert shards.keys() == sorted(expected)
+    assert count == sum(len(v) for v in expected.values())
+    for key in shards.keys():
+        assert shards.take(key).refs() == expected[key], key
+    order = lambda r: (r.split, r.key, r.uri, r.stage, r.reason)  # noqa: E731 (errors.jsonl's order)
+    assert sorted(got_rejected, key=order) == sorted(rejected, key=order)
+    assert rejected or (labels is None and label_map is None)  # the other fixtures do reject rows
+
+
+def test_build_through_rows_equals_build_through_refs(tmp_path, monkeypatch):
+    """A whole local build (worker processes) writes the same files either way."""
+    rng = np.random.default_rng(5)
+    n = 700
+    path = tmp_path / "digits.npz"
+    image, label, weight = rng.integers(0, 256, (n, 6, 6), dtype=np.uint8), _labels_int(n, rng), rng.random(n)
+    # Rows 100..139 repeat rows 0..39 whole: the duplicate check groups them (some across splits).
+    for a in (image, label, weight):
+        a[100:140] = a[0:40]
+    np.savez(path, image=image, label=label, weight=weight.astype(np.float32))
+    outputs = {}
+    for way in ("rows", "refs"):
+        if way == "refs":
+            monkeypatch.setattr(array_rows, "applies", lambda config: False)
+        out = tmp_path / way
+        build(str(path), str(out), "--splits", "train=0.9,test=0.1", "--num_shards", "3")
+        outputs[way] = out
+    files = {}
+    for way, out in outputs.items():
+        version = next(p for p in out.iterdir() if p.name.startswith("v-"))
+        files[way] = {p.relative_to(version).as_posix(): p.read_bytes() for p in version.rglob("*") if p.is_file()}
+        files[way]["errors.jsonl"] = (out / "errors.jsonl").read_bytes()
+        files[way]["duplicates.jsonl"] = (out / "duplicates.jsonl").read_bytes()
+    assert sorted(files["rows"]) == sorted(files["refs"])
+    for name in files["rows"]:
+        assert files["rows"][name] == files["refs"][name], name
+    assert files["rows"]["errors.jsonl"].count(b"\n") == 7  # rows 3 and 7 are repeated too
+    assert files["rows"]["duplicates.jsonl"].count(b"\n") == 38  # 40 repeats less the 2 rejected
+    assert b'"leak": true' in files["rows"]["duplicates.jsonl"]
+
+
+TEXTS = ["plain", "ünï\u2028code", 'q"uo\\te', "\x00ctl\x7f", "😀", "", "a/b#row=3"]
+
+
+def test_fingerprint_lines_are_json_dumps():
+    for a in TEXTS:
+        for b in TEXTS:
+            row = [a, b, b, 5, a, -1, 12345678901234, "123:456"]
+            assert stages._json_list(row) == json.dumps(row) + "\n"
+    assert stages._json_list(["a", None, 1.5, True, [1]]) == json.dumps(["a", None, 1.5, True, [1]]) + "\n"
+
+
+def test_keys_file_is_json_dumps_per_row():
+    rows = [(a, b, size, bytes(range(i, i + 16))) for i, (a, b) in enumerate((a, b) for a in TEXTS for b in TEXTS)
+            for size in (-1, 0, 2**40)]
+    expected = b"".join(json.dumps({"key": k, "label": label, "size": size, "digest": d.hex()}, sort_keys=True,
+                                   ensure_ascii=False).encode("utf-8") + b"\n" for k, label, size, d in rows)
+    assert dataset_files.format_keys(rows) == expected
+    assert dataset_files.format_keys([]) == b""
+
+
+def test_fingerprint_line_is_json_dumps(tmp_path):
+    image = tmp_path / "a.png"
+    image.write_bytes(b"x" * 10)
+    refs = [ImageRef("data.npz:000000007", "/d/data.npz#row=7", "3", "train", 3136, 3),
+            ImageRef("cat/a.png", str(image), "cät\u2028", "validation", 10, 0),
+            ImageRef("gone.png", str(tmp_path / "gone.png"), "dog", "train", -1, 1),
+            ImageRef("e.png", str(image), "dog", "train", 10, 1, extras='{"mask":"%s","w":[1.5]}' % image),
+            ImageRef("n.png", str(image), None, "", -1, -1)]
+    for r in refs:
+        for images in ((), ("mask",)):
+            expected = json.dumps([r.key, r.uri, r.label, r.label_id, r.split, r.size,
+                                   *([r.extras] if r.extras else []), *stages._read_files(r, images)]) + "\n"
+            assert stages._fingerprint_line(r, images, arrays.is_row) == expected
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_npz_members_open_as_np_load_reads_them(tmp_path, save):
+    rng = np.random.default_rng(9)
+    given = {"image": rng.random((5, 3, 2), dtype=np.float32), "fortran": np.asfortranarray(rng.random((4, 6))),
+             "label": np.array(["a", "bb", "ccc", "", "é"]), "flag": np.array([True, False, True]),
+             "empty": np.zeros((0, 3), np.int64), "big": rng.integers(0, 2**63, (7,), dtype=np.uint64)}
+    path = str(tmp_path / "x.npz")
+    save(path, **given)
+    arrays.open_arrays.cache_clear()
+    opened = arrays.open_arrays(path)
+    arrays.open_arrays.cache_clear()
+    assert sorted(opened) == sorted(given)
+    for name, a in given.items():
+        assert opened[name].dtype == a.dtype and opened[name].shape == a.shape and np.array_equal(opened[name], a)
+        # Stored members are mapped, not read; compressed ones cannot be.
+        assert isinstance(opened[name], np.memmap) == (save is np.savez and a.size > 0), name
