@@ -346,3 +346,12 @@ def test_a_missing_or_damaged_keys_file_is_replaced_by_reading_its_shard(tmp_pat
     # The old keys files are the old version's: an append reads them, never rewrites them.
     with open(keys_files[3], "rb") as f:
         assert f.read() == kept
+
+
+def test_keys_and_labels_with_unicode_line_separators_survive_the_keys_file():
+    from imagerecords.pipeline import dataset_files
+
+    rows = [("a\u2028b.jpg", "c\x85d", 12, b"\x01" * 16), ("e\u2029\x1cf.jpg", "g\rh", -1, b"\x02" * 16)]
+    data = dataset_files.format_keys(rows)
+    assert data.count(b"\n") == 2  # one line per row, whatever the names hold
+    assert dataset_files.parse_keys(data) == rows

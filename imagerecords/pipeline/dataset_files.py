@@ -103,7 +103,10 @@ def parse_keys(data: bytes) -> List[Tuple[str, str, int, bytes]]:
       ValueError: a line that is not a keys row.
     """
     rows = []
-    for line in data.decode("utf-8").splitlines():
+    # Split at "\n" only: str.splitlines also splits at U+2028, U+0085 and others, which a key may hold raw.
+    for line in data.decode("utf-8").split("\n"):
+        if not line:
+            continue
         d = json.loads(line)
         key, label, size, digest = d["key"], d["label"], d["size"], bytes.fromhex(d["digest"])
         if not (isinstance(key, str) and isinstance(label, str) and isinstance(size, int) and len(digest) == 16):
