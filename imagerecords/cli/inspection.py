@@ -48,7 +48,8 @@ def load(output: str) -> Manifest:
         return storage.read_bytes(path)
 
     try:
-        return manifest_lib.load(output, read, lambda _: STAGING in names)
+        # The side files too (a columnar split's histograms): verify checks them, the report uses them.
+        return manifest_lib.load(output, read, lambda _: STAGING in names, details=True)
     except manifest_lib.NotPublished as e:
         raise (errors.UnfinishedBuild if e.unfinished else errors.InputError)(str(e)) from None
     except ManifestError as e:
