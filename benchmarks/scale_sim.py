@@ -34,16 +34,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What a reader host runs: the loader alone, timed after its imports.
 _LOAD = """
-import json, resource, sys, time
+import json, sys, time
 from imagerecords.reader.info import load_info
-def rss():
-    with open('/proc/self/statm') as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-base = rss()
+def status(field):
+    # VmHWM is this process image's peak; ru_maxrss would carry the launcher's peak across exec.
+    with open('/proc/self/status') as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ':'))
+base = status('VmRSS')
 start = time.perf_counter()
 info = load_info(sys.argv[1])
 seconds = time.perf_counter() - start
-peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, rss())  # maxrss is updated lazily
+peak = max(status('VmHWM'), status('VmRSS'))
 print(json.dumps({"load_s": seconds, "added_mb": (peak - base) / 1e6,
                   "records": sum(s.num_examples for s in info.splits.values()),
                   "shards": sum(len(s.shards) for s in info.splits.values())}))
