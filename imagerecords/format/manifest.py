@@ -22,9 +22,10 @@ FORMAT_VERSION = 2
 # label histograms in a side file (Split.side); written only then, so smaller builds keep version 2.
 COLUMNS_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
-# Below this many shards a split keeps one row per shard (every build the golden pins cover); at
-# 1B images (572,917 shards) rows with histograms are ~10 GB of JSON, columns ~60 MB.
-COLUMNS_FROM = 10_000
+# Below this many shards a split keeps one row per shard (every build the golden pins cover). A row
+# with ImageNet's histogram is ~18 KB (docs/scale.md): 1,000 rows load in ~1 s, 5,730 (10M images)
+# took 27 s; at 1B images (572,917 shards) rows would be ~10 GB of JSON, columns are 58 MB.
+COLUMNS_FROM = 1_000
 SHARDS_SUFFIX = ".shards.jsonl"  # <version>/<split>.shards.jsonl: a columnar split's per-shard histograms
 # Index files live in a sub-folder of the version folder, `index/<shard file name>.idx` (see
 # imagerecords.pipeline.dataset_files, which writes them).
