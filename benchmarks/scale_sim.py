@@ -185,11 +185,14 @@ def simulate(sizes: List[int], image_bytes: int, classes: int, target_shard_mb: 
                 row.update(load_in_reader(folder))
                 row["measured"] = True
                 if not full and row["shards"] >= columns_from:
-                    # The manifest is measured; the side file held one pair per shard, not ~825.
+                    # The manifest is measured; what holds every histogram (the side file, the
+                    # staged results) held one pair per shard, not ~825: extrapolated per shard.
                     row["one_label_histograms"] = True
                     row["label_pairs"] = expected_pairs
-                    if measured is not None and measured.get("side_file_mb"):
-                        row["side_file_mb"] = measured["side_file_mb"] * row["shards"] / measured["shards"]
+                    if measured is not None:
+                        scale = row["shards"] / measured["shards"]
+                        for key in ("side_file_mb", "results_mb", "label_pairs"):
+                            row[key] = measured[key] * scale
                 shutil.rmtree(folder, ignore_errors=True)
                 if full:
                     measured = row
