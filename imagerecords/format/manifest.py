@@ -570,6 +570,8 @@ class Manifest:
                 except FileNotFoundError:
                     raise ManifestError(f"{path}: missing; {MANIFEST} lists it as the per-shard histograms of "
                                         f"split {split.name!r} (restore it, or rebuild with --overwrite)") from None
+                except OSError as e:  # an object store's own error for a missing or unreadable object
+                    raise ManifestError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
                 split = split.with_details(data, path)
             splits.append(split)
         return dataclasses.replace(self, splits=tuple(splits))
