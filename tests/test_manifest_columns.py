@@ -168,3 +168,32 @@ def test_an_append_onto_the_columnar_form_keeps_old_and_new_shards(built, tmp_pa
     assert inspection.verify(out, records=True)[0] == []
     info = load_info(out)
     assert sum(s.num_examples for s in info.splits.values()) == after.num_examples
+
+
+def _manifest(filenames):
+    shards = tuple(manifest_lib.Shard(i, name, 5, 100, hashlib.sha256(name.encode()).hexdigest(), ((0, 5),), 5)
+                   for i, name in enumerate(filenames))
+    return manifest_lib.Manifest("ds", "tfds", ("a",), 0, False, 0, {}, (manifest_lib.Split("train", shards),), 0,
+                                 version="v-1")
+
+
+def test_a_split_whose_names_are_off_the_pattern_keeps_its_rows():
+    named = _manifest([f"v-1/{manifest_lib.shard_file_name('ds', 'train', i, 2)}" for i in range(2)])
+    columnar, files = named.with_side_files(1)
+    assert [name for name, _ in files] == ["v-1/train.shards.jsonl"] and json.loads(columnar.dumps())["format_version"] == 3
+    odd = _manifest(["v-1/ds-train.tfrecord-0-of-2", "v-1/other-name"])
+    kept, files = odd.with_side_files(1)
+    assert files == [] and kept == odd and json.loads(kept.dumps())["format_version"] == 2
+
+
+def test_columns_that_disagree_are_refused_in_one_line():
+    columnar, _ = _manifest([f"v-1/{manifest_lib.shard_file_name('ds', 'train', i, 2)}" for i in range(2)]
+                            ).with_side_files(1)
+    d = json.loads(columnar.dumps())
+    d["splits"]["train"]["columns"]["count"].pop()
+    with pytest.raises(manifest_lib.ManifestError, match=r"manifest.json: malformed .*disagree: 1 counts, 2 sizes"):
+        manifest_lib.Manifest.from_json(d)
+    d = json.loads(columnar.dumps())
+    d["splits"]["train"]["columns"]["files"][0][0] = ".."
+    with pytest.raises(manifest_lib.ManifestError, match="shard folder '..'"):
+        manifest_lib.Manifest.from_json(d)
