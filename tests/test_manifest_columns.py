@@ -197,3 +197,21 @@ def test_columns_that_disagree_are_refused_in_one_line():
     d["splits"]["train"]["columns"]["files"][0][0] = ".."
     with pytest.raises(manifest_lib.ManifestError, match="shard folder '..'"):
         manifest_lib.Manifest.from_json(d)
+
+
+def test_a_commit_cut_after_staging_the_side_file_is_finished_with_it(tmp_path, monkeypatch):
+    from test_failures import cli_run, kill_at
+
+    root = tmp_path / "images"
+    example_images.write_tree(str(root), per_class=3)
+    out = tmp_path / "ds"
+    monkeypatch.setenv("IMAGERECORDS_TEST_COLUMNS_FROM", "1")
+    kill_at("in_commit", root, out, str(tmp_path))  # the side file is staged and named in the commit record
+    assert not (out / "manifest.json").exists()
+    code, _, err = cli_run("finish", out)
+    assert code == 0, err
+    m = _json(out / "manifest.json")
+    assert m["format_version"] == 3
+    for split in m["splits"].values():
+        assert hashlib.sha256(_read(out / split["shards_file"])).hexdigest() == split["shards_sha256"]
+    assert inspection.verify(str(out), records=True)[0] == []
