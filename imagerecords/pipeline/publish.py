@@ -758,7 +758,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         elif not storage.exists(storage.join(output, filename)):
             raise UnfinishedBuild(f"cannot publish {output}: {filename} is neither staged nor in place; "
                                   "rerun `imagerecords build ... --overwrite`")
-    if on_gcs and len(staged) < len(manifest.shard_files()):  # a commit being redone moved some already
+    if on_gcs and len(staged) < len(manifest.shard_files()) + len(manifest.side_files):  # a redone commit moved some
         metadata.update(storage.gcs_objects(storage.join(output, folder)))
     # 1. Every file is what its writer wrote: a late writer of another build cannot slip one in.
     check_staged(output, manifest, staged, reported, metadata)
