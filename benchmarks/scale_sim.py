@@ -8,9 +8,12 @@ makes one synthetic shard result per shard (a count, a size, a sha256, a label h
 uniformly over --classes), turns them into manifest.json with the commit's own steps
 (BuildResults.manifest, the commit record, TFDS's metadata files, Manifest.dumps), and loads that
 file in a fresh process with the reader's loader (reader.load_info), reporting its wall time and
-the RSS it added. Sizes whose manifest holds more than --max_label_pairs (shard, label) pairs are
-not built: their figures are extrapolated, linearly in shards, from the largest built size, and
-marked so. Requests the commit makes per file on an object store are counted, and turned into
+the RSS it added. A split of --columns_from shards or more is written as columns with its
+histograms in a side file (format 3, as the commit does); such a manifest is always built, and where
+the histograms would exceed --max_label_pairs (shard, label) pairs each shard gets a one-label
+histogram instead (the summed histogram still spans every class; only the side file's size is then
+extrapolated). Row-form manifests over --max_label_pairs are not built: their figures are
+extrapolated, linearly in shards, from the largest built size, and marked so. Requests the commit makes per file on an object store are counted, and turned into
 time with --request_ms (an assumption, printed beside the figure).
 """
 
@@ -31,16 +34,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What a reader host runs: the loader alone, timed after its imports.
 _LOAD = """
-import json, resource, sys, time
+import json, sys, time
 from imagerecords.reader.info import load_info
-def rss():
-    with open('/proc/self/statm') as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-base = rss()
+def status(field):
+    # VmHWM is this process image's peak; ru_maxrss would carry the launcher's peak across exec.
+    with open('/proc/self/status') as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ':'))
+base = status('VmRSS')
 start = time.perf_counter()
 info = load_info(sys.argv[1])
 seconds = time.perf_counter() - start
-peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, rss())  # maxrss is updated lazily
+peak = max(status('VmHWM'), status('VmRSS'))
 print(json.dumps({"load_s": seconds, "added_mb": (peak - base) / 1e6,
                   "records": sum(s.num_examples for s in info.splits.values()),
                   "shards": sum(len(s.shards) for s in info.splits.values())}))
@@ -58,8 +62,10 @@ def ref_bytes(uri_length: int = 60) -> int:
     return len(ImageRefCoder().encode(ref)) + 10
 
 
-def shard_results(images: int, num_shards: int, image_bytes: int, classes: int, seed: int = 0):
-    """One synthetic ShardResult per shard of one 'train' split, sizes as planning cuts them."""
+def shard_results(images: int, num_shards: int, image_bytes: int, classes: int, seed: int = 0,
+                  one_label: bool = False):
+    """One synthetic ShardResult per shard of one 'train' split, sizes as planning cuts them
+    (`one_label`: each shard's records all under label `index % classes`, a histogram of one pair)."""
     import numpy as np
 
     from imagerecords.format.manifest import Shard
@@ -71,7 +77,9 @@ def shard_results(images: int, num_shards: int, image_bytes: int, classes: int, 
     for i in range(num_shards):
         count = images * (i + 1) // num_shards - images * i // num_shards
         labels = ()
-        if classes:
+        if classes and one_label:
+            labels = ((i % classes, count),)
+        elif classes:
             hist = np.bincount(rng.integers(0, classes, count), minlength=classes)
             ids = np.flatnonzero(hist)
             labels = tuple(zip(ids.tolist(), hist[ids].tolist()))
@@ -82,14 +90,16 @@ def shard_results(images: int, num_shards: int, image_bytes: int, classes: int, 
     return out
 
 
-def build_manifest(folder: str, images: int, num_shards: int, image_bytes: int, classes: int) -> Dict[str, float]:
-    """Writes `folder`/manifest.json through the commit's own steps; returns their times and sizes."""
-    from imagerecords.format.manifest import dumps
+def build_manifest(folder: str, images: int, num_shards: int, image_bytes: int, classes: int,
+                   columns_from: Optional[int] = None, one_label: bool = False) -> Dict[str, float]:
+    """Writes `folder`/manifest.json (and a columnar split's side file) through the commit's own
+    steps; returns their times and sizes."""
+    from imagerecords.format.manifest import COLUMNS_FROM, dumps
     from imagerecords.pipeline import dataset_files, publish
     from imagerecords.pipeline.config import BuildConfig
 
     start = time.perf_counter()
-    shards = shard_results(images, num_shards, image_bytes, classes)
+    shards = shard_results(images, num_shards, image_bytes, classes, one_label=one_label)
     made = time.perf_counter()
     names = [f"c{i:05d}" for i in range(max(classes, 1))]
     config = BuildConfig(input="gs://bucket/in.csv", output=folder)
@@ -103,13 +113,15 @@ def build_manifest(folder: str, images: int, num_shards: int, image_bytes: int, 
     publish.BuildResults.from_json(json.loads(results_json))
     t2 = time.perf_counter()
     manifest = results.manifest(created="2026-01-01T00:00:00+00:00")
+    manifest, side_files = manifest.with_side_files(COLUMNS_FROM if columns_from is None else columns_from)
     record = dumps({"manifest": manifest.to_json(), "build_id": results.build_id})
     t3 = time.perf_counter()
     meta = dataset_files.metadata_files(manifest)
     data = manifest.dumps()
     t4 = time.perf_counter()
     os.makedirs(folder, exist_ok=True)
-    for name, content in meta:
+    for name, content in [*side_files, *meta]:
+        os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
         with open(os.path.join(folder, name), "wb") as f:
             f.write(content)
     with open(os.path.join(folder, "manifest.json"), "wb") as f:
@@ -120,6 +132,7 @@ def build_manifest(folder: str, images: int, num_shards: int, image_bytes: int, 
             "commit_manifest_steps_s": (t5 - t4) + (t4 - t2), "results_mb": len(results_json) / 1e6,
             "record_mb": len(record) / 1e6, "manifest_mb": len(data) / 1e6,
             "metadata_mb": sum(len(c) for _, c in meta) / 1e6,
+            "side_file_mb": sum(len(c) for _, c in side_files) / 1e6, "columns": bool(side_files),
             "label_pairs": sum(len(r.shard.labels) for r in shards)}
 
 
@@ -151,9 +164,12 @@ def sums(images: int, image_bytes: int, classes: int, target_shard_mb: float, mi
 
 
 def simulate(sizes: List[int], image_bytes: int, classes: int, target_shard_mb: float, min_shards: int,
-             request_ms: float, parallel_requests: int, max_label_pairs: int, work: Optional[str] = None
-             ) -> List[Dict[str, float]]:
+             request_ms: float, parallel_requests: int, max_label_pairs: int, work: Optional[str] = None,
+             columns_from: Optional[int] = None) -> List[Dict[str, float]]:
     """Every size's figures; measured where the manifest is built, else extrapolated (marked)."""
+    from imagerecords.format.manifest import COLUMNS_FROM
+
+    columns_from = COLUMNS_FROM if columns_from is None else columns_from
     rows = []
     work = work or tempfile.mkdtemp(prefix="imagerecords-scale-")
     measured: Optional[Dict[str, float]] = None
@@ -161,13 +177,25 @@ def simulate(sizes: List[int], image_bytes: int, classes: int, target_shard_mb: 
         for images in sizes:
             row = sums(images, image_bytes, classes, target_shard_mb, min_shards, request_ms, parallel_requests)
             expected_pairs = row["shards"] * min(classes, row["images_per_shard"])
-            if expected_pairs <= max_label_pairs or measured is None:
+            full = expected_pairs <= max_label_pairs
+            if full or measured is None or row["shards"] >= columns_from:
                 folder = os.path.join(work, f"n{images}")
-                row.update(build_manifest(folder, images, row["shards"], image_bytes, classes))
+                row.update(build_manifest(folder, images, row["shards"], image_bytes, classes, columns_from,
+                                          one_label=not full and row["shards"] >= columns_from))
                 row.update(load_in_reader(folder))
                 row["measured"] = True
+                if not full and row["shards"] >= columns_from:
+                    # The manifest is measured; what holds every histogram (the side file, the
+                    # staged results) held one pair per shard, not ~825: extrapolated per shard.
+                    row["one_label_histograms"] = True
+                    row["label_pairs"] = expected_pairs
+                    if measured is not None:
+                        scale = row["shards"] / measured["shards"]
+                        for key in ("side_file_mb", "results_mb", "label_pairs"):
+                            row[key] = measured[key] * scale
                 shutil.rmtree(folder, ignore_errors=True)
-                measured = row
+                if full:
+                    measured = row
             else:
                 scale = row["shards"] / measured["shards"]
                 for key in ("manifest_mb", "results_mb", "record_mb", "metadata_mb", "commit_manifest_steps_s",
@@ -187,6 +215,9 @@ def table(rows: List[Dict[str, float]], promise_s: float = 5.0, promise_mb: floa
     for r in rows:
         verdict = "ok" if r["load_s"] <= promise_s and r["added_mb"] <= promise_mb else "BREAKS the reader promise"
         source = "measured" if r["measured"] else f"extrapolated from {r['extrapolated_from']:,}"
+        source += ", columns + side file" if r.get("columns") else ", rows"
+        if r.get("one_label_histograms"):
+            source += " (side file of one-label histograms)"
         lines.append(f"{r['images']:>14,} {r['shards']:>8,} {r['shuffle_gb']:>10,.1f} {r['manifest_mb']:>12,.1f} "
                      f"{r['load_s']:>8,.2f} {r['added_mb']:>9,.0f} {r['commit_manifest_steps_s']:>17,.2f} "
                      f"{r['commit_renames_serial_h']:>18,.2f}  {source}; {verdict}")
@@ -203,6 +234,9 @@ def main(argv=None) -> int:
     p.add_argument("--parallel_requests", type=int, default=32, help="assumed concurrent requests")
     p.add_argument("--max_label_pairs", type=int, default=20_000_000,
                    help="build manifests up to this many (shard, label) pairs; extrapolate larger ones")
+    p.add_argument("--columns_from", type=int, default=None,
+                   help="shards per split from which the manifest holds columns (default: the builder's "
+                        "format.manifest.COLUMNS_FROM; a number above every size writes rows, as before format 3)")
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
     from imagerecords.pipeline.config import BuildConfig
@@ -210,7 +244,7 @@ def main(argv=None) -> int:
     defaults = BuildConfig(input="in.csv", output="out")
     rows = simulate([int(float(x)) for x in a.images.split(",")], a.image_bytes, a.classes,
                     a.target_shard_mb or defaults.target_shard_mb, defaults.min_shards, a.request_ms,
-                    a.parallel_requests, a.max_label_pairs)
+                    a.parallel_requests, a.max_label_pairs, columns_from=a.columns_from)
     print(f"{a.image_bytes:,} B per image, {a.classes} classes, shards of "
           f"{a.target_shard_mb or defaults.target_shard_mb:g} MB, {rows[0]['ref_bytes']} B per ref, "
           f"object-store requests of {a.request_ms:g} ms (assumed)")

@@ -139,3 +139,20 @@ def test_failed_rebuild_and_kills_leave_the_gcs_dataset_whole(emulator, publishe
         os.environ.update(saved)
     same_as_local(emulator, out, local)
     assert not emulator.list(f"{out}/{STAGING}/") and not emulator.list(f"{out}/{LOCK}")
+
+
+def test_a_columnar_build_on_gcs_publishes_what_a_local_one_does(emulator, published, tmp_path, monkeypatch):
+    from imagerecords.cli import inspection
+
+    root, _, bucket = published
+    monkeypatch.setenv("IMAGERECORDS_TEST_COLUMNS_FROM", "1")  # every split as columns, with a side file
+    local = tmp_path / "columns"
+    build(root, local, *ARGS[:-1])
+    images, out = f"gs://{bucket}/images", f"gs://{bucket}/columns"
+    with emulator.activated():
+        build(images, out, *ARGS[:-1])
+        same_as_local(emulator, out, local)
+        files = visible(emulator, out)
+        assert json.loads(files[MANIFEST])["format_version"] == 3
+        assert sum(name.endswith(".shards.jsonl") for name in files) == 2
+        assert inspection.verify(out, records=True)[0] == []

@@ -76,3 +76,32 @@ def test_planning_pass_lists_assigns_and_plans_every_row(tmp_path):
     assert figures["shards"] == 8  # min_shards: the inputs are far below one shard's size
     assert figures["peak_rss_mb"] >= figures["base_rss_mb"] > 0
     assert figures["total_s"] == pytest.approx(figures["list_s"] + figures["assign_s"] + figures["plan_s"])
+
+
+def test_a_columnar_simulated_manifest_loads_slim_and_its_side_file_holds_the_histograms(tmp_path):
+    # The 1B figures' form at a small size: columns from 10 shards, so the 100 shards go into columns.
+    folder = str(tmp_path / "ds")
+    figures = scale_sim.build_manifest(folder, 5000, 100, 20_000, classes=7, columns_from=10)
+    assert figures["columns"] and figures["side_file_mb"] > 0
+    with open(os.path.join(folder, "manifest.json")) as f:
+        written = json.load(f)
+    assert written["format_version"] == 3 and "shards" not in written["splits"]["train"]
+    slim = manifest_lib.load(folder, _read, os.path.exists)
+    (split,) = slim.splits
+    assert isinstance(split.shards, manifest_lib.ShardColumns) and split.counts == [50] * 100
+    assert sum(n for _, n in split.label_counts) == 5000 and {k for k, _ in split.label_counts} <= set(range(7))
+    full = manifest_lib.load(folder, _read, os.path.exists, details=True)
+    assert [sum(n for _, n in s.labels) for s in full.splits[0].shards] == [50] * 100
+    assert figures["label_pairs"] == sum(len(s.labels) for s in full.splits[0].shards)
+    loaded = scale_sim.load_in_reader(folder)
+    assert loaded["records"] == 5000 and loaded["shards"] == 100
+
+
+def test_simulation_builds_columnar_sizes_past_the_label_pairs_with_one_label_histograms():
+    rows = scale_sim.simulate([3000, 30000], image_bytes=20_000, classes=5, target_shard_mb=1.0, min_shards=8,
+                              request_ms=50.0, parallel_requests=10, max_label_pairs=1000, columns_from=100)
+    small, large = rows
+    assert small["measured"] and not small.get("columns") and small["label_pairs"] == 60 * 5
+    assert large["measured"] and large["columns"] and large["one_label_histograms"]
+    assert large["records"] == 30000 and large["shards"] == 600 and large["label_pairs"] == 600 * 5
+    assert "columns + side file" in scale_sim.table(rows)

@@ -26,10 +26,12 @@ def _names(folder: str) -> List[str]:
 
 
 def _present(output: str, manifest: Manifest) -> set:
-    """Names (relative to `output`) of the files there and in the manifest's version folder."""
+    """Names (relative to `output`) of the files there and in the version folders the manifest lists
+    (an appended dataset's earlier shards stay in their own folder)."""
     names = set(_names(output))
-    if manifest.version:
-        names.update(f"{manifest.version}/{n}" for n in _names(join(output, manifest.version)))
+    folders = {manifest.version} | {v for folders in manifest.listed_folders.values() for v in folders}
+    for folder in sorted(f for f in folders if f and f != manifest_lib.FLAT_LAYOUT):
+        names.update(f"{folder}/{n}" for n in _names(join(output, folder)))
     return names
 
 
@@ -48,7 +50,8 @@ def load(output: str) -> Manifest:
         return storage.read_bytes(path)
 
     try:
-        return manifest_lib.load(output, read, lambda _: STAGING in names)
+        # The side files too (a columnar split's histograms): verify checks them, the report uses them.
+        return manifest_lib.load(output, read, lambda _: STAGING in names, details=True)
     except manifest_lib.NotPublished as e:
         raise (errors.UnfinishedBuild if e.unfinished else errors.InputError)(str(e)) from None
     except ManifestError as e:

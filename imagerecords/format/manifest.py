@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
+import collections.abc
 import dataclasses
+import hashlib
 import json
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+import re
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from imagerecords.format.paths import inside_problem, join, segment_problem
 
@@ -14,7 +18,19 @@ DUPLICATES = "duplicates.jsonl"
 # Version 2: seed/name/schema are no longer repeated under `parameters`; `num_skipped` was added.
 # Version 1 manifests still read (the missing fields take their defaults).
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# Version 3: a split of COLUMNS_FROM shards or more holds its shards as columns and keeps their
+# label histograms in a side file (Split.side); written only then, so smaller builds keep version 2.
+COLUMNS_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+# Below this many shards a split keeps one row per shard (every build the golden pins cover). A row
+# with ImageNet's histogram is ~18 KB (docs/scale.md): 1,000 rows load in ~1 s, 5,730 (10M images)
+# took 27 s; at 1B images (572,917 shards) rows would be ~10 GB of JSON, columns are 58 MB.
+COLUMNS_FROM = 1_000
+SHARDS_SUFFIX = ".shards.jsonl"  # <version>/<split>.shards.jsonl: a columnar split's per-shard histograms
+# Index files live in a sub-folder of the version folder, `index/<shard file name>.idx` (see
+# imagerecords.pipeline.dataset_files, which writes them).
+INDEX_DIR = "index"
+INDEX_SUFFIX = ".idx"
 
 # Names inside an output folder that belong to the publish protocol (imagerecords.pipeline.publish). They
 # live here, in a module without Beam or TensorFlow, so the reader can name them in its errors.
@@ -103,29 +119,324 @@ class Shard:
                    image_kinds=tuple(sorted((str(k), int(v)) for k, v in dict(d.get("image_kinds") or {}).items())))
 
 
+def shard_file_name(name: str, split: str, index: int, num_shards: int) -> str:
+    """A shard's file name: the builder's pattern, from which a columnar split derives its names."""
+    return f"{name}-{split}.tfrecord-{index:05d}-of-{num_shards:05d}"
+
+
+def index_file_name(shard_filename: str) -> str:
+    """The index file of a shard named `shard_filename` (relative to the dataset folder): in the
+    `index` sub-folder of the shard's own folder."""
+    folder, _, plain = shard_filename.rpartition("/")
+    return f"{folder}/{INDEX_DIR}/{plain}{INDEX_SUFFIX}" if folder else f"{INDEX_DIR}/{plain}{INDEX_SUFFIX}"
+
+
+_HEX = re.compile("[0-9a-f]*")
+
+
+class ShardColumns(collections.abc.Sequence):
+    """A large split's shards as columns (format 3): a Shard is made only when one is asked for.
+
+    Counts and sizes are arrays of int64, digests one hex string, file names runs of the name
+    pattern; so 572,917 shards (1B images) load in one JSON parse of ~60 MB and no per-shard
+    object. Shards made here carry no label histograms (they are in the split's side file).
+
+    Attributes:
+      dataset, split: the names the shard files are derived from.
+      counts, sizes: records and bytes per shard, in shard order.
+      sha256: the shards' hex digests, concatenated.
+      runs: ((folder, first, num_shards, length, indexed), ...): `length` consecutive shards named
+        `folder/shard_file_name(dataset, split, first + k, num_shards)` ('' folder: the dataset
+        folder itself), with index files when `indexed`.
+      index_sha256: the index files' hex digests, concatenated, in shard order.
+    """
+
+    __slots__ = ("dataset", "split", "counts", "sizes", "sha256", "runs", "index_sha256", "_starts", "_index_starts")
+
+    def __init__(self, dataset: str, split: str, counts: Sequence[int], sizes: Sequence[int], sha256: str,
+                 runs: Sequence[Tuple[str, int, int, int, bool]], index_sha256: str = ""):
+        import array
+
+        self.dataset, self.split = dataset, split
+        self.counts, self.sizes = array.array("q", counts), array.array("q", sizes)
+        self.sha256, self.index_sha256 = sha256, index_sha256
+        self.runs = tuple((str(f), int(a), int(n), int(k), bool(x)) for f, a, n, k, x in runs)
+        self._starts, self._index_starts = [], []
+        at = indexed = 0
+        for _, first, of, length, has_index in self.runs:
+            if length < 1 or first < 0 or first + length > of:
+                raise ValueError(f"a file run of split {split!r} names shards {first}..{first + length - 1} of {of}")
+            self._starts.append(at)
+            self._index_starts.append(indexed)
+            at += length
+            indexed += length if has_index else 0
+        n = len(self.counts)
+        if len(self.sizes) != n or at != n or len(sha256) != 64 * n or len(index_sha256) != 64 * indexed:
+            raise ValueError(f"the columns of split {split!r} disagree: {n} counts, {len(self.sizes)} sizes, "
+                             f"{len(sha256) / 64:g} digests, {at} file names, {len(index_sha256) / 64:g} index "
+                             f"digests for {indexed} index files")
+        if not (_HEX.fullmatch(sha256) and _HEX.fullmatch(index_sha256)):
+            raise ValueError(f"the digests of split {split!r} are not lowercase hex")
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self.counts)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"shard {i} of a split of {n}")
+        r = bisect.bisect_right(self._starts, i) - 1
+        folder, first, of, _, indexed = self.runs[r]
+        k = i - self._starts[r]
+        plain = shard_file_name(self.dataset, self.split, first + k, of)
+        filename = f"{folder}/{plain}" if folder else plain
+        index_file = index_sha256 = None
+        if indexed:
+            j = self._index_starts[r] + k
+            index_file, index_sha256 = index_file_name(filename), self.index_sha256[64 * j:64 * j + 64]
+        return Shard(i, filename, self.counts[i], self.sizes[i], self.sha256[64 * i:64 * i + 64],
+                     index_file=index_file, index_sha256=index_sha256)
+
+    def __iter__(self) -> Iterator["Shard"]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, collections.abc.Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # equal to a tuple of the same shards, which hashes otherwise
+
+    def __repr__(self) -> str:
+        return f"ShardColumns({self.split!r}, {len(self)} shards)"
+
+    @property
+    def total_count(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+    def to_json(self) -> Dict[str, Any]:
+        out = {"count": self.counts.tolist(), "num_bytes": self.sizes.tolist(), "sha256": self.sha256,
+               "files": [list(r) for r in self.runs]}
+        if self.index_sha256:
+            out["index_sha256"] = self.index_sha256
+        return out
+
+    @classmethod
+    def from_json(cls, dataset: str, split: str, d: Mapping[str, Any]) -> "ShardColumns":
+        """Reads a split's `columns`.
+
+        Raises:
+          ManifestError: a folder that leads outside the dataset folder.
+          ValueError, TypeError, KeyError: columns that are malformed or disagree.
+        """
+        runs = []
+        for folder, first, of, length, indexed in d["files"]:
+            if folder:
+                _check_inside("shard folder", folder, one_part=True)
+            if not all(type(v) is int for v in (first, of, length)) or type(indexed) is not bool:
+                raise TypeError(f"a file run of split {split!r} is not [folder, first, of, length, indexed]")
+            runs.append((folder, first, of, length, indexed))
+        counts, sizes = d["count"], d["num_bytes"]
+        if not (isinstance(counts, list) and isinstance(sizes, list) and isinstance(d["sha256"], str)
+                and isinstance(d.get("index_sha256", ""), str)):
+            raise TypeError(f"the columns of split {split!r} are not lists and hex strings")
+        return cls(dataset, split, counts, sizes, d["sha256"], runs, d.get("index_sha256", ""))
+
+    @classmethod
+    def encode(cls, dataset: str, split: str, shards: Sequence["Shard"]) -> Optional["ShardColumns"]:
+        """`shards` as columns, or None when one of them does not fit (a file name off the pattern,
+        an index out of order): such a split keeps its rows."""
+        if isinstance(shards, ShardColumns):
+            return shards
+        pattern = re.compile(re.escape(f"{dataset}-{split}.tfrecord-") + r"(\d{5,})-of-(\d{5,})")
+        runs: List[List[Any]] = []
+        digests, index_digests = [], []
+        for position, s in enumerate(shards):
+            folder, _, plain = s.filename.rpartition("/")
+            m = pattern.fullmatch(plain)
+            if s.index != position or not m or len(s.sha256) != 64 or not _HEX.fullmatch(s.sha256):
+                return None
+            first, of = int(m.group(1)), int(m.group(2))
+            if shard_file_name(dataset, split, first, of) != plain:
+                return None
+            indexed = s.index_file is not None
+            if indexed and (s.index_file != index_file_name(s.filename) or not s.index_sha256
+                            or len(s.index_sha256) != 64 or not _HEX.fullmatch(s.index_sha256)):
+                return None
+            if not indexed and s.index_sha256:
+                return None
+            last = runs[-1] if runs else None
+            if last and last[0] == folder and last[2] == of and last[4] == indexed and last[1] + last[3] == first:
+                last[3] += 1
+            else:
+                runs.append([folder, first, of, 1, indexed])
+            digests.append(s.sha256)
+            if indexed:
+                index_digests.append(s.index_sha256)
+        try:
+            return cls(dataset, split, [s.count for s in shards], [s.num_bytes for s in shards], "".join(digests),
+                       runs, "".join(index_digests))
+        except ValueError:
+            return None
+
+
+@dataclasses.dataclass(frozen=True)
+class SideFile:
+    """Where a columnar split keeps what its columns leave out, and what the split sums of it.
+
+    Attributes:
+      filename: the side file (relative to the dataset folder), `<version>/<split>.shards.jsonl`:
+        one JSON line per shard, {index, labels, passthrough[, image_kinds]}.
+      sha256: its hex digest; whoever loads it refuses other bytes.
+      labels: ((label id, records), ...) summed over the split's shards, sorted by id.
+      image_kinds: ((kind, records), ...) summed likewise (empty for 'jpeg' builds).
+      passthrough: records stored as their source bytes, summed likewise.
+    """
+
+    filename: str
+    sha256: str
+    labels: Tuple[Tuple[int, int], ...] = ()
+    image_kinds: Tuple[Tuple[str, int], ...] = ()
+    passthrough: int = 0
+
+
+def _side_row(shard: "Shard") -> bytes:
+    row = {"index": shard.index, "labels": {str(k): v for k, v in shard.labels}, "passthrough": shard.passthrough}
+    if shard.image_kinds:
+        row["image_kinds"] = dict(shard.image_kinds)
+    return json.dumps(row, sort_keys=True, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def _summed(pairs) -> Tuple[Tuple[Any, int], ...]:
+    out: Dict[Any, int] = {}
+    for key, n in pairs:
+        out[key] = out.get(key, 0) + n
+    return tuple(sorted(out.items()))
+
+
 @dataclasses.dataclass(frozen=True)
 class Split:
     """One split and its shards, in shard order.
 
     Attributes:
       name: split name.
-      shards: the split's shards sorted by index.
+      shards: the split's shards sorted by index: a tuple, or ShardColumns for a split loaded from
+        columns (its shards carry no histograms until Manifest.with_details reads them).
+      side: for a split written as columns, its side file and the sums the manifest keeps of it;
+        None for a split written as rows (or whose side file was read back into its shards).
     """
 
     name: str
-    shards: Tuple[Shard, ...]
+    shards: Sequence[Shard]
+    side: Optional[SideFile] = None
 
     @property
     def num_examples(self) -> int:
+        if isinstance(self.shards, ShardColumns):
+            return self.shards.total_count
         return sum(s.count for s in self.shards)
 
     @property
     def num_bytes(self) -> int:
+        if isinstance(self.shards, ShardColumns):
+            return self.shards.total_bytes
         return sum(s.num_bytes for s in self.shards)
 
-    def to_json(self) -> Dict[str, Any]:
-        return {"num_examples": self.num_examples, "num_bytes": self.num_bytes,
-                "shards": [s.to_json() for s in self.shards]}
+    @property
+    def counts(self) -> List[int]:
+        """Records per shard, in shard order (read from the columns, without making a Shard each)."""
+        if isinstance(self.shards, ShardColumns):
+            return self.shards.counts.tolist()
+        return [s.count for s in self.shards]
+
+    @property
+    def label_counts(self) -> Tuple[Tuple[int, int], ...]:
+        """((label id, records), ...) of the split, sorted by id: the side file's sums when it has one."""
+        if self.side is not None:
+            return self.side.labels
+        return _summed(pair for s in self.shards for pair in s.labels)
+
+    @property
+    def image_kinds(self) -> Tuple[Tuple[str, int], ...]:
+        if self.side is not None:
+            return self.side.image_kinds
+        return _summed(pair for s in self.shards for pair in s.image_kinds)
+
+    def to_json(self, dataset: str = "") -> Dict[str, Any]:
+        out = {"num_examples": self.num_examples, "num_bytes": self.num_bytes}
+        if self.side is None:
+            return {**out, "shards": [s.to_json() for s in self.shards]}
+        columns = ShardColumns.encode(dataset, self.name, self.shards)
+        if columns is None:
+            raise ValueError(f"split {self.name!r} has a side file but shards that do not fit in columns")
+        return {**out, "columns": columns.to_json(), "labels": {str(k): v for k, v in self.side.labels},
+                "passthrough": self.side.passthrough, "shards_file": self.side.filename,
+                "shards_sha256": self.side.sha256,
+                **({"image_kinds": dict(self.side.image_kinds)} if self.side.image_kinds else {})}
+
+    @classmethod
+    def from_json(cls, dataset: str, name: str, entry: Mapping[str, Any]) -> "Split":
+        if "columns" not in entry:
+            return cls(name, tuple(sorted((Shard.from_json(s) for s in entry["shards"]), key=lambda s: s.index)))
+        _check_inside("shards file", entry["shards_file"])
+        side = SideFile(str(entry["shards_file"]), str(entry["shards_sha256"]),
+                        tuple(sorted((int(k), int(v)) for k, v in dict(entry.get("labels") or {}).items())),
+                        tuple(sorted((str(k), int(v)) for k, v in dict(entry.get("image_kinds") or {}).items())),
+                        int(entry.get("passthrough", 0)))
+        return cls(name, ShardColumns.from_json(dataset, name, entry["columns"]), side)
+
+    def side_file(self, dataset: str, version: Optional[str]) -> Tuple["Split", bytes]:
+        """This split written as columns: (the split as a loader reads it back, its shards held as
+        columns and naming its side file; the side file's bytes).
+
+        Raises:
+          ValueError: when its shards do not fit in columns (ShardColumns.encode).
+        """
+        columns = ShardColumns.encode(dataset, self.name, self.shards)
+        if columns is None:
+            raise ValueError(f"split {self.name!r}: its shards do not fit in columns")
+        data = b"".join(_side_row(s) for s in self.shards)
+        filename = f"{version}/{self.name}{SHARDS_SUFFIX}" if version else f"{self.name}{SHARDS_SUFFIX}"
+        side = SideFile(filename, hashlib.sha256(data).hexdigest(), self.label_counts, self.image_kinds,
+                        sum(s.passthrough for s in self.shards))
+        # Columns once, not at every dumps (a regex per shard: seconds at 572,917 shards).
+        return Split(self.name, columns, side), data
+
+    def with_details(self, data: bytes, source: str) -> "Split":
+        """This columnar split with its shards' histograms read from its side file's bytes `data`.
+
+        Raises:
+          ManifestError: naming `source` when the bytes are not the ones the manifest records.
+        """
+        got = hashlib.sha256(data).hexdigest()
+        if got != self.side.sha256:
+            raise ManifestError(f"{source}: sha256 {got[:12]}... is not the {self.side.sha256[:12]}... that "
+                                f"{MANIFEST} records for split {self.name!r}; the file was altered or damaged "
+                                "(restore it, or rebuild with --overwrite)")
+        shards = []
+        try:
+            lines = data.decode("utf-8").splitlines()
+            if len(lines) != len(self.shards):
+                raise ValueError(f"{len(lines)} rows for {len(self.shards)} shards")
+            for shard, line in zip(self.shards, lines):
+                row = json.loads(line)
+                if row["index"] != shard.index:
+                    raise ValueError(f"row of shard {row['index']} where shard {shard.index} belongs")
+                shards.append(dataclasses.replace(
+                    shard, labels=tuple(sorted((int(k), int(v)) for k, v in dict(row["labels"]).items())),
+                    passthrough=int(row.get("passthrough", 0)),
+                    image_kinds=tuple(sorted((str(k), int(v)) for k, v in dict(row.get("image_kinds") or {}).items()))))
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ManifestError(f"{source}: malformed ({type(e).__name__}: {e})") from None
+        return Split(self.name, tuple(shards))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,12 +517,7 @@ class Manifest:
         """{'format:channels:dtype': records} over every split; {'jpeg:3:uint8': all} for 'jpeg' builds."""
         if self.image_encoding == "jpeg":
             return {"jpeg:3:uint8": self.num_examples} if self.num_examples else {}
-        out: Dict[str, int] = {}
-        for split in self.splits:
-            for shard in split.shards:
-                for kind, count in shard.image_kinds:
-                    out[kind] = out.get(kind, 0) + count
-        return dict(sorted(out.items()))
+        return dict(_summed(pair for split in self.splits for pair in split.image_kinds))
 
     @property
     def split_names(self) -> Tuple[str, ...]:
@@ -227,9 +533,52 @@ class Manifest:
                     names.append(shard.index_file)
         return tuple(names)
 
+    @property
+    def side_files(self) -> Tuple[str, ...]:
+        """The side files of the columnar splits (relative to the dataset folder)."""
+        return tuple(s.side.filename for s in self.splits if s.side is not None)
+
+    def with_side_files(self, columns_from: int = COLUMNS_FROM) -> Tuple["Manifest", List[Tuple[str, bytes]]]:
+        """This manifest with every split of `columns_from` shards or more written as columns:
+        (that manifest, [(side file name, its bytes)] to write before it). A split whose shards do
+        not fit in columns (ShardColumns.encode) keeps its rows."""
+        splits, files = [], []
+        for split in self.splits:
+            if split.side is None and len(split.shards) >= columns_from:
+                try:
+                    split, data = split.side_file(self.name, self.version)
+                except ValueError:  # shards off the name pattern: the split keeps its rows
+                    pass
+                else:
+                    files.append((split.side.filename, data))
+            splits.append(split)
+        return dataclasses.replace(self, splits=tuple(splits)), files
+
+    def with_details(self, folder: str, read: Callable[[str], bytes]) -> "Manifest":
+        """This manifest with the columnar splits' per-shard histograms read from their side files
+        (what the report, verify and an append need; readers do not).
+
+        Raises:
+          ManifestError: naming the side file when it is missing, or not the bytes the manifest records.
+        """
+        splits = []
+        for split in self.splits:
+            if split.side is not None:
+                path = join(folder, split.side.filename)
+                try:
+                    data = read(path)
+                except FileNotFoundError:
+                    raise ManifestError(f"{path}: missing; {MANIFEST} lists it as the per-shard histograms of "
+                                        f"split {split.name!r} (restore it, or rebuild with --overwrite)") from None
+                except OSError as e:  # an object store's own error for a missing or unreadable object
+                    raise ManifestError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+                split = split.with_details(data, path)
+            splits.append(split)
+        return dataclasses.replace(self, splits=tuple(splits))
+
     def to_json(self) -> Dict[str, Any]:
         return {
-            "format_version": FORMAT_VERSION,
+            "format_version": COLUMNS_VERSION if any(s.side for s in self.splits) else FORMAT_VERSION,
             "name": self.name,
             "schema": self.schema,
             "label_names": list(self.label_names),
@@ -237,7 +586,7 @@ class Manifest:
             "integer_labels": self.integer_labels,
             "seed": self.seed,
             "parameters": dict(self.parameters),
-            "splits": {s.name: s.to_json() for s in self.splits},
+            "splits": {s.name: s.to_json(self.name) for s in self.splits},
             "num_rejected": self.num_rejected,
             "num_skipped": self.num_skipped,
             "errors_file": self.errors_file,
@@ -274,9 +623,8 @@ class Manifest:
             raise ManifestError(f"{source}: format_version {version!r}; this imagerecords reads "
                                 f"{', '.join(map(str, READABLE_VERSIONS))}")
         try:
-            splits = tuple(
-                Split(name, tuple(sorted((Shard.from_json(s) for s in entry["shards"]), key=lambda s: s.index)))
-                for name, entry in sorted(dict(d["splits"]).items()))
+            splits = tuple(Split.from_json(str(d["name"]), name, entry)
+                           for name, entry in sorted(dict(d["splits"]).items()))
             manifest = cls(name=str(d["name"]), schema=str(d["schema"]), label_names=tuple(map(str, d["label_names"])),
                            label_offset=int(d.get("label_offset", 0)),
                            integer_labels=bool(d.get("integer_labels", False)),
@@ -331,7 +679,7 @@ class Manifest:
         return cls.from_json(parsed, source)
 
 
-def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool]) -> Manifest:
+def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool], details: bool = False) -> Manifest:
     """Reads `folder`/manifest.json: the one loader behind every reader, verify and the report.
 
     Each caller brings its own file access (plain files, TensorFlow's gfile, Beam's filesystems,
@@ -341,6 +689,7 @@ def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool
       folder: the dataset folder.
       read: returns a file's bytes; raises FileNotFoundError when it is not there.
       exists: whether a path exists (asked of the staging area only when there is no manifest).
+      details: also read the columnar splits' side files into their shards (Manifest.with_details).
 
     Raises:
       NotPublished: when there is no manifest.json (the message says whether an unfinished build
@@ -354,7 +703,8 @@ def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool
         if exists(join(folder, STAGING)):
             raise NotPublished(unfinished_hint(folder), unfinished=True) from None
         raise NotPublished(no_manifest_hint(folder), unfinished=False) from None
-    return Manifest.loads(data, path)
+    manifest = Manifest.loads(data, path)
+    return manifest.with_details(folder, read) if details else manifest
 
 
 def _check_inside(what: str, name: Any, one_part: bool = False) -> None:

@@ -61,3 +61,12 @@ def log_writer(filename: str, count: int) -> None:
         json.dump({"shard": filename, "records": count, "host": socket.gethostname(), "pid": os.getpid(),
                    "ppid": os.getppid(), "cpu_s": time.process_time()}, f)
     os.replace(tmp, path)
+
+
+def columns_from() -> int:
+    """Shards per split from which the manifest holds the split as columns (format.manifest.COLUMNS_FROM);
+    IMAGERECORDS_TEST_COLUMNS_FROM=N lowers it, so tests write the columnar form on small real builds."""
+    from imagerecords.format.manifest import COLUMNS_FROM
+
+    value = os.environ.get("IMAGERECORDS_TEST_COLUMNS_FROM")
+    return int(value) if value else COLUMNS_FROM

@@ -182,7 +182,8 @@ def load_base(config) -> Base:
                                 "build it first (without --append)")
     data = storage.read_bytes(path)
     try:
-        manifest = Manifest.loads(data, path)
+        # Its side files too: the merged manifest writes every shard's histogram again.
+        manifest = Manifest.loads(data, path).with_details(config.output, storage.read_bytes)
     except ManifestError as e:
         raise errors.OutputError(f"--append refused: {e}") from None
     _check_compatible(config, manifest)

@@ -7,7 +7,7 @@ import json
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from imagerecords.format import features as features_lib
-from imagerecords.format.manifest import MANIFEST, Manifest, Shard, Split, dumps
+from imagerecords.format.manifest import INDEX_DIR, INDEX_SUFFIX, MANIFEST, Manifest, Shard, Split, dumps
 
 DATASET_INFO = "dataset_info.json"
 FEATURES = "features.json"
@@ -16,9 +16,8 @@ FILEPATH_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
 # Index files live in a sub-folder, `index/<shard file name>.idx` (DALI's examples keep theirs in a
 # folder the same way): a shard glob in the dataset folder (`images-train*`, `*.tfrecord*`,
 # `*-of-*`) never reaches into a sub-folder, so it can never pick an index up as a shard, and
-# `OUT/index/{}.idx` with the shard's file name is the index path every reader wants.
-INDEX_DIR = "index"
-INDEX_SUFFIX = ".idx"
+# `OUT/index/{}.idx` with the shard's file name is the index path every reader wants
+# (INDEX_DIR and INDEX_SUFFIX live with the manifest, which derives a columnar split's index names).
 # Beside each shard, in a folder no shard glob reaches: one JSON line per record (key, class name,
 # source size and digest) so that --append learns the stored keys without reading the shards.
 KEYS_DIR = "keys"
@@ -164,7 +163,7 @@ def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:
             "name": split.name,
             "filepathTemplate": f"{manifest.version}/{FILEPATH_TEMPLATE}" if manifest.version else FILEPATH_TEMPLATE,
             "numBytes": str(split.num_bytes),
-            "shardLengths": [str(s.count) for s in split.shards],
+            "shardLengths": [str(n) for n in split.counts],
         })
     return {
         "name": manifest.name,

@@ -18,6 +18,8 @@ import dataclasses
 import math
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from imagerecords.format import manifest
+
 BUCKET_BITS = 16
 _SHIFT = 64 - BUCKET_BITS
 # The boundary of a shard past the last hash: no 64-bit hash reaches it.
@@ -166,4 +168,4 @@ def plan_sorted(split: str, sorted_hashes: Sequence[int], num_bytes: int, num_sh
 
 
 def shard_name(name: str, split: str, index: int, num_shards: int) -> str:
-    return f"{name}-{split}.tfrecord-{index:05d}-of-{num_shards:05d}"
+    return manifest.shard_file_name(name, split, index, num_shards)

@@ -37,7 +37,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from imagerecords.pipeline import _hooks, dataset_files, storage
 from imagerecords.pipeline.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
 from imagerecords.format.manifest import (DUPLICATES, ERRORS, FLAT_LAYOUT, LOCK, MANIFEST, STAGING, VERSION_PREFIX,
-                                          Manifest, dumps)
+                                          SHARDS_SUFFIX, Manifest, dumps)
 from imagerecords.format.paths import segment_problem
 from imagerecords.pipeline.config import version_name_problem
 
@@ -601,6 +601,8 @@ def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
             expected.append((shard.filename, shard.num_bytes, shard.sha256))
             if shard.index_file and shard.index_sha256:
                 expected.append((shard.index_file, -1, shard.index_sha256))
+    expected.extend((s.side.filename, -1, s.side.sha256) for s in manifest.splits
+                    if s.side is not None and s.side.filename.startswith(own))
 
     def one(item):
         filename, num_bytes, sha256 = item
@@ -722,6 +724,11 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         manifest = dataclasses.replace(manifest, listed_folders=_listed_folders(manifest, published))
         build_id = results.build_id
         reported = _crc32c_of(results, manifest.version)
+        # A split of many shards goes into columns; its histograms into a side file, staged here
+        # with the shards (the record below names it, so a redone commit moves it like a shard).
+        manifest, side_files = manifest.with_side_files(_hooks.columns_from())
+        for filename, content in side_files:
+            write_bytes(storage.join(staging_dir(output, build_id), filename[len(manifest.version) + 1:]), content)
         # From here on the commit can be redone from this record.
         record = {"manifest": manifest.to_json(), "build_id": build_id}
         if reported:
@@ -744,7 +751,14 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         elif not storage.exists(storage.join(output, filename)):
             raise UnfinishedBuild(f"cannot publish {output}: {filename} is neither staged nor in place; "
                                   "rerun `imagerecords build ... --overwrite`")
-    if on_gcs and len(staged) < len(manifest.shard_files()):  # a commit being redone moved some already
+    for filename in manifest.side_files:
+        plain = filename[len(folder) + 1:]
+        if filename.startswith(folder + "/") and plain in in_staging:
+            staged[filename] = storage.join(staging, plain)
+        elif not storage.exists(storage.join(output, filename)):
+            raise UnfinishedBuild(f"cannot publish {output}: {filename} is neither staged nor in place; "
+                                  "rerun `imagerecords build ... --overwrite`")
+    if on_gcs and len(staged) < len(manifest.shard_files()) + len(manifest.side_files):  # a redone commit moved some
         metadata.update(storage.gcs_objects(storage.join(output, folder)))
     # 1. Every file is what its writer wrote: a late writer of another build cannot slip one in.
     check_staged(output, manifest, staged, reported, metadata)
@@ -845,6 +859,7 @@ def _named_versions(output: str, published: Optional[Manifest]) -> set:
         names = [p[len(prefix):].replace(os.sep, "/") for p in storage.list_tree(root)]
         if all((n.startswith(f"{published.name}-") and ".tfrecord" in n and "/" not in n)
                or (n.startswith((f"{dataset_files.INDEX_DIR}/", f"{dataset_files.KEYS_DIR}/")) and n.count("/") == 1)
+               or (n.endswith(SHARDS_SUFFIX) and "/" not in n)
                for n in names):
             out.add(v)
         else:

@@ -5,15 +5,16 @@ A local dataset's manifest is read without TensorFlow; gs:// and other schemes g
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import os
 import posixpath
-from typing import Dict, List, Mapping, Optional, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from imagerecords.format import manifest as manifest_lib
 from imagerecords.format import schema
 from imagerecords.format.paths import has_scheme, join
-from imagerecords.format.manifest import Manifest, Shard, Split
+from imagerecords.format.manifest import Manifest, Shard, ShardColumns, Split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +27,8 @@ class ShardInfo:
       count: records in the shard.
       num_bytes: file size in bytes.
       sha256: hex digest of the file, as written.
-      labels: {label id: records with that id}; ids include the label offset.
+      labels: {label id: records with that id}; ids include the label offset. Empty for a split
+        whose manifest holds it as columns (format 3: the histograms are in its side file).
       index_path: full path of the shard's tfrecord2idx index file, when the build wrote one.
       index_sha256: hex digest of that index file, as written ('' when not recorded).
     """
@@ -49,6 +51,34 @@ class ShardInfo:
                    index_sha256=shard.index_sha256 or "")
 
 
+class _ShardInfos(collections.abc.Sequence):
+    """A columnar split's ShardInfos, made one at a time when asked for: loading a 1B-image
+    manifest (572,917 shards) makes no per-shard object."""
+
+    __slots__ = ("columns", "folder")
+
+    def __init__(self, columns: ShardColumns, folder: str):
+        self.columns, self.folder = columns, folder
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return ShardInfo.of(self.columns[i], self.folder)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, collections.abc.Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} shards of {self.columns.split!r}>"
+
+
 @dataclasses.dataclass(frozen=True)
 class SplitInfo:
     """One split: its shards in shard order.
@@ -57,17 +87,20 @@ class SplitInfo:
       name: split name.
       num_examples: records in the split (the sum of the shard counts).
       num_bytes: bytes in the split's shard files.
-      shards: the shards, in shard order.
+      shards: the shards, in shard order (a tuple; a sequence that makes each when asked for, for
+        a split the manifest holds as columns).
     """
 
     name: str
     num_examples: int
     num_bytes: int
-    shards: Tuple[ShardInfo, ...]
+    shards: Sequence[ShardInfo]
 
     @classmethod
     def of(cls, split: Split, folder: str) -> "SplitInfo":
         """The manifest's `split`, its shards' paths joined to the dataset `folder`."""
+        if isinstance(split.shards, ShardColumns):
+            return cls(split.name, split.num_examples, split.num_bytes, _ShardInfos(split.shards, folder))
         return cls(split.name, split.num_examples, split.num_bytes, tuple(ShardInfo.of(s, folder) for s in split.shards))
 
     @property
@@ -78,6 +111,8 @@ class SplitInfo:
     @property
     def shard_lengths(self) -> List[int]:
         """Records per shard, in shard order."""
+        if isinstance(self.shards, _ShardInfos):
+            return self.shards.columns.counts.tolist()
         return [s.count for s in self.shards]
 
 

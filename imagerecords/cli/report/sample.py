@@ -105,18 +105,18 @@ class Sample:
 
 
 def label_counts(split: Split) -> Dict[int, int]:
-    """{label id: records} of `split`, from the manifest's per-shard label histograms."""
+    """{label id: records} of `split`, from the manifest's label histograms (summed per shard, or the
+    sums a columnar split keeps)."""
     counts: Dict[int, int] = collections.Counter()
-    for shard in split.shards:
-        for label, n in shard.labels:
-            counts[label] += n
+    for label, n in split.label_counts:
+        counts[label] += n
     return counts
 
 
 def label_ids(manifest: Manifest) -> List[int]:
     """Every label id of the dataset: the named ones and any a shard holds beyond them."""
     ids = {i + manifest.label_offset for i in range(len(manifest.label_names))}
-    ids.update(label for split in manifest.splits for shard in split.shards for label, _ in shard.labels)
+    ids.update(label for split in manifest.splits for label, _ in split.label_counts)
     return sorted(ids)
 
 
