@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import build, manifest_without_time, published_version, shard_files
+from conftest import build, manifest_without_time, shard_files
 from imagerecords.cli import main as cli
 
 N = 120

@@ -5,7 +5,6 @@ naming the feature; unused columns are named; both engines write the same bytes.
 import csv
 import hashlib
 import json
-import os
 
 import numpy as np
 import pytest

@@ -7,7 +7,6 @@ import os
 import re
 import shlex
 
-import pytest
 
 from imagerecords.cli import main as cli
 from imagerecords.format.manifest import MANIFEST

@@ -4,7 +4,6 @@ import json
 import glob
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys

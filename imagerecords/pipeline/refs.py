@@ -238,8 +238,8 @@ def parse_manifest_row(
     if isinstance(label, (list, dict)):
         kind = "list" if isinstance(label, list) else "JSON object"
         text = json.dumps(label, ensure_ascii=False, default=str)
-        hint = (f"; for several classes per image, put them in another column and declare it a class list "
-                f"(--feature tags=class_list)" if kind == "list" else "")
+        hint = ("; for several classes per image, put them in another column and declare it a class list "
+                "(--feature tags=class_list)" if kind == "list" else "")
         return None, Rejected(path, f"label {text} is a {kind}, not a class label: give one class name in "
                                     f"{columns.label!r}{hint}",
                               key, str(split or ""), stage="label")

@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 import uuid
 from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 

@@ -11,7 +11,7 @@ from typing import Iterable, Sequence, Union
 
 import apache_beam as beam
 
-from imagerecords.pipeline import codec, publish, shard_writer, storage
+from imagerecords.pipeline import codec, shard_writer, storage
 from imagerecords.format import records, schema
 from imagerecords.format.manifest import Shard
 from imagerecords.pipeline.dataset_files import ShardResult
