@@ -342,3 +342,38 @@ def test_manifest_parts_hold_every_line_once_in_order(tmp_path, csv, ending):
         ranges = local._line_ranges(str(path), csv, parts)
         assert 1 <= len(ranges) <= parts
         assert [line for r in ranges for line in local._manifest_lines(str(path), csv, *r)] == serial, parts
+
+
+class _Garbage:
+    """An object in a reference cycle whose destructor notes the pid it ran in (a tf.data iterator
+    left in a cycle by the caller: its destructor waits for TensorFlow threads that fork does not copy)."""
+
+    def __init__(self, marker):
+        self.marker, self.me = marker, self
+
+    def __del__(self):
+        with open(self.marker, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+def test_forked_workers_never_run_the_destructors_of_what_they_inherit(tmp_path, monkeypatch):
+    import gc
+
+    from imagerecords.pipeline.engines import local
+
+    if not local._fork_available():
+        pytest.skip("workers are forked only on Linux")
+    monkeypatch.setattr(local, "_Writer", lambda *args: None)  # no shard is written here
+    marker = tmp_path / "deleted"
+    _Garbage(str(marker))  # garbage now, freed only by a collection
+    pool, cancel = local._fork_workers(2, None, None)
+    try:
+        collected = [pool.submit(gc.collect) for _ in range(4)]
+        frozen = [pool.submit(gc.get_freeze_count).result(timeout=60) for _ in range(4)]
+        for future in collected:
+            future.result(timeout=60)
+    finally:
+        local.end_workers(pool)
+    # Collected once, in this process, before the fork; the workers' collections never saw it.
+    assert marker.read_text().split() == [str(os.getpid())]
+    assert min(frozen) > 0

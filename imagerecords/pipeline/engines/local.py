@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import gc
 import json
 import multiprocessing
 import os
@@ -374,7 +375,16 @@ def _fork_workers(workers: int, writer: stages.ShardWriter, progress_dir: Option
     cancel = ctx.Event()
     pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
                                                   initargs=(writer, progress_dir, cancel, os.getpid()))
-    pool.submit(os.getpid).result()  # a fork context starts every worker at the first submit
+    # A worker must never run a destructor it inherited: a caller's garbage (a finished tf.data
+    # iterator, in a notebook or a test process) waits in its destructor for threads that fork did
+    # not copy, and the worker hangs in its first garbage collection. So the caller's garbage goes
+    # here, where its threads live, and what the workers inherit is frozen out of their collector.
+    gc.collect()
+    gc.freeze()
+    try:
+        pool.submit(os.getpid).result()  # a fork context starts every worker at the first submit
+    finally:
+        gc.unfreeze()
     return pool, cancel
 
 
