@@ -197,7 +197,7 @@ class ImageOptions:
         keep's conversions, uint8 arrays, png image features): 1 (the default) is the fast one and,
         on photos, within 3% of the rest; higher levels take longer and pay off on flat pictures
         (masks, drawings); 10-12 search exhaustively (10x slower than 9); 0 stores without
-        compression. The bytes are fixed by the level and the `deflate` build in constraints.txt.
+        compression. The bytes are fixed by the level and the libdeflate build that constraints.txt pins.
     """
 
     max_side: Optional[int] = None
