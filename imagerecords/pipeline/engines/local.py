@@ -299,7 +299,7 @@ class _Writer:
         staged = self._writer.write(key, ordered, labels, read_bytes=self._read,
                                     executor=self._images, window=2 * self._threads, observe=self._progress)
         if rows:  # the launcher's array_rows.Contents takes them in this compact form
-            staged.contents = array_rows.RowContents.of(staged.contents)
+            staged.contents = array_rows.RowContents.of(staged.contents, members)
         return staged
 
     def close(self) -> None:
