@@ -334,8 +334,8 @@ def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, 
     images = [f.name for f in features if f.dtype == "image"]
     from imagerecords.pipeline.arrays import is_row  # once per shard, not per ref
 
-    for r in refs:
-        h.update(_fingerprint_line(r, images, is_row).encode())
+    # One update of the joined lines hashes the same bytes as one per line, without a call and an encode per ref.
+    h.update("".join([_fingerprint_line(r, images, is_row) for r in refs]).encode())
     return h.hexdigest()
 
 
