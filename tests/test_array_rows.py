@@ -199,3 +199,19 @@ def test_npz_members_open_as_np_load_reads_them(tmp_path, save):
         assert opened[name].dtype == a.dtype and opened[name].shape == a.shape and np.array_equal(opened[name], a)
         # Stored members are mapped, not read; compressed ones cannot be.
         assert isinstance(opened[name], np.memmap) == (save is np.savez and a.size > 0), name
+
+
+def test_the_staged_record_spelled_row_by_row_is_what_the_encoder_writes():
+    from imagerecords.format.manifest import Shard
+
+    result = dataset_files.ShardResult("train", Shard(0, "images-train.tfrecord-00000-of-00001", 3, 99, "ab" * 32,
+                                                      ((0, 2), (1, 1)), 0), "AAAAAA==")
+    odd = ['plain', 'quote " and \\ backslash', 'ünïcødé ✓', 'tab\tnew\nline\x01', '\u2028 line sep', '']
+    contents = [(bytes([i]) * 16, (odd[i % 6], odd[(i + 1) % 6], odd[(i + 2) % 6] + "#row=7", odd[(i + 3) % 6]))
+                for i in range(12)]
+    rejected = [Rejected("a.npz#row=1", "row 1: value nan is not finite", "a.npz:000000001", "train", stage="decode")]
+    for staged in (stages.StagedShard(result, rejected, contents, 2), stages.StagedShard(result, [], [], 0),
+                   stages.StagedShard(result, [], [(b"x" * 16, ("k", "s", "u", 3))], 0)):
+        expected = stages._record_bytes({"fingerprint": "f" * 64, "staged": staged.to_json()})
+        assert stages._staged_record_bytes("f" * 64, staged) == expected
+        assert stages.StagedShard.from_json(json.loads(expected)["staged"]).contents == staged.contents

@@ -103,3 +103,22 @@ def test_the_writers_crc32c_is_the_one_gcs_shows_for_the_object():
     assert writer.crc32c() == records.crc32c_text(records.google_crc32c.Checksum(buf.getvalue()))
     reader = records.HashingReader(io.BytesIO(buf.getvalue())).drain(7)
     assert reader.crc32c() == writer.crc32c() and reader.sha256() == writer.sha256()
+
+
+def test_frames_in_bulk_are_the_frames_of_each_record_and_write_framed_hashes_them_as_written():
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    rows, size = 37, 301
+    frames = np.zeros((rows, records.FRAME_OVERHEAD + size), np.uint8)
+    frames[:, records.FRAME_HEADER:records.FRAME_HEADER + size] = rng.integers(0, 256, (rows, size), np.uint8)
+    records.frame_equal(frames)
+    expected = [records.frame(frames[i, records.FRAME_HEADER:records.FRAME_HEADER + size].tobytes()) for i in range(rows)]
+    assert [frames[i].tobytes() for i in range(rows)] == expected
+    bulk, one_by_one = io.BytesIO(), io.BytesIO()
+    writer, reference = records.RecordWriter(bulk), records.RecordWriter(one_by_one)
+    writer.write_framed(memoryview(frames.reshape(-1)), [frames.shape[1]] * rows)
+    for frame in expected:
+        reference.write(frame[records.FRAME_HEADER:-records.FRAME_FOOTER])
+    assert bulk.getvalue() == one_by_one.getvalue()
+    assert (writer.sha256(), writer.crc32c(), writer.offsets) == (reference.sha256(), reference.crc32c(), reference.offsets)

@@ -276,9 +276,14 @@ class RowContents:
     rows: Any
 
     @classmethod
-    def of(cls, contents: Sequence[Tuple[bytes, Tuple[str, str, str, str]]]) -> "RowContents":
+    def of(cls, contents: Sequence[Tuple[bytes, Tuple[str, str, str, str]]], shard: Optional["RowShard"] = None
+           ) -> "RowContents":
+        """`contents` in compact form; with the `shard` they were written from, its rows are taken as
+        they are when every row was written (contents keep shard order, so they are then the same rows)."""
         import numpy as np
 
+        if shard is not None and len(contents) == len(shard):
+            return cls(b"".join([d for d, _ in contents]), shard.rows)
         rows = np.fromiter((int(m[2].rpartition(arrays.ROW_MARK)[2]) for _, m in contents), np.int64, len(contents))
         return cls(b"".join(d for d, _ in contents), rows)
 

@@ -477,8 +477,8 @@ def _row_values(np, a, idx, wire: str):
         return rows, regular, np.where(regular[:, None], rows, 0).astype(np.uint8)
     if rows.dtype.kind == "f":
         regular = np.isfinite(rows).all(axis=1)
-    if wire == "float32":
-        return rows, regular, rows.astype("<f4").view(np.uint8)
+    if wire == "float32":  # float32 rows already are their wire bytes: no copy
+        return rows, regular, rows.astype("<f4", copy=False).view(np.uint8)
     return rows, regular, rows.view(np.uint8)
 
 
@@ -520,15 +520,17 @@ def _encode_block(refs: Sequence[ImageRef], arrays, columns, pieces: Sequence[_P
     label_ids = np.fromiter((r.label_id for r in refs), np.int64, m)
     regular = np.ones(m, bool)
     raw: Dict[str, Any] = {}
+    gathered: Dict[str, Any] = {}  # array name -> its rows, read from the input once
     for piece in pieces:
         if piece.kind == "raw":
             f = piece.column.feature
-            _, ok, raw[piece.column.array] = _row_values(np, arrays[piece.column.array], idx, piece.wire)
+            gathered[piece.column.array], ok, raw[piece.column.array] = _row_values(
+                np, arrays[piece.column.array], idx, piece.wire)
             if not (f.allow_nan and piece.wire != "small_ints"):
                 regular &= ok
     # The content digest hashes each column's row bytes in column order, as encode_ref does.
-    hashed = np.concatenate([np.ascontiguousarray(arrays[c.array][idx]).reshape(m, -1).view(np.uint8)
-                             for c in columns], axis=1)
+    hashed = np.concatenate([(gathered[c.array] if c.array in gathered else np.ascontiguousarray(
+        arrays[c.array][idx]).reshape(m, -1)).view(np.uint8) for c in columns], axis=1)
     label_piece = next((p for p in pieces if p.kind == "label"), None)
     entries = {}  # label id -> its entry
     if label_piece is not None:
@@ -570,7 +572,8 @@ def _frames(np, records, rows, pieces, raw, label_ids, entries, width: int):
             table = np.stack([np.frombuffer(entries[i], np.uint8) for i in ids.tolist()])
             parts.append((None, table[where.reshape(-1)]))
             continue
-        values = raw[piece.column.array][rows]
+        values = raw[piece.column.array]
+        values = values if len(rows) == len(values) else values[rows]  # all rows (sorted): no copy
         if piece.wire == "bytes":
             feature = schema.bytes_feature(values[0].tobytes())
         elif piece.wire == "float32":

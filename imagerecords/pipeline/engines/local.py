@@ -300,7 +300,7 @@ class _Writer:
         staged = self._writer.write(key, ordered, labels, read_bytes=self._read,
                                     executor=self._images, window=2 * self._threads, observe=self._progress)
         if rows:  # the launcher's array_rows.Contents takes them in this compact form
-            staged.contents = array_rows.RowContents.of(staged.contents)
+            staged.contents = array_rows.RowContents.of(staged.contents, members)
         return staged
 
     def close(self) -> None:
@@ -361,7 +361,18 @@ def end_workers(pool) -> None:
 
 def _write_in_worker(key: ShardKey, members: Union[List[Tuple[int, ImageRef]], array_rows.RowShard],
                      labels: LabelMap) -> stages.StagedShard:
-    return _WORKER["writer"](key, members, labels)
+    if not isinstance(members, array_rows.RowShard):
+        return _WORKER["writer"](key, members, labels)
+    # A row shard's per-row objects (refs, contents, keys lines) form no cycles, and the collector's
+    # passes over them while they are built cost about a tenth of the shard's CPU. A worker writes
+    # one shard at a time, so its collector is paused and restored here without a race.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _WORKER["writer"](key, members, labels)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _fork_workers(workers: int, writer: stages.ShardWriter, progress_dir: Optional[str]):
