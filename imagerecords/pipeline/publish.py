@@ -744,14 +744,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     in_staging = {path[len(prefix):].replace(os.sep, "/")
                   for path in (metadata if on_gcs else storage.list_tree(staging))}
     staged = {}
-    for filename in manifest.shard_files():
-        plain = filename[len(folder) + 1:]
-        if filename.startswith(folder + "/") and plain in in_staging:
-            staged[filename] = storage.join(staging, plain)
-        elif not storage.exists(storage.join(output, filename)):
-            raise UnfinishedBuild(f"cannot publish {output}: {filename} is neither staged nor in place; "
-                                  "rerun `imagerecords build ... --overwrite`")
-    for filename in manifest.side_files:
+    for filename in (*manifest.shard_files(), *manifest.side_files):
         plain = filename[len(folder) + 1:]
         if filename.startswith(folder + "/") and plain in in_staging:
             staged[filename] = storage.join(staging, plain)
