@@ -91,13 +91,18 @@ def _same_shards(a, b):
 # 4. Every file a row reads is in its shard's fingerprint ------------------------------------------
 
 
-@pytest.mark.parametrize("column", ["mask", "path"])
-def test_resume_rewrites_a_shard_whose_image_or_mask_was_rewritten_at_the_same_size(masked, tmp_path, column):
+def _two_staged(masked, tmp_path):
+    """A masked build killed after two shards: (folder, manifest, config, out, staged, (first, second))."""
     folder, manifest, config = masked
     out = tmp_path / "out"
     staged = _kill_after_two_shards(out, tmp_path, "--input", manifest, "--config", config)
     assert len(staged) == 2, staged
-    changed, kept = sorted(staged)
+    return folder, manifest, config, out, staged, sorted(staged)
+
+
+@pytest.mark.parametrize("column", ["mask", "path"])
+def test_resume_rewrites_a_shard_whose_image_or_mask_was_rewritten_at_the_same_size(masked, tmp_path, column):
+    folder, manifest, config, out, staged, (changed, kept) = _two_staged(masked, tmp_path)
     key = json.load(open(staged[changed] + ".staged.json"))["staged"]["contents"][0][1][0]
     row = next(json.loads(line) for line in open(manifest) if json.loads(line)["path"] == key)
     victim = folder / row[column]
@@ -119,11 +124,7 @@ def test_resume_rewrites_a_shard_whose_image_or_mask_was_rewritten_at_the_same_s
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_resume_rewrites_a_damaged_staged_shard_and_publishes(masked, tmp_path, damage):
-    folder, manifest, config = masked
-    out = tmp_path / "out"
-    staged = _kill_after_two_shards(out, tmp_path, "--input", manifest, "--config", config)
-    assert len(staged) == 2, staged
-    damaged, kept = sorted(staged)
+    folder, manifest, config, out, staged, (damaged, kept) = _two_staged(masked, tmp_path)
     data = bytearray(open(staged[damaged], "rb").read())
     if damage == "truncate":
         data = data[:-7]
