@@ -115,10 +115,17 @@ def test_frames_in_bulk_are_the_frames_of_each_record_and_write_framed_hashes_th
     records.frame_equal(frames)
     expected = [records.frame(frames[i, records.FRAME_HEADER:records.FRAME_HEADER + size].tobytes()) for i in range(rows)]
     assert [frames[i].tobytes() for i in range(rows)] == expected
-    bulk, one_by_one = io.BytesIO(), io.BytesIO()
-    writer, reference = records.RecordWriter(bulk), records.RecordWriter(one_by_one)
-    writer.write_framed(memoryview(frames.reshape(-1)), [frames.shape[1]] * rows)
+    one_by_one = io.BytesIO()
+    reference = records.RecordWriter(one_by_one)
     for frame in expected:
         reference.write(frame[records.FRAME_HEADER:-records.FRAME_FOOTER])
-    assert bulk.getvalue() == one_by_one.getvalue()
-    assert (writer.sha256(), writer.crc32c(), writer.offsets) == (reference.sha256(), reference.crc32c(), reference.offsets)
+    # The frames as a view, as the array itself (hashed without a copy) and as bytes, in two calls.
+    for data in (memoryview(frames.reshape(-1)), frames.reshape(-1), frames.tobytes()):
+        bulk = io.BytesIO()
+        writer = records.RecordWriter(bulk)
+        cut = frames.shape[1] * 20
+        writer.write_framed(data[:cut], [frames.shape[1]] * 20)
+        writer.write_framed(data[cut:], [frames.shape[1]] * (rows - 20))
+        assert bulk.getvalue() == one_by_one.getvalue()
+        assert (writer.sha256(), writer.crc32c(), writer.offsets) == (reference.sha256(), reference.crc32c(),
+                                                                      reference.offsets)

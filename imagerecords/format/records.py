@@ -55,11 +55,10 @@ def frame_equal(frames: "np.ndarray") -> None:
     length = struct.pack("<Q", size)
     frames[:, :8] = np.frombuffer(length, np.uint8)
     frames[:, 8:FRAME_HEADER] = np.frombuffer(struct.pack("<I", masked_crc32c(length)), np.uint8)
-    # The C crc32c takes bytes only, not a view: each record is copied once, alone (a copy of the
-    # whole matrix and then a slice of it per record copied every byte twice).
+    # The C crc32c reads a contiguous array in place (each record's row of the matrix), not a memoryview.
     value = google_crc32c.value
     records = frames[:, FRAME_HEADER:FRAME_HEADER + size]
-    crcs = np.fromiter((value(r.tobytes()) for r in records), np.uint64, rows)
+    crcs = np.fromiter((value(r) for r in records), np.uint64, rows)
     masked = (((crcs >> 15) | (crcs << 17)) + _MASK_DELTA) & 0xFFFFFFFF
     frames[:, FRAME_HEADER + size:] = masked.astype("<u4").view(np.uint8).reshape(rows, FRAME_FOOTER)
 
@@ -96,7 +95,8 @@ class RecordWriter:
         """Writes records already framed back to back (frame_equal's rows); `lengths` are their frame sizes."""
         self._stream.write(data)
         self._sha.update(data)
-        self._crc.update(data if isinstance(data, bytes) else bytes(data))  # the C crc32c takes bytes only
+        # The C crc32c reads bytes or a contiguous NumPy array, not a memoryview: only a view is copied.
+        self._crc.update(data if isinstance(data, bytes) or hasattr(data, "__array_interface__") else bytes(data))
         at = self.num_bytes
         for length in lengths:
             self.offsets.append(at)

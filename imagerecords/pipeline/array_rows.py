@@ -223,6 +223,12 @@ class RowShard:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def ref(self, k: int) -> ImageRef:
+        """The ref of the shard's row at position `k` (refs()[k])."""
+        i, (text, label_id) = int(self.rows[k]), self.labels[int(self.codes[k])]
+        return ImageRef(f"{_base(self.path)}:{i:09d}", f"{self.path}{arrays.ROW_MARK}{i}", text, self.split, self.size,
+                        label_id)
+
     def refs(self) -> List[ImageRef]:
         """The shard's refs in shard order: those stages.shard_order gives from the ref path's pairs."""
         prefix, uri = f"{_base(self.path)}:", f"{self.path}{arrays.ROW_MARK}"
@@ -282,6 +288,8 @@ class RowContents:
         they are when every row was written (contents keep shard order, so they are then the same rows)."""
         import numpy as np
 
+        if isinstance(contents, RowContents):  # a row shard's writer sends them so already
+            return contents
         if shard is not None and len(contents) == len(shard):
             return cls(b"".join([d for d, _ in contents]), shard.rows)
         rows = np.fromiter((int(m[2].rpartition(arrays.ROW_MARK)[2]) for _, m in contents), np.int64, len(contents))

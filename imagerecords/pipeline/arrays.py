@@ -27,7 +27,7 @@ import os
 import re
 import sys
 import zipfile
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from imagerecords.pipeline import codec
 from imagerecords.pipeline.errors import InputError, UsageError
@@ -421,7 +421,7 @@ class Block:
 
     Attributes:
       refs: the rows' refs, in shard order.
-      data: their frames back to back (bytes, or a view of them).
+      data: their frames back to back (bytes, a contiguous uint8 array, or a view of them).
       lengths: each frame's size.
       contents: each row's 16-byte content digest (as encode_ref's).
     """
@@ -488,19 +488,53 @@ def encode_rows(refs: Sequence[ImageRef], preset: str, labels: LabelMap, options
     bulk path does not take (a NaN, an int list value past 127, a column it cannot write), as
     (ref, encode_ref's result): the same records in the same order as encode_ref row by row.
     Blocks end at the shard's middle row too, where progress is reported."""
+    import numpy as np
+
     if not refs:
         return
     path = refs[0].uri.rpartition(ROW_MARK)[0]
+    idx = np.fromiter((int(r.uri.rpartition(ROW_MARK)[2]) for r in refs), np.int64, len(refs))
+    label_ids = np.fromiter((r.label_id for r in refs), np.int64, len(refs))
+    for item in encode_positions(path, idx, label_ids, refs.__getitem__, preset, labels, options):
+        if isinstance(item, Run):
+            yield Block([refs[k] for k in item.positions.tolist()], item.data, item.lengths, item.contents)
+        else:
+            yield refs[item[0]], item[1]
+
+
+@dataclasses.dataclass
+class Run:
+    """Framed records of consecutive written rows, by their positions in the shard (encode_positions).
+
+    Attributes:
+      positions: the rows' positions in the shard (int64), ascending.
+      data, lengths, contents: as Block's.
+    """
+
+    positions: Any
+    data: Any
+    lengths: List[int]
+    contents: List[bytes]
+
+
+def encode_positions(path: str, idx, label_ids, ref_of: Callable[[int], ImageRef], preset: str, labels: LabelMap,
+                     options) -> Iterator[Union[Run, Tuple[int, Any]]]:
+    """encode_rows without a ref per row: a shard's input rows `idx` and their `label_ids` (int64,
+    shard order) as Runs, and (position, encode_ref's result) for each row the bulk path does not
+    take; `ref_of(position)` makes the ref of one row, for those and for the layout check."""
+    if not len(idx):
+        return
     arrays, _, columns = _source(path, preset, options.image_encoding)
     pieces = _pieces(arrays, columns)
-    middle = len(refs) // 2
+    n = len(idx)
+    middle = n // 2
     row_bytes = sum(a.itemsize * (a.size // a.shape[0]) for a in arrays.values()) or 1
-    for start, stop in _blocks(len(refs), middle, max(1, min(BLOCK_ROWS, BLOCK_BYTES // row_bytes))):
-        chunk = refs[start:stop]
+    for start, stop in _blocks(n, middle, max(1, min(BLOCK_ROWS, BLOCK_BYTES // row_bytes))):
         if pieces is None:
-            yield from ((ref, encode_ref(ref, preset, labels, options)) for ref in chunk)
+            yield from ((k, encode_ref(ref_of(k), preset, labels, options)) for k in range(start, stop))
         else:
-            yield from _encode_block(chunk, arrays, columns, pieces, preset, labels, options)
+            yield from _encode_block(start, idx[start:stop], label_ids[start:stop], ref_of, arrays, columns, pieces,
+                                     preset, labels, options)
 
 
 def _blocks(n: int, middle: int, rows: int) -> Iterator[Tuple[int, int]]:
@@ -509,15 +543,15 @@ def _blocks(n: int, middle: int, rows: int) -> Iterator[Tuple[int, int]]:
             yield start, min(hi, start + rows)
 
 
-def _encode_block(refs: Sequence[ImageRef], arrays, columns, pieces: Sequence[_Piece], preset: str,
-                  labels: LabelMap, options) -> Iterator[Union[Block, Tuple[ImageRef, Any]]]:
+def _encode_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageRef], arrays, columns,
+                  pieces: Sequence[_Piece], preset: str, labels: LabelMap, options
+                  ) -> Iterator[Union[Run, Tuple[int, Any]]]:
+    """One block: rows at positions start, start + 1, ... of their shard (input rows `idx`)."""
     import numpy as np
 
     from imagerecords.format import records
 
-    m = len(refs)
-    idx = np.fromiter((int(r.uri.rpartition(ROW_MARK)[2]) for r in refs), np.int64, m)
-    label_ids = np.fromiter((r.label_id for r in refs), np.int64, m)
+    m = len(idx)
     regular = np.ones(m, bool)
     raw: Dict[str, Any] = {}
     gathered: Dict[str, Any] = {}  # array name -> its rows, read from the input once
@@ -536,31 +570,37 @@ def _encode_block(refs: Sequence[ImageRef], arrays, columns, pieces: Sequence[_P
     if label_piece is not None:
         for i in np.unique(label_ids).tolist():
             entries[i] = schema.example_entry(label_piece.column.key, schema.int64_list_feature([i]))
-    widths = np.array([len(entries[i]) for i in label_ids.tolist()]) if entries else np.zeros(m, np.int64)
+    if entries:
+        ids = np.array(sorted(entries), np.int64)
+        widths = np.array([len(entries[i]) for i in ids.tolist()], np.int64)[np.searchsorted(ids, label_ids)]
+    else:
+        widths = np.zeros(m, np.int64)
     framed: Dict[int, Tuple[Any, Any]] = {}  # label entry width -> (frames, the rows they hold)
     for width in np.unique(widths[regular]).tolist():
         rows = np.flatnonzero(regular & (widths == width))
         frames = _frames(np, records, rows, pieces, raw, label_ids, entries, width)
-        if frames is None or not _same_as_encoder(refs[rows[0]], frames[0], hashed[rows[0]], preset, labels, options):
+        if frames is None or not _same_as_encoder(ref_of(start + int(rows[0])), frames[0], hashed[rows[0]], preset,
+                                                  labels, options):
             regular[rows] = False  # a layout the per-row encoder disagrees with: those rows go row by row
             continue
         framed[width] = (frames, rows)
     if regular.all() and len(framed) == 1:
         (frames, _), = framed.values()
-        yield Block(list(refs), memoryview(frames.reshape(-1)), [frames.shape[1]] * m, _digests(hashed))
+        yield Run(np.arange(start, start + m, dtype=np.int64), frames.reshape(-1), [frames.shape[1]] * m,
+                  _digests(hashed))
         return
     framed = {w: (frames, {int(r): k for k, r in enumerate(rows)}) for w, (frames, rows) in framed.items()}
     run: List[int] = []
-    for i, ref in enumerate(refs):
+    for i in range(m):
         if regular[i]:
             run.append(i)
             continue
         if run:
-            yield _block_of(refs, run, framed, widths, hashed)
+            yield _run_of(start, run, framed, widths, hashed)
             run = []
-        yield ref, encode_ref(ref, preset, labels, options)
+        yield start + i, encode_ref(ref_of(start + i), preset, labels, options)
     if run:
-        yield _block_of(refs, run, framed, widths, hashed)
+        yield _run_of(start, run, framed, widths, hashed)
 
 
 def _frames(np, records, rows, pieces, raw, label_ids, entries, width: int):
@@ -615,13 +655,15 @@ def _digests(hashed) -> List[bytes]:
     return [sha(data[i:i + size]).digest()[:16] for i in range(0, len(data), size)]
 
 
-def _block_of(refs, run: List[int], framed, widths, hashed) -> Block:
+def _run_of(start: int, run: List[int], framed, widths, hashed) -> Run:
+    import numpy as np
+
     views, lengths = [], []
     for i in run:
         frames, where = framed[int(widths[i])]
         views.append(frames[where[i]].tobytes())
         lengths.append(frames.shape[1])
-    return Block([refs[i] for i in run], b"".join(views), lengths, _digests(hashed[run]))
+    return Run(np.array(run, np.int64) + start, b"".join(views), lengths, _digests(hashed[run]))
 
 
 # Arrays already in memory ------------------------------------------------------------------------

@@ -25,7 +25,8 @@ import uuid
 from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 
-from imagerecords.pipeline import _hooks, codec, dataset_files, input_files, planning, publish, shard_writer, storage
+from imagerecords.pipeline import (_hooks, array_rows, codec, dataset_files, input_files, planning, publish, row_writer,
+                                   shard_writer, storage)
 from imagerecords.format import records
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.format.manifest import DUPLICATES, ERRORS, Shard
@@ -222,9 +223,10 @@ class ShardWriter:
                    options=config.image, write_index=config.write_index, contents=not config.skip_duplicate_check,
                    resume_from=earlier, features=tuple(config.features), source=source)
 
-    def write(self, shard: Tuple[str, int, int], refs: Sequence[ImageRef], labels: LabelMap, *,
-              read_bytes: Callable[[str], bytes], executor: Optional[concurrent.futures.Executor] = None,
-              window: int = 2, observe: Optional[Observer] = None) -> "StagedShard":
+    def write(self, shard: Tuple[str, int, int], refs: Union[Sequence[ImageRef], "array_rows.RowShard"],
+              labels: LabelMap, *, read_bytes: Callable[[str], bytes],
+              executor: Optional[concurrent.futures.Executor] = None, window: int = 2,
+              observe: Optional[Observer] = None) -> "StagedShard":
         """Writes one shard (refs in hash order) to a temporary file in the build's staging area and
         renames it to its shard name when complete, if the build still holds the output's lock (a
         writer that outlived its launcher must not touch what the next build stages); with
@@ -232,21 +234,25 @@ class ShardWriter:
 
         Args:
           shard: (split, shard index, number of shards of the split).
+          refs: the refs, or an arrays build's RowShard (the same shard written from its columns,
+            row_writer; its StagedShard's contents are then an array_rows.RowContents).
           read_bytes: reads an input file (shard_writer.limited_reader), one per worker.
           executor, window: where images are read and prepared, and how many at once (bounded memory).
           observe: called as images are done; may raise KeyboardInterrupt to stop the write.
         """
         split, index, num_shards = shard
         _hooks.pause("before_shards")
-        if self.source and refs:  # an arrays build: this process's cached arrays must be this input's
+        rows = isinstance(refs, array_rows.RowShard)
+        if self.source and len(refs):  # an arrays build: this process's cached arrays must be this input's
             from imagerecords.pipeline import arrays
 
-            arrays.forget_if_changed(refs[0].uri.rpartition(arrays.ROW_MARK)[0], self.source)
+            arrays.forget_if_changed(refs.path if rows else refs[0].uri.rpartition(arrays.ROW_MARK)[0], self.source)
         filename = planning.shard_name(self.name, split, index, num_shards)
         staging = publish.staging_dir(self.output, self.build_id)
-        fingerprint = shard_fingerprint(shard, refs, name=self.name, preset=self.preset, labels=labels,
-                                        options=self.options, write_index=self.write_index, contents=self.contents,
-                                        features=self.features, source=self.source)
+        fingerprint = shard_fingerprint(shard, () if rows else refs, name=self.name, preset=self.preset,
+                                        labels=labels, options=self.options, write_index=self.write_index,
+                                        contents=self.contents, features=self.features, source=self.source,
+                                        lines=row_writer.fingerprint_text(refs) if rows else None)
         if self.resume_from:
             reused = _reuse_staged(self.output, self.build_id, self.resume_from, filename, fingerprint)
             if reused is not None:
@@ -256,7 +262,7 @@ class ShardWriter:
         # A unique temporary name per attempt: a retried or speculative bundle never writes into
         # another attempt's file, and the last rename wins with identical bytes.
         tmp = storage.join(staging, f".{filename}.{uuid.uuid4().hex}.tmp")
-        kept, duplicates = shard_writer.dedupe_sorted(refs)
+        kept, duplicates = (refs, []) if rows else shard_writer.dedupe_sorted(refs)  # rows never repeat
 
         def on_progress(done: int, rejected: int) -> None:
             if observe:
@@ -266,9 +272,16 @@ class ShardWriter:
 
         try:
             with storage.create(tmp) as stream:
-                stats, rejected = shard_writer.write_shard(
-                    kept, stream, read_bytes=read_bytes, preset=self.preset, labels=labels, options=self.options,
-                    executor=executor, window=window, on_progress=on_progress, features=self.features)
+                if rows:
+                    written, rejected, positions, digests = row_writer.write_shard(
+                        refs, stream, preset=self.preset, labels=labels, options=self.options, on_progress=on_progress)
+                    stats = shard_writer.ShardStats(written.count, written.num_bytes, written.sha256(),
+                                                    row_writer.histogram(refs, positions), 0, written.offsets,
+                                                    crc32c=written.crc32c())
+                else:
+                    stats, rejected = shard_writer.write_shard(
+                        kept, stream, read_bytes=read_bytes, preset=self.preset, labels=labels, options=self.options,
+                        executor=executor, window=window, on_progress=on_progress, features=self.features)
             _hooks.pause("before_rename")
             if not publish.owns_output(self.output, self.build_id):
                 raise BuildAbandoned(f"build {self.build_id} no longer holds the lock of {self.output}: {filename} "
@@ -294,14 +307,22 @@ class ShardWriter:
                              stats.crc32c, index_crc32c)
         # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
         names, offset = labels.names, labels.offset
-        written = ([(digest, (r.key, r.split, r.uri, names[r.label_id - offset])) for digest, r in stats.contents]
-                   if self.contents else [])
-        publish.write_bytes(storage.join(staging, dataset_files.keys_name(filename)), dataset_files.format_keys(
-            [(r.key, names[r.label_id - offset] if 0 <= r.label_id - offset < len(names) else "", r.size, digest)
-             for digest, r in stats.contents]))
-        out = StagedShard(result, duplicates + rejected, written, stats.passthrough)
+        if rows:
+            keys = row_writer.keys_bytes(refs, positions, digests, labels)
+            out = StagedShard(result, rejected, array_rows.RowContents(
+                digests if self.contents else b"", refs.rows[positions] if self.contents else refs.rows[:0]), 0)
+            spelled = row_writer.staged_contents_text(refs, positions, digests, labels) if self.contents else ""
+        else:
+            keys = dataset_files.format_keys(
+                [(r.key, names[r.label_id - offset] if 0 <= r.label_id - offset < len(names) else "", r.size, digest)
+                 for digest, r in stats.contents])
+            written = ([(digest, (r.key, r.split, r.uri, names[r.label_id - offset])) for digest, r in stats.contents]
+                       if self.contents else [])
+            out = StagedShard(result, duplicates + rejected, written, stats.passthrough)
+            spelled = None
+        publish.write_bytes(storage.join(staging, dataset_files.keys_name(filename)), keys)
         publish.write_bytes(storage.join(staging, filename + publish.STAGED_RECORD), _staged_record_bytes(
-            fingerprint, out))
+            fingerprint, out, spelled))
         _hooks.pause("mid_shards")
         return out
 
@@ -314,15 +335,17 @@ def _record_bytes(record: Mapping[str, Any]) -> bytes:
     return (json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
-def _staged_record_bytes(fingerprint: str, staged: StagedShard) -> bytes:
+def _staged_record_bytes(fingerprint: str, staged: StagedShard, contents: Optional[str] = None) -> bytes:
     """_record_bytes({"fingerprint": fingerprint, "staged": staged.to_json()}), its contents spelled
-    row by row as the encoder spells them: a list and a hex string per record cost twice the line."""
+    row by row as the encoder spells them: a list and a hex string per record cost twice the line.
+    A row shard's writer passes its `contents` already spelled (row_writer.staged_contents_text)."""
     text = _utf8_string
-    try:
-        contents = ",".join([f'["{d.hex()}",[{text(k)},{text(s)},{text(u)},{text(n)}]]' for d, (k, s, u, n)
-                             in staged.contents])
-    except (AttributeError, TypeError, ValueError):  # not (bytes, four strings): the encoder spells it
-        return _record_bytes({"fingerprint": fingerprint, "staged": staged.to_json()})
+    if contents is None:
+        try:
+            contents = ",".join([f'["{d.hex()}",[{text(k)},{text(s)},{text(u)},{text(n)}]]' for d, (k, s, u, n)
+                                 in staged.contents])
+        except (AttributeError, TypeError, ValueError):  # not (bytes, four strings): the encoder spells it
+            return _record_bytes({"fingerprint": fingerprint, "staged": staged.to_json()})
     rest = _record_bytes({"passthrough": staged.passthrough, "rejected": [dataclasses.asdict(r) for r in staged.rejected],
                           "result": staged.result.to_json()})
     # Sorted keys: "contents" comes before "passthrough", "rejected" and "result".
@@ -335,11 +358,12 @@ _utf8_string = json.encoder.encode_basestring  # what json.dumps(ensure_ascii=Fa
 
 def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, name: str, preset: str,
                       labels: LabelMap, options: codec.ImageOptions, write_index: bool, contents: bool,
-                      features: Sequence[Any] = (), source: str = "") -> str:
+                      features: Sequence[Any] = (), source: str = "", lines: Optional[str] = None) -> str:
     """sha256 of everything a shard's bytes depend on: its place, its refs in order (key, path,
     label, size), the size and modification time of every local file a ref reads (its image and
     each image feature's file), the label map, the encoding settings and the code version. A
-    remote file counts by its listed size only (a stat per object would cost a request each)."""
+    remote file counts by its listed size only (a stat per object would cost a request each).
+    `lines`: the refs' lines already spelled (row_writer.fingerprint_text of a row shard)."""
     from imagerecords import __version__
 
     h = hashlib.sha256()
@@ -354,7 +378,7 @@ def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, 
     from imagerecords.pipeline.arrays import is_row  # once per shard, not per ref
 
     # One update of the joined lines hashes the same bytes as one per line, without a call and an encode per ref.
-    h.update("".join([_fingerprint_line(r, images, is_row) for r in refs]).encode())
+    h.update((lines if lines is not None else "".join([_fingerprint_line(r, images, is_row) for r in refs])).encode())
     return h.hexdigest()
 
 

@@ -296,10 +296,11 @@ class _Writer:
     def __call__(self, key: ShardKey, members: Union[List[Tuple[int, ImageRef]], array_rows.RowShard],
                  labels: LabelMap) -> stages.StagedShard:
         rows = isinstance(members, array_rows.RowShard)
-        ordered = members.refs() if rows else stages.shard_order(members)
+        # A row shard is written from its columns (row_writer), its contents already compact.
+        ordered = members if rows else stages.shard_order(members)
         staged = self._writer.write(key, ordered, labels, read_bytes=self._read,
                                     executor=self._images, window=2 * self._threads, observe=self._progress)
-        if rows:  # the launcher's array_rows.Contents takes them in this compact form
+        if rows:  # a shard reused by --resume comes back as (digest, member) pairs
             staged.contents = array_rows.RowContents.of(staged.contents, members)
         return staged
 

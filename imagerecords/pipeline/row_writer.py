@@ -1,0 +1,124 @@
+"""Writes a shard of array rows (array_rows.RowShard) from its columns, with no ref per row.
+
+Its records, keys file, resume fingerprint and staged contents are byte for byte those that
+ShardWriter.write gives the shard's refs (tests/test_row_writer.py): every per-row line of a row
+shard differs from the next only by the row's number, its label and its digest, so each line is one
+%-format of a template made per label. The local engine's arrays builds take this path.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, BinaryIO, Callable, List, Optional, Tuple
+
+from imagerecords.format.records import RecordWriter
+from imagerecords.pipeline import array_rows, arrays, codec
+from imagerecords.pipeline.refs import LabelMap, Rejected
+
+_ascii = json.encoder.encode_basestring_ascii  # json.dumps' spelling of a str (the fingerprint's)
+_utf8 = json.encoder.encode_basestring  # json.dumps(ensure_ascii=False)'s (keys files, staged records)
+
+
+def _open(quoted: str) -> str:
+    """A quoted JSON string without its closing quote, as a %-format's constant part."""
+    return quoted[:-1].replace("%", "%%")
+
+
+def _whole(quoted: str) -> str:
+    return quoted.replace("%", "%%")
+
+
+def fingerprint_text(shard: array_rows.RowShard) -> str:
+    """stages._fingerprint_line of each of the shard's refs, in shard order, joined."""
+    key = _open(_ascii(f"{array_rows._base(shard.path)}:"))
+    uri = _open(_ascii(f"{shard.path}{arrays.ROW_MARK}"))
+    tail = f"{_whole(_ascii(shard.split))}, {shard.size}]\n"
+    formats = [f'[{key}%09d", {uri}%d", {_whole(_ascii(text))}, {label_id}, {tail}' for text, label_id in shard.labels]
+    return "".join([formats[c] % (i, i) for i, c in zip(shard.rows.tolist(), shard.codes.tolist())])
+
+
+def _names(shard: array_rows.RowShard, labels: LabelMap) -> List[Optional[str]]:
+    """The label map's name of each of the shard's label codes (None: an id the map does not name)."""
+    out = []
+    for _, label_id in shard.labels:
+        k = label_id - labels.offset
+        out.append(labels.names[k] if 0 <= k < len(labels.names) else None)
+    return out
+
+
+def keys_bytes(shard: array_rows.RowShard, positions, digests: bytes, labels: LabelMap) -> bytes:
+    """dataset_files.format_keys of the written rows (their `positions` in the shard and 16-byte
+    `digests`, back to back, in shard order)."""
+    if not len(positions):
+        return b""
+    key = _open(_utf8(f"{array_rows._base(shard.path)}:"))
+    formats = [f'{{"digest": "%s", "key": {key}%09d", "label": {_whole(_utf8(name or ""))}, "size": {shard.size}}}'
+               for name in _names(shard, labels)]
+    hexed = digests.hex()
+    rows, codes = shard.rows[positions].tolist(), shard.codes[positions].tolist()
+    lines = [formats[c] % (hexed[32 * k:32 * k + 32], i) for k, (i, c) in enumerate(zip(rows, codes))]
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def staged_contents_text(shard: array_rows.RowShard, positions, digests: bytes, labels: LabelMap) -> str:
+    """The staged record's `contents` entries of the written rows, as stages._staged_record_bytes
+    spells a ref shard's: ["digest hex",[key, split, uri, label name]] joined by commas."""
+    key = _open(_utf8(f"{array_rows._base(shard.path)}:"))
+    uri = _open(_utf8(f"{shard.path}{arrays.ROW_MARK}"))
+    split = _whole(_utf8(shard.split))
+    formats = [f'["%s",[{key}%09d",{split},{uri}%d",{_whole(_utf8(name or ""))}]]' for name in _names(shard, labels)]
+    hexed = digests.hex()
+    rows, codes = shard.rows[positions].tolist(), shard.codes[positions].tolist()
+    return ",".join([formats[c] % (hexed[32 * k:32 * k + 32], i, i) for k, (i, c) in enumerate(zip(rows, codes))])
+
+
+def histogram(shard: array_rows.RowShard, positions) -> Tuple[Tuple[int, int], ...]:
+    """((label id, records), ...) of the written rows, sorted by id (two texts may share an id)."""
+    import numpy as np
+
+    counts = np.bincount(shard.codes[positions], minlength=len(shard.labels)).tolist()
+    by_id: dict = {}
+    for (_, label_id), n in zip(shard.labels, counts):
+        if n:
+            by_id[label_id] = by_id.get(label_id, 0) + n
+    return tuple(sorted(by_id.items()))
+
+
+def write_shard(shard: array_rows.RowShard, stream: BinaryIO, *, preset: str, labels: LabelMap,
+                options: codec.ImageOptions, on_progress: Optional[Callable[[int, int], None]] = None
+                ) -> Tuple[RecordWriter, List[Rejected], Any, bytes]:
+    """Writes the shard's rows as framed records to `stream`, as shard_writer.write_shard writes its refs.
+
+    Returns:
+      The record writer (counts, offsets, checksums), the rejected rows, the written rows'
+      positions in the shard (int64) and their 16-byte content digests back to back.
+    """
+    import numpy as np
+
+    writer = RecordWriter(stream)
+    ids = np.array([label_id for _, label_id in shard.labels] or [0], np.int64)
+    label_ids = ids[shard.codes] if len(shard) else np.zeros(0, np.int64)
+    rejected: List[Rejected] = []
+    positions: List[Any] = []
+    digests: List[bytes] = []
+    done = 0
+    for item in arrays.encode_positions(shard.path, shard.rows, label_ids, shard.ref, preset, labels, options):
+        if isinstance(item, arrays.Run):
+            writer.write_framed(item.data, item.lengths)
+            positions.append(item.positions)
+            digests.extend(item.contents)
+            done += len(item.positions)
+        else:
+            k, result = item
+            done += 1
+            if isinstance(result, Rejected):
+                rejected.append(result)
+            else:
+                writer.write(result.record)
+                positions.append(np.array([k], np.int64))
+                digests.append(result.content)
+        if on_progress is not None:
+            on_progress(done, len(rejected))
+    written = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+    return writer, rejected, written, b"".join(digests)
+
