@@ -282,3 +282,41 @@ def test_retention_follows_the_order_of_publication_not_of_names_or_clocks(tmp_p
     manifest = Manifest.loads((out / MANIFEST).read_bytes())
     assert manifest.version == published[2] and manifest.previous_versions == (published[1],)
     assert sorted(n for n in os.listdir(out) if n.startswith("v-")) == sorted(published[1:])
+
+
+@pytest.mark.parametrize("change", ["none", "the same bytes written again", "one byte flipped"])
+def test_a_local_commit_reads_back_only_the_staged_files_written_since_their_writer_saw_them(
+        tmp_path, monkeypatch, image_tree, change):
+    """Each writer reports its file's identity (inode, size, modification and change times) once it is
+    in place; the commit reads back and hashes only a file whose identity changed since."""
+    from conftest import build, shard_files
+
+    reads, real_read, real_check = [], publish.sha256_and_size, publish.check_staged
+
+    def counted(path):
+        reads.append(path)
+        return real_read(path)
+
+    def after_a_late_write(output, manifest, staged, *args):
+        path = sorted(p for p in staged.values() if ".tfrecord-" in p)[0]
+        data = bytearray(open(path, "rb").read())
+        if change == "one byte flipped":
+            data[len(data) // 2] ^= 0x01
+        if change != "none":
+            with open(path, "wb") as f:  # another process writes into the staged file
+                f.write(data)
+        return real_check(output, manifest, staged, *args)
+
+    monkeypatch.setattr(publish, "sha256_and_size", counted)
+    monkeypatch.setattr(publish, "check_staged", after_a_late_write)
+    out, root = tmp_path / "out", image_tree[0]
+    if change == "one byte flipped":
+        with pytest.raises(errors.OutputError, match=r"refusing to publish .*tfrecord-00000-of-.* but its writer "
+                                                     r"reported \d+ bytes with sha256"):
+            build(root, out, "--num_shards", "3", "--max_reject_fraction", "0.1")
+        assert not (out / MANIFEST).exists()
+        assert len(reads) == 1
+        return
+    build(root, out, "--num_shards", "3", "--max_reject_fraction", "0.1")
+    assert len(shard_files(out)) == 3
+    assert len(reads) == (0 if change == "none" else 1)

@@ -37,12 +37,17 @@ class ShardResult:
       crc32c, index_crc32c: the shard's and its index file's crc32c as GCS shows it (base64,
         big-endian), or None: the commit on gs:// compares them with the objects' metadata instead
         of reading the objects back. Kept in the results, not in the manifest (readers use sha256).
+      identity, index_identity: the local staged files' storage.identity as their writer saw it
+        once they were in place, or None: a local commit reads back only a file whose identity
+        changed since.
     """
 
     split: str
     shard: Shard
     crc32c: Optional[str] = None
     index_crc32c: Optional[str] = None
+    identity: Optional[str] = None
+    index_identity: Optional[str] = None
 
     @property
     def index(self) -> int:
@@ -66,12 +71,16 @@ class ShardResult:
             out["crc32c"] = self.crc32c
         if self.index_crc32c:
             out["index_crc32c"] = self.index_crc32c
+        for key in ("identity", "index_identity"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
         return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> "ShardResult":
-        crc, index_crc = d.get("crc32c"), d.get("index_crc32c")
-        return cls(str(d["split"]), Shard.from_json(d), str(crc) if crc else None, str(index_crc) if index_crc else None)
+        text = lambda key: str(d[key]) if d.get(key) else None  # noqa: E731
+        return cls(str(d["split"]), Shard.from_json(d), text("crc32c"), text("index_crc32c"), text("identity"),
+                   text("index_identity"))
 
 
 def keys_name(shard_filename: str) -> str:

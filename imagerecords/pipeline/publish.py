@@ -578,20 +578,24 @@ def sha256_and_size(path: str) -> Tuple[str, int]:
 
 def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
                  reported: Optional[Mapping[str, str]] = None,
-                 metadata: Optional[Mapping[str, Tuple[int, Optional[str]]]] = None) -> None:
+                 metadata: Optional[Mapping[str, Tuple[int, Optional[str]]]] = None,
+                 identities: Optional[Mapping[str, str]] = None) -> None:
     """Checks every file the manifest lists (at its staged path, or in place when an earlier commit
     attempt already moved it) against what its writer reported.
 
     A file whose writer reported a crc32c (`reported`, by manifest file name) and whose object
     metadata (`metadata`, by path: size and crc32c from a gs:// listing) is known is checked by that
-    metadata alone: GCS computed the crc32c of the stored bytes, so nothing is downloaded. Any other
-    file is read back and compared by size and sha256 (local files keep no checksum to ask for).
+    metadata alone: GCS computed the crc32c of the stored bytes, so nothing is downloaded. A local
+    file whose identity (storage.identity: inode, size, modification and change times) is the one
+    its writer saw once it was in place (`identities`, by manifest file name) has not been written
+    since, so it is not read either. Any other file is read back and compared by size and sha256.
 
     Raises:
       OutputError: naming the first file that differs (another process wrote over it) or is missing.
     """
     reported = reported or {}
     metadata = metadata or {}
+    identities = identities or {}
     expected = []
     own = f"{manifest.version}/" if manifest.version else ""
     for split in manifest.splits:
@@ -613,6 +617,9 @@ def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
                 return (f"{path} is {got_size} bytes with crc32c {got_crc}, but its writer reported "
                         f"{num_bytes if num_bytes >= 0 else '?'} bytes with crc32c {want_crc}")
             return None
+        seen = identities.get(filename)
+        if seen is not None and seen == storage.identity(path) and num_bytes in (-1, int(seen.split(":")[2])):
+            return None
         try:
             got_sha, got_size = sha256_and_size(path)
         except OSError as e:
@@ -630,21 +637,22 @@ def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
                                   f"published; rerun with --overwrite")
 
 
-def _crc32c_of(results: BuildResults, folder: str) -> Dict[str, str]:
-    """{file name in the manifest: crc32c its writer reported} for this build's shards and index files."""
+def _reported_by_writers(results: BuildResults, folder: str, what: str) -> Dict[str, str]:
+    """{file name in the manifest: its writer's `what` ("crc32c" or "identity")} for this build's
+    shards and index files."""
     out = {}
     for r in results.shards:
-        if r.crc32c:
-            out[f"{folder}/{r.filename}"] = r.crc32c
-        if r.index_file and r.index_crc32c:
-            out[f"{folder}/{r.index_file}"] = r.index_crc32c
+        if getattr(r, what):
+            out[f"{folder}/{r.filename}"] = getattr(r, what)
+        if r.index_file and getattr(r, f"index_{what}"):
+            out[f"{folder}/{r.index_file}"] = getattr(r, f"index_{what}")
     return out
 
 
-def _reported_crc32c(value: Any) -> Dict[str, str]:
-    """The commit record's crc32c map, checked: {name: base64 text}."""
+def _reported_map(value: Any, what: str) -> Dict[str, str]:
+    """The commit record's map of `what` (crc32c or identity) by file name, checked."""
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise ValueError("its crc32c entry is not a map of file names to checksums")
+        raise ValueError(f"its {what} entry is not a map of file names to texts")
     return dict(value)
 
 
@@ -699,7 +707,8 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
                     record = json.loads(storage.read_bytes(path))
                     manifest = Manifest.from_json(record["manifest"], COMMIT)
                     build_id = record["build_id"]
-                    reported = _reported_crc32c(record.get("crc32c") or {})
+                    reported = _reported_map(record.get("crc32c") or {}, "crc32c")
+                    identities = _reported_map(record.get("identity") or {}, "identity")
                     # The record names the folders the commit moves into: its own build's only.
                     if build_id != staged_id or (manifest.version != version_folder(staged_id)
                                                  and version_name_problem(manifest.version) is not None):
@@ -723,7 +732,8 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
                                        previous_versions=_kept_versions(published, keep_versions - 1))
         manifest = dataclasses.replace(manifest, listed_folders=_listed_folders(manifest, published))
         build_id = results.build_id
-        reported = _crc32c_of(results, manifest.version)
+        reported = _reported_by_writers(results, manifest.version, "crc32c")
+        identities = _reported_by_writers(results, manifest.version, "identity")
         # A split of many shards goes into columns; its histograms into a side file, staged here
         # with the shards (the record below names it, so a redone commit moves it like a shard).
         manifest, side_files = manifest.with_side_files(_hooks.columns_from())
@@ -733,6 +743,8 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         record = {"manifest": manifest.to_json(), "build_id": build_id}
         if reported:
             record["crc32c"] = dict(sorted(reported.items()))
+        if identities:
+            record["identity"] = dict(sorted(identities.items()))
         write_bytes(storage.join(staging_dir(output, build_id), COMMIT), dumps(record))
     staging = staging_dir(output, build_id)
     folder = manifest.version
@@ -754,7 +766,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     if on_gcs and len(staged) < len(manifest.shard_files()) + len(manifest.side_files):  # a redone commit moved some
         metadata.update(storage.gcs_objects(storage.join(output, folder)))
     # 1. Every file is what its writer wrote: a late writer of another build cannot slip one in.
-    check_staged(output, manifest, staged, reported, metadata)
+    check_staged(output, manifest, staged, reported, metadata, identities)
     # The shards' keys files ride along (unlisted: --append checks each against its shard's count),
     # also those of shards a cut commit already moved, so a redone commit publishes every one.
     for filename in manifest.shard_files():

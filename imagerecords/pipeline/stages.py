@@ -304,7 +304,8 @@ class ShardWriter:
             publish.write_bytes(storage.join(staging, index_file), index_data)
         result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
                                           stats.passthrough, index_file, index_sha256, stats.kinds),
-                             stats.crc32c, index_crc32c)
+                             stats.crc32c, index_crc32c, storage.identity(storage.join(staging, filename)),
+                             storage.identity(storage.join(staging, index_file)) if index_file else None)
         # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
         names, offset = labels.names, labels.offset
         if rows:

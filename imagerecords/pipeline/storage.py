@@ -66,6 +66,19 @@ def create(uri: str) -> BinaryIO:
     return _filesystems().create(uri, mime_type="application/octet-stream", compression_type=_uncompressed())
 
 
+def identity(uri: str) -> Optional[str]:
+    """A local file's identity, "device:inode:size:mtime_ns:ctime_ns", or None (not local, or gone):
+    any write, truncation or replacement through the file system changes it (the change time
+    cannot be set back), so an equal identity later means the same bytes without reading them."""
+    if not is_local(uri):
+        return None
+    try:
+        st = os.stat(uri)
+    except OSError:
+        return None
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
 def rename(src: str, dst: str) -> None:
     """Moves `src` to `dst`, replacing it: atomic locally, copy then delete on object stores."""
     if is_local(src) and is_local(dst):
