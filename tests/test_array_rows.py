@@ -60,6 +60,20 @@ def test_hashes_and_splits_are_the_refs_ones():
     assert set(names) == {"train", "validation", "test"}
 
 
+def test_hashes_shared_by_worker_processes_are_the_same(monkeypatch):
+    import concurrent.futures
+    import multiprocessing
+
+    monkeypatch.setattr(array_rows, "HASH_CHUNK", 1000)
+    rows = np.random.default_rng(2).permutation(10**6)[:4321].astype(np.int64)
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx) as pool:
+        shared = array_rows.hashes("shuffle:3", "/x/ü.npz", rows, pool)
+    assert shared.dtype == np.uint64
+    assert shared.tolist() == array_rows.hashes("shuffle:3", "/x/ü.npz", rows).tolist()
+    assert shared.tolist()[:3] == [refs_lib.shuffle_hash(3, f"ü.npz:{i:09d}") for i in rows[:3].tolist()]
+
+
 def _labels_int(n, rng):
     y = rng.integers(0, 6, n).astype(np.int64)
     y[[3, 50, 51]] = -1

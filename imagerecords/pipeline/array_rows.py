@@ -121,9 +121,18 @@ def list_rows(path: str, preset: str, image_encoding: str) -> Listed:
     return listed
 
 
-def hashes(salt: str, path: str, rows) -> Any:
-    """refs.hash64(salt, key) of each row's key, as a uint64 array."""
+# Rows per task when hashes are shared by worker processes: below this many, one process does it.
+HASH_CHUNK = 50_000
+
+
+def hashes(salt: str, path: str, rows, pool=None) -> Any:
+    """refs.hash64(salt, key) of each row's key, as a uint64 array; with a process `pool` (an
+    Executor) and enough rows, in chunks on its workers (a Python call per row: ~1 s per million)."""
     import numpy as np
+
+    if pool is not None and len(rows) >= 2 * HASH_CHUNK:
+        chunks = [rows[i:i + HASH_CHUNK] for i in range(0, len(rows), HASH_CHUNK)]
+        return np.concatenate(list(pool.map(hashes, [salt] * len(chunks), [path] * len(chunks), chunks)))
 
     prefix = f"{_base(path)}:".encode("utf-8")
     start = hashlib.blake2b(digest_size=8, person=refs_lib._person(salt))
@@ -159,14 +168,14 @@ class Assigned:
 
 
 def assign(listed: Listed, labels: LabelMap, splits: Optional[Sequence[Tuple[str, float]]], split_seed: int,
-           seed: int) -> Assigned:
-    """stages.assign of every listed row, with each kept row's shuffle hash."""
+           seed: int, pool=None) -> Assigned:
+    """stages.assign of every listed row, with each kept row's shuffle hash (hashes, on `pool`'s workers)."""
     import numpy as np
 
     rows, codes = listed.rows, listed.codes
     if splits:
         names = [name for name, _ in splits]
-        u = hashes(f"split:{split_seed}", listed.path, rows).astype(np.float64) / 2.0**64
+        u = hashes(f"split:{split_seed}", listed.path, rows, pool).astype(np.float64) / 2.0**64
         cumulative, bounds = 0.0, []
         for _, fraction in splits:  # summed in order, as refs.assign_split does
             cumulative += fraction
@@ -197,7 +206,8 @@ def assign(listed: Listed, labels: LabelMap, splits: Optional[Sequence[Tuple[str
                 rejected.append(Rejected(listed.uri(i), reason, listed.key(i), names[split_of[k]], stage="label"))
             keep &= codes != c
     rows, codes, split_of = rows[keep], codes[keep], split_of[keep]
-    return Assigned(rows, codes, hashes(f"shuffle:{seed}", listed.path, rows), listed.texts, split_of, names, label_ids, rejected)
+    return Assigned(rows, codes, hashes(f"shuffle:{seed}", listed.path, rows, pool), listed.texts, split_of, names,
+                    label_ids, rejected)
 
 
 @dataclasses.dataclass

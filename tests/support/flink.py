@@ -681,7 +681,9 @@ class FlinkCluster:
         (home / "log").mkdir()
         # Flink 1.19+ reads conf/config.yaml (standard YAML). Java 17 needs the distribution's
         # --add-opens/--add-exports flags, so they are carried over from the shipped file.
-        java_opts = _shipped_java_opts(self.artifacts.flink_home / "conf" / "config.yaml")
+        # The JVM's own temporary files (lz4's native library, job graphs) go to this process's tmp
+        # folder, removed with the cluster, not to the machine's /tmp, which java.io.tmpdir defaults to.
+        java_opts = f"{_shipped_java_opts(self.artifacts.flink_home / 'conf' / 'config.yaml')} -Djava.io.tmpdir={tmp}"
         settings = {
             "env.java.opts.all": java_opts,
             "jobmanager.bind-host": "localhost",
@@ -733,7 +735,8 @@ class FlinkCluster:
         env = dict(os.environ)
         env.update(FLINK_HOME=str(self.artifacts.flink_home),
                    FLINK_CONF_DIR=str(self.workdir / name / "conf"),
-                   FLINK_LOG_DIR=str(self.workdir / name / "log"))
+                   FLINK_LOG_DIR=str(self.workdir / name / "log"),
+                   FLINK_PID_DIR=str(self.workdir / name))  # its pid file, else left in /tmp
         return env
 
     def _spawn(self, name: str) -> None:
@@ -797,7 +800,8 @@ class JobServer:
         self.workdir = Path(tempfile.mkdtemp(prefix="imagerecords-jobserver-"))
         self.job_port = free_port()
         # The same arguments Beam's FlinkJarJobServer passes (flink_runner.py), with ports of our own.
-        command = [java, "-jar", str(self.cluster.artifacts.job_server_jar),
+        (self.workdir / "tmp").mkdir()
+        command = [java, f"-Djava.io.tmpdir={self.workdir / 'tmp'}", "-jar", str(self.cluster.artifacts.job_server_jar),
                    "--flink-master", f"http://{self.cluster.flink_master}",
                    "--artifacts-dir", str(self.workdir / "artifacts"),
                    "--job-port", str(self.job_port), "--artifact-port", str(free_port()),

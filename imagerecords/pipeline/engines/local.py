@@ -476,15 +476,16 @@ def _plan_refs(config: BuildConfig, csv_header: Optional[str], process_pool, for
     return rejected, label_map, plan(config, refs), count, known, base
 
 
-def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap]
+def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap], pool=None
                ) -> Tuple[List[Rejected], LabelMap, "_Shards", int, array_rows.Contents]:
     """_plan_refs for an arrays build (array_rows.applies), on NumPy columns: (rejected rows, label
-    map, shards holding rows, images planned, the duplicate check of their records)."""
+    map, shards holding rows, images planned, the duplicate check of their records); the rows' key
+    hashes are shared by `pool`'s workers when there is one."""
     listed = array_rows.list_rows(config.input, config.schema, config.image.image_encoding)
     if label_map is None:
         label_map = refs_lib.vocabulary(listed.texts, arrays.label_type(config), config.label_offset)
     assigned = array_rows.assign(listed, label_map, tuple(config.splits) if config.splits else None,
-                                 config.split_seed, config.seed)
+                                 config.split_seed, config.seed, pool)
     plans, members = array_rows.plan(assigned, config.input, listed.row_bytes, config)
     shards = _Shards()
     shards.add_rows(plans, members)
@@ -496,7 +497,7 @@ def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, proces
            versions: Mapping[str, str], label_map: Optional[LabelMap], csv_header: Optional[str],
            progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
     if array_rows.applies(config):
-        rejected, label_map, shards, count, contents = _plan_rows(config, label_map)
+        rejected, label_map, shards, count, contents = _plan_rows(config, label_map, process_pool)
         known, base = [], None
     else:
         rejected, label_map, shards, count, known, base = _plan_refs(config, csv_header, process_pool, forked, label_map)
