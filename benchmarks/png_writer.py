@@ -1,8 +1,9 @@
 """The PNG writer against Pillow's, in this process: filters and levels on photos, 32x32 crops and
-flat pictures; prepare_image per photo; array rows of 32x32x3. Min of interleaved rounds, so a
-machine shared with other jobs still shows the same-run ratios (README, --png_level).
+flat pictures; prepare_image per photo; array rows of 32x32x3, one by one and with encode_many.
+Min of interleaved rounds, so a machine shared with other jobs still shows the same-run ratios
+(README, --png_level).
 
-    python -m benchmarks.png_writer [--images 400] [--rounds 3]
+    python -m benchmarks.png_writer [--images 400] [--rounds 3] [--many_rows 50000]
 """
 
 import argparse
@@ -53,6 +54,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--images", type=int, default=400, help="corpus size (the benchmark's corpus)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--many_rows", type=int, default=50000, help="32x32x3 rows for encode_many against encode")
     a = p.parse_args(argv)
     corpus = corpus_lib.ensure_corpus(a.images, 0, 10, corpus_lib.CACHE)
     files = sorted(corpus.files)
@@ -116,7 +118,32 @@ def main(argv=None):
         new = n if new is None or n[0] < new[0] else new
     print(f"32x32x3 array row: Pillow {old[0] * 1e6:.1f} us, {old[1]:.0f} B; ours {new[0] * 1e6:.1f} us, "
           f"{new[1]:.0f} B; x{new[0] / old[0]:.2f} the time")
+    _many(a.many_rows, a.rounds)
     print(f"(load average {os.getloadavg()[0]:.1f}; {len(glob.glob(os.path.join(corpus.root, '*', '*')))} corpus files)")
+
+
+def _many(count, rounds, block=1000):
+    """encode_many over blocks of `block` rows against encode row by row: uniform noise and smooth
+    gradients, 32x32x3 uint8; min of interleaved rounds, in microseconds a row."""
+    rng = np.random.default_rng(1)
+    yy, xx = np.mgrid[0:32, 0:32]
+    sets = {"noise": rng.integers(0, 256, (count, 32, 32, 3), dtype=np.uint8),
+            "gradients": np.stack([np.stack([(xx * (i % 7 + 1) + yy * 3) % 256, (yy * (i % 5 + 2)) % 256,
+                                             (xx + yy + i) % 256], -1) for i in range(count)]).astype(np.uint8)}
+    level = codec.PNG_LEVEL
+    for name, rows in sets.items():
+        one = many = None
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            single = [png_writer.encode(row, level) for row in rows]
+            t1 = time.perf_counter()
+            bulk = [data for top in range(0, count, block) for data in png_writer.encode_many(rows[top:top + block], level)]
+            t2 = time.perf_counter()
+            one, many = min(one or 1e9, t1 - t0), min(many or 1e9, t2 - t1)
+        if bulk != single:
+            raise RuntimeError("encode_many's bytes differ from encode's")
+        print(f"{count} 32x32x3 rows, {name}: encode {one / count * 1e6:.1f} us a row, encode_many "
+              f"{many / count * 1e6:.1f} us a row (x{one / many:.2f} as fast), {sum(map(len, bulk)) / count:.0f} B a row")
 
 
 if __name__ == "__main__":

@@ -128,3 +128,49 @@ def test_other_modes_and_dtypes_are_refused_in_one_line():
         codec.png_bytes(np.zeros((4, 4), np.float32))
     with pytest.raises(ValueError, match=r"^PNG stores 1 to 4 channels, not 5$"):
         codec.png_bytes(np.zeros((4, 4, 5), np.uint8))
+
+
+def _many(count, shape, dtype=np.uint8):
+    """`count` images of `shape`: seeded noise, smooth gradients and flat ones, in turn."""
+    images = []
+    for i in range(count):
+        if i % 3 == 0:
+            images.append(np.random.default_rng(i).integers(0, 256 if dtype == np.uint8 else 65536, shape).astype(dtype))
+        elif i % 3 == 1:
+            images.append(_pixels(shape, dtype, seed=i))
+        else:
+            images.append(np.full(shape, i * 37 % 256, dtype))
+    return np.stack(images)
+
+
+@pytest.mark.parametrize("shape", [(32, 32, 3), (32, 32), (32, 32, 1), (28, 28), (7, 5, 4), (1, 9, 2), (9, 1, 3)])
+def test_encode_many_gives_each_image_the_bytes_of_encode(shape):
+    images = _many(100, shape)
+    for level in (0, 1, 9):
+        many = png_writer.encode_many(images, level)
+        assert len(many) == len(images)
+        for i, data in enumerate(many):
+            assert data == png_writer.encode(images[i], level), (shape, level, i)
+    back = np.asarray(Image.open(io.BytesIO(many[1])))
+    assert np.array_equal(back.reshape(images[1].shape), images[1])
+
+
+def test_encode_many_across_blocks_and_for_large_and_16_bit_images():
+    # More images than one filter block holds: each block starts on an image's first row.
+    per_block = png_writer._BLOCK_BYTES // (16 * 16 * 3)
+    images = _many(per_block * 2 + 3, (16, 16, 3))
+    assert png_writer.encode_many(images, 1) == [png_writer.encode(im, 1) for im in images]
+    large = _many(2, (png_writer._BLOCK_BYTES // (40 * 3) + 5, 40, 3))  # above one block: encode's own path
+    assert png_writer.encode_many(large, 1) == [png_writer.encode(im, 1) for im in large]
+    deep = _many(5, (9, 11), np.uint16)
+    assert png_writer.encode_many(deep, 1) == [png_writer.encode(im, 1) for im in deep]
+    assert png_writer.encode_many(images[:0], 1) == []
+
+
+def test_encode_many_refuses_what_encode_refuses_in_one_line():
+    with pytest.raises(ValueError, match=r"^encode_many takes images \(m, H, W\) or \(m, H, W, C\), not of shape \(4, 4\)$"):
+        png_writer.encode_many(np.zeros((4, 4), np.uint8), 1)
+    with pytest.raises(ValueError, match=r"^PNG stores uint8 or uint16 samples, not float32$"):
+        png_writer.encode_many(np.zeros((2, 4, 4), np.float32), 1)
+    with pytest.raises(ValueError, match=r"^PNG stores 1 to 4 channels, not 5$"):
+        png_writer.encode_many(np.zeros((2, 4, 4, 5), np.uint8), 1)

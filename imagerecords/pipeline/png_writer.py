@@ -9,6 +9,7 @@ function of the pixels, the filter, the level and the libdeflate build.
 from __future__ import annotations
 
 import struct
+from typing import List, Tuple
 
 import numpy as np
 
@@ -32,9 +33,10 @@ _COLOUR_TYPES = {1: 0, 2: 4, 3: 2, 4: 6}
 # One IDAT holds at most 2^31 - 1 bytes; split well below.
 _IDAT_MAX = 1 << 30
 
-# Rows filtered at a time: the filter's temporaries stay in cache, bounded for huge images, and below
-# glibc's mmap threshold (1 MiB blocks spent more system time mapping fresh pages than the filter took).
-_BLOCK_BYTES = 1 << 16
+# Bytes of rows filtered at a time: the filter's temporaries stay in cache and bounded for huge
+# images; 128 KiB by measurement (README, --png_level): 64 KiB spent more in NumPy's per-call
+# overhead, 1 MiB several times more in system time mapping fresh pages than the filter took.
+_BLOCK_BYTES = 1 << 17
 
 
 def _chunk(kind: bytes, data) -> list:
@@ -45,12 +47,15 @@ def _chunk(kind: bytes, data) -> list:
     return [struct.pack(">I", len(data)), kind, data, struct.pack(">I", deflate.crc32(data, deflate.crc32(kind)))]
 
 
-def _neighbours(raw: np.ndarray, above: np.ndarray, bpp: int):
+def _neighbours(raw: np.ndarray, above: np.ndarray, bpp: int, height: int = 0):
     """(left, up) bytes of each byte of `raw` (rows x bytes, uint8): zeros left of the first pixel;
-    `above` is the row before the first (zeros at the top of the image)."""
+    `above` is the row before the first (zeros at the top of the image). With `height`, raw holds
+    whole images of that many rows each, and each image's first row has zeros above it."""
     up = np.empty_like(raw)
     up[0] = above
     up[1:] = raw[:-1]
+    if height:
+        up[::height] = 0
     left = np.zeros_like(raw)
     left[:, bpp:] = raw[:, :-bpp]
     return left, up
@@ -60,13 +65,14 @@ def _average(left: np.ndarray, up: np.ndarray) -> np.ndarray:
     return (left & up) + ((left ^ up) >> 1)  # floor((left + up) / 2) without leaving uint8
 
 
-def _filtered(raw: np.ndarray, above: np.ndarray, bpp: int, kind: int, out: np.ndarray) -> None:
-    """Writes rows of `raw` filtered with `kind` into `out` (rows x (1 + bytes)), type byte first."""
+def _filtered(raw: np.ndarray, above: np.ndarray, bpp: int, kind: int, out: np.ndarray, height: int = 0) -> None:
+    """Writes rows of `raw` filtered with `kind` into `out` (rows x (1 + bytes)), type byte first;
+    `height` as for _neighbours."""
     if kind == NONE:
         out[:, 0] = NONE
         out[:, 1:] = raw
         return
-    left, up = _neighbours(raw, above, bpp)
+    left, up = _neighbours(raw, above, bpp, height)
     if kind == ADAPTIVE:
         residues = np.empty((4,) + raw.shape, np.uint8)  # NONE, SUB, UP, AVERAGE: index = filter type
         residues[0] = raw
@@ -96,25 +102,44 @@ def _filtered(raw: np.ndarray, above: np.ndarray, bpp: int, kind: int, out: np.n
     np.subtract(raw, predicted, out=out[:, 1:])
 
 
-def encode(pixels: np.ndarray, level: int, kind: int = FILTER) -> bytes:
-    """PNG bytes of a uint8 or uint16 array of shape (H, W) or (H, W, C), C in 1..4 (grey, grey +
-    alpha, RGB, RGBA), at libdeflate `level` (0..12), with no chunk beyond IHDR, IDAT and IEND."""
-    import deflate
-
-    if pixels.ndim == 2:
-        pixels = pixels[:, :, None]
-    height, width, channels = pixels.shape
+def _as_bytes(pixels: np.ndarray, lead: int) -> Tuple[np.ndarray, int, int]:
+    """(the samples as bytes, of shape lead axes + (H, W * bytes per pixel); bit depth; channels) of
+    an array whose first `lead` axes count images, then (H, W) or (H, W, C)."""
+    if pixels.ndim == lead + 2:
+        pixels = pixels[..., None]
+    if pixels.ndim != lead + 3:
+        raise ValueError(f"PNG pixels are (H, W) or (H, W, C), not of shape {pixels.shape[lead:]}")
     if pixels.dtype.kind == "u" and pixels.dtype.itemsize == 2:
         depth, pixels = 16, pixels.astype(">u2", copy=False)  # PNG's samples are big-endian
     elif pixels.dtype == np.uint8:
         depth = 8
     else:
         raise ValueError(f"PNG stores uint8 or uint16 samples, not {pixels.dtype}")
+    channels = pixels.shape[-1]
     if channels not in _COLOUR_TYPES:
         raise ValueError(f"PNG stores 1 to 4 channels, not {channels}")
+    shape = pixels.shape[:-2] + (pixels.shape[-2] * channels * depth // 8,)
+    return np.ascontiguousarray(pixels).view(np.uint8).reshape(shape), depth, channels
+
+
+def _png(rows: np.ndarray, width: int, depth: int, channels: int, level: int) -> bytes:
+    """The PNG file of filtered `rows` (C-contiguous, rows x (1 + bytes)): IHDR, IDAT(s), IEND."""
+    import deflate
+
+    data = memoryview(deflate.zlib_compress(memoryview(rows).cast("B"), level))
+    header = struct.pack(">IIBBBBB", width, len(rows), depth, _COLOUR_TYPES[channels], 0, 0, 0)
+    parts = [SIGNATURE, *_chunk(b"IHDR", header)]
+    for i in range(0, max(len(data), 1), _IDAT_MAX):
+        parts += _chunk(b"IDAT", data[i:i + _IDAT_MAX])
+    return b"".join(parts + _chunk(b"IEND", b""))
+
+
+def encode(pixels: np.ndarray, level: int, kind: int = FILTER) -> bytes:
+    """PNG bytes of a uint8 or uint16 array of shape (H, W) or (H, W, C), C in 1..4 (grey, grey +
+    alpha, RGB, RGBA), at libdeflate `level` (0..12), with no chunk beyond IHDR, IDAT and IEND."""
+    raw, depth, channels = _as_bytes(pixels, 0)
+    height, stride = raw.shape
     bpp = channels * depth // 8
-    stride = width * bpp
-    raw = np.ascontiguousarray(pixels).view(np.uint8).reshape(height, stride)
     rows = np.empty((height, stride + 1), np.uint8)
     step = max(1, _BLOCK_BYTES // max(stride, 1))
     above = np.zeros(stride, np.uint8)
@@ -122,9 +147,30 @@ def encode(pixels: np.ndarray, level: int, kind: int = FILTER) -> bytes:
         block = raw[top:top + step]
         _filtered(block, above, bpp, kind, rows[top:top + step])
         above = block[-1]
-    data = memoryview(deflate.zlib_compress(memoryview(rows).cast("B"), level))
-    header = struct.pack(">IIBBBBB", width, height, depth, _COLOUR_TYPES[channels], 0, 0, 0)
-    parts = [SIGNATURE, *_chunk(b"IHDR", header)]
-    for i in range(0, max(len(data), 1), _IDAT_MAX):
-        parts += _chunk(b"IDAT", data[i:i + _IDAT_MAX])
-    return b"".join(parts + _chunk(b"IEND", b""))
+    return _png(rows, pixels.shape[1], depth, channels, level)
+
+
+def encode_many(pixels: np.ndarray, level: int) -> List[bytes]:
+    """PNG bytes of each of a block of same-shape images: a uint8 or uint16 array (m, H, W) or
+    (m, H, W, C), C in 1..4. The filter runs over many images at once (each image's first row with
+    zeros above it), then each image is deflated on its own; each result is byte-equal to
+    encode(pixels[i], level).
+
+    Raises:
+      ValueError: for another dtype, rank or channel count (as encode does).
+    """
+    if pixels.ndim not in (3, 4):
+        raise ValueError(f"encode_many takes images (m, H, W) or (m, H, W, C), not of shape {pixels.shape}")
+    raw, depth, channels = _as_bytes(pixels, 1)
+    count, height, stride = raw.shape
+    if not height * stride or height * stride > _BLOCK_BYTES:  # encode's blocks of rows bound the temporaries
+        return [encode(image, level) for image in pixels]
+    bpp = channels * depth // 8
+    width = pixels.shape[2]
+    flat = raw.reshape(count * height, stride)
+    rows = np.empty((count * height, stride + 1), np.uint8)
+    step = max(1, _BLOCK_BYTES // max(height * stride, 1)) * height  # whole images at a time
+    above = np.zeros(stride, np.uint8)
+    for top in range(0, count * height, step):
+        _filtered(flat[top:top + step], above, bpp, FILTER, rows[top:top + step], height)
+    return [_png(rows[i:i + height], width, depth, channels, level) for i in range(0, count * height, height)]
