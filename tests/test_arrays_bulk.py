@@ -27,12 +27,12 @@ def _refs(path):
     return [stages.assign(r, labels, None, 0) for r in kept], labels
 
 
-def _compare(path):
+def _compare(path, options=None):
     """(rows written in blocks, rows encoded one by one); asserts both ways give the same output."""
     arrays._source.cache_clear()
     arrays.open_arrays.cache_clear()
     refs, labels = _refs(path)
-    options = codec.ImageOptions()
+    options = options or codec.ImageOptions()
     expected = []
     for ref in refs:
         out = arrays.encode_ref(ref, "tfds", labels, options)
@@ -110,11 +110,36 @@ def test_nan_and_infinite_rows_are_still_rejected_with_their_reason(tmp_path):
     assert _compare(tmp_path / "n.npz") == (N - 3, 3)
 
 
-def test_images_and_class_names_take_the_row_by_row_path(tmp_path):
+def test_class_names_take_the_row_by_row_path(tmp_path):
     r = _rng(5)
     np.savez(tmp_path / "p.npz", image=r.integers(0, 256, (40, 8, 8, 3), dtype=np.uint8),
              label=np.array(["cat", "dog"] * 20))
     assert _compare(tmp_path / "p.npz") == (0, 40)
+
+
+@pytest.mark.parametrize("shape", [(8, 8, 3), (8, 8), (8, 8, 1), (1, 9, 3)])
+@pytest.mark.parametrize("level", [0, 1, 9])
+def test_png_images_are_encoded_in_blocks_with_the_per_row_bytes(tmp_path, shape, level):
+    r = _rng(11)
+    image = r.integers(0, 256, (N,) + shape, dtype=np.uint8)
+    image[N // 2:] //= 64  # flatter pictures compress: records of many lengths in one block
+    image[:10] = 7
+    vec = r.random((N, 2), dtype=np.float32)
+    vec[33, 1] = np.nan  # this row alone goes to the per-row encoder, and is rejected there
+    label = r.integers(0, 200, N)  # label entries of one and two varint bytes
+    np.savez(tmp_path / "i.npz", image=image, label=label, vec=vec)
+    assert _compare(tmp_path / "i.npz", codec.ImageOptions(image_encoding="png", png_level=level)) == (N - 1, 1)
+
+
+def test_jpeg_images_take_the_row_by_row_path(tmp_path):
+    r = _rng(12)
+    np.savez(tmp_path / "j.npz", image=r.integers(0, 256, (20, 8, 8, 3), dtype=np.uint8), label=r.integers(0, 3, 20))
+    arrays._source.cache_clear()
+    refs = [r for r in arrays.list_refs(str(tmp_path / "j.npz"), "tfds", "jpeg") if not isinstance(r, Rejected)]
+    labels = refs_lib.vocabulary(sorted({r.label for r in refs}), "int", 0)
+    refs = [stages.assign(r, labels, None, 0) for r in refs]
+    items = list(arrays.encode_rows(refs, "tfds", labels, codec.ImageOptions(image_encoding="jpeg")))
+    assert len(items) == 20 and not any(isinstance(item, arrays.Block) for item in items)
 
 
 def test_local_engine_and_direct_runner_write_the_same_bulk_bytes(tmp_path):

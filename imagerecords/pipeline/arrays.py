@@ -434,9 +434,10 @@ class Block:
 
 @dataclasses.dataclass(frozen=True)
 class _Piece:
-    """How one column's entry is made in bulk: 'label' (by the row's label id) or 'raw' (a
+    """How one column's entry is made in bulk: 'label' (by the row's label id), 'raw' (a
     constant prefix, then the row's values as `wire` bytes: stored bytes, float32, or int64
-    varints of 0..127, which are one byte each)."""
+    varints of 0..127, which are one byte each) or 'png' (a uint8 image, encoded a block of rows
+    at a time by png_writer.encode_many)."""
 
     column: Column
     kind: str
@@ -454,6 +455,9 @@ def _pieces(arrays: Mapping[str, Any], columns: Sequence[Column]) -> Optional[Li
         f = column.feature
         if column.role == "class":
             out.append(_Piece(column, "label"))
+            continue
+        if column.role == "image" and f.encoding == "png" and a.dtype == np.uint8 and all(a.shape[1:]):
+            out.append(_Piece(column, "png"))
             continue
         if column.role != "tensor" or not f.numeric or a.dtype != np.dtype(features._NUMPY[f.dtype]) \
                 or not all(a.shape[1:]):
@@ -551,6 +555,9 @@ def _encode_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageRef],
 
     from imagerecords.format import records
 
+    if any(p.kind == "png" for p in pieces):
+        yield from _encode_png_block(start, idx, label_ids, ref_of, arrays, columns, pieces, preset, labels, options)
+        return
     m = len(idx)
     regular = np.ones(m, bool)
     raw: Dict[str, Any] = {}
@@ -601,6 +608,101 @@ def _encode_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageRef],
         yield start + i, encode_ref(ref_of(start + i), preset, labels, options)
     if run:
         yield _run_of(start, run, framed, widths, hashed)
+
+
+def _encode_png_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageRef], arrays, columns,
+                      pieces: Sequence[_Piece], preset: str, labels: LabelMap, options
+                      ) -> Iterator[Union[Run, Tuple[int, Any]]]:
+    """_encode_block for rows holding a PNG image: the images encoded together (encode_many), each
+    record then joined from its entries (their lengths vary with the image's)."""
+    import numpy as np
+
+    from imagerecords.format import records
+    from imagerecords.pipeline import png_writer
+
+    m = len(idx)
+    regular = np.ones(m, bool)
+    gathered: Dict[str, Any] = {}
+    raw: Dict[str, Any] = {}
+    for piece in pieces:
+        name = piece.column.array
+        if piece.kind == "png":
+            gathered[name] = np.ascontiguousarray(arrays[name][idx])
+        elif piece.kind == "raw":
+            gathered[name], ok, raw[name] = _row_values(np, arrays[name], idx, piece.wire)
+            if not (piece.column.feature.allow_nan and piece.wire != "small_ints"):
+                regular &= ok
+    hashed = np.concatenate([(gathered[c.array] if c.array in gathered else np.ascontiguousarray(
+        arrays[c.array][idx])).reshape(m, -1).view(np.uint8) for c in columns], axis=1)
+    entries = {}  # label id -> its entry
+    label_piece = next((p for p in pieces if p.kind == "label"), None)
+    if label_piece is not None:
+        for i in np.unique(label_ids).tolist():
+            entries[i] = schema.example_entry(label_piece.column.key, schema.int64_list_feature([i]))
+    # Per piece: ("label", None), ("raw", (constant prefix, the rows' value bytes)) or ("png", (key, images)).
+    made = []
+    for piece in pieces:
+        name = piece.column.array
+        if piece.kind == "label":
+            made.append(("label", None))
+        elif piece.kind == "png":
+            made.append(("png", (piece.column.key, png_writer.encode_many(gathered[name], options.png_level))))
+        else:
+            values = raw[name]
+            first = values[0].tobytes()
+            feature = {"bytes": schema.bytes_feature, "float32": schema.float_list_feature}.get(piece.wire)
+            feature = feature(first) if feature else schema.int64_list_feature(values[0].tolist())
+            entry = schema.example_entry(piece.column.key, feature)
+            if not entry.endswith(first):  # a layout the per-row encoder knows better: every row goes there
+                regular[:] = False
+                break
+            made.append(("raw", (entry[:len(entry) - len(first)], values)))
+    # The bytes before an image's entry, and before the record's entries, depend only on their
+    # lengths: made once per length, not per row.
+    image_prefixes: Dict[Tuple[str, int], bytes] = {}
+    headers: Dict[int, bytes] = {}
+
+    def image_prefix(key: str, size: int) -> bytes:
+        prefix = image_prefixes.get((key, size))
+        if prefix is None:
+            prefix = image_prefixes[(key, size)] = schema.example_entry(key, schema.bytes_feature(bytes(size)))[:-size]
+        return prefix
+
+    frame = records.frame
+    frames: List[Optional[bytes]] = [None] * m
+    ids = label_ids.tolist()
+    for k in np.flatnonzero(regular).tolist():
+        parts = []
+        for kind, data in made:
+            if kind == "label":
+                parts.append(entries[ids[k]])
+            elif kind == "png":
+                image = data[1][k]
+                parts += [image_prefix(data[0], len(image)), image]
+            else:
+                parts += [data[0], data[1][k].tobytes()]
+        body = b"".join(parts)
+        header = headers.get(len(body))
+        if header is None:
+            header = headers[len(body)] = schema.example_header(len(body))
+        frames[k] = frame(header + body)
+    first = next((k for k in range(m) if regular[k]), None)
+    if first is not None and not _same_as_encoder(ref_of(start + first), np.frombuffer(frames[first], np.uint8),
+                                                  hashed[first], preset, labels, options):
+        regular[:] = False  # the per-row encoder disagrees: every row goes there
+    run: List[int] = []
+    for k in range(m):
+        if regular[k]:
+            run.append(k)
+            continue
+        if run:
+            yield Run(np.array(run, np.int64) + start, b"".join(frames[i] for i in run), [len(frames[i]) for i in run],
+                      _digests(hashed[run]))
+            run = []
+        yield start + k, encode_ref(ref_of(start + k), preset, labels, options)
+    if run:
+        yield Run(np.array(run, np.int64) + start, b"".join(frames[i] for i in run), [len(frames[i]) for i in run],
+                  _digests(hashed[run]))
 
 
 def _frames(np, records, rows, pieces, raw, label_ids, entries, width: int):
