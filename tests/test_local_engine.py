@@ -377,3 +377,20 @@ def test_forked_workers_never_run_the_destructors_of_what_they_inherit(tmp_path,
     # Collected once, in this process, before the fork; the workers' collections never saw it.
     assert marker.read_text().split() == [str(os.getpid())]
     assert min(frozen) > 0
+
+
+def test_the_worker_count_follows_the_input_size_unless_asked(image_tree, tmp_path, capsys, monkeypatch):
+    """Below PROCESS_MIN_IMAGES images the shards are written by threads in this process (forked
+    workers would cost more than they save); --local_workers N asks for processes whatever the size."""
+    from imagerecords.pipeline.engines import local
+
+    root = image_tree[0]
+    build(root, tmp_path / "small", "--max_reject_fraction", 0.1)
+    assert "(local engine, in-process)" in capsys.readouterr().out
+    build(root, tmp_path / "asked", "--max_reject_fraction", 0.1, "--local_workers", 2)
+    assert "(local engine, 2 worker processes)" in capsys.readouterr().out
+    if local._auto_workers():  # more than one core, and fork: a big enough input gets processes
+        monkeypatch.setattr(local, "PROCESS_MIN_IMAGES", 10)
+        build(root, tmp_path / "big", "--max_reject_fraction", 0.1)
+        assert f"(local engine, {local._auto_workers()} worker processes)" in capsys.readouterr().out
+    assert files_of(tmp_path / "small") == files_of(tmp_path / "asked")

@@ -413,7 +413,8 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
     Returns:
       The results written, and the worker processes used.
     """
-    forked = workers if workers is not None else _auto_workers()
+    asked = workers is not None  # before `workers` names the pool's processes below
+    forked = workers if asked else _auto_workers()
     if arrays.is_arrays_input(config.input):
         arrays.forget_if_changed(config.input)
         arrays.open_arrays(config.input)  # before the fork: the workers share the launcher's copy of an .npz
@@ -422,7 +423,7 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
     workers = list(getattr(pool, "_processes", {}).values())  # the pool forgets a dead worker
     try:
         return _build(config, writer, pool, cancel, forked, build_id=build_id, versions=versions, label_map=label_map,
-                      csv_header=csv_header, progress_dir=progress_dir, asked=workers is not None)
+                      csv_header=csv_header, progress_dir=progress_dir, asked=asked)
     except BaseException as e:
         if pool is not None:
             if isinstance(e, concurrent.futures.BrokenExecutor):
