@@ -347,16 +347,16 @@ class Contents:
         ordered = halves[order]
         same = (ordered[1:] == ordered[:-1]).all(axis=1)
         found = []
-        start = 0
-        for end in (np.flatnonzero(~same) + 1).tolist() + [len(order)]:
-            if end - start > 1:
-                members = []
-                for i in rows[order[start:end]].tolist():
-                    uri = f"{self._path}{arrays.ROW_MARK}{i}"
-                    members.append((f"{_base(self._path)}:{i:09d}", self._names[self._split[i]], uri,
-                                    self._label[self._code[i]]))
-                group = stages.duplicate_group(ordered[start].astype(">u8").tobytes(), members)
-                if group is not None:
-                    found.append(group)
-            start = end
+        # Runs of equal digests: only those of two rows or more are visited (not one step per row).
+        bounds = np.concatenate([[0], np.flatnonzero(~same) + 1, [len(order)]])
+        repeated = np.flatnonzero(np.diff(bounds) > 1)
+        for start, end in zip(bounds[repeated].tolist(), bounds[repeated + 1].tolist()):
+            members = []
+            for i in rows[order[start:end]].tolist():
+                uri = f"{self._path}{arrays.ROW_MARK}{i}"
+                members.append((f"{_base(self._path)}:{i:09d}", self._names[self._split[i]], uri,
+                                self._label[self._code[i]]))
+            group = stages.duplicate_group(ordered[start].astype(">u8").tobytes(), members)
+            if group is not None:
+                found.append(group)
         return found
