@@ -597,17 +597,25 @@ def _encode_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageRef],
                   _digests(hashed))
         return
     framed = {w: (frames, {int(r): k for k, r in enumerate(rows)}) for w, (frames, rows) in framed.items()}
+    yield from _in_runs(start, regular, lambda run: _run_of(start, run, framed, widths, hashed), ref_of, preset,
+                        labels, options)
+
+
+def _in_runs(start: int, regular, run_of: Callable[[List[int]], Run], ref_of: Callable[[int], ImageRef], preset: str,
+             labels: LabelMap, options) -> Iterator[Union[Run, Tuple[int, Any]]]:
+    """A block's rows in order: each run of consecutive `regular` rows as run_of(their places in the
+    block), and every other row through the per-row encoder."""
     run: List[int] = []
-    for i in range(m):
-        if regular[i]:
+    for i, ok in enumerate(regular.tolist()):
+        if ok:
             run.append(i)
             continue
         if run:
-            yield _run_of(start, run, framed, widths, hashed)
+            yield run_of(run)
             run = []
         yield start + i, encode_ref(ref_of(start + i), preset, labels, options)
     if run:
-        yield _run_of(start, run, framed, widths, hashed)
+        yield run_of(run)
 
 
 def _encode_png_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageRef], arrays, columns,
@@ -690,19 +698,9 @@ def _encode_png_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageR
     if first is not None and not _same_as_encoder(ref_of(start + first), np.frombuffer(frames[first], np.uint8),
                                                   hashed[first], preset, labels, options):
         regular[:] = False  # the per-row encoder disagrees: every row goes there
-    run: List[int] = []
-    for k in range(m):
-        if regular[k]:
-            run.append(k)
-            continue
-        if run:
-            yield Run(np.array(run, np.int64) + start, b"".join(frames[i] for i in run), [len(frames[i]) for i in run],
-                      _digests(hashed[run]))
-            run = []
-        yield start + k, encode_ref(ref_of(start + k), preset, labels, options)
-    if run:
-        yield Run(np.array(run, np.int64) + start, b"".join(frames[i] for i in run), [len(frames[i]) for i in run],
-                  _digests(hashed[run]))
+    yield from _in_runs(start, regular, lambda run: Run(
+        np.array(run, np.int64) + start, b"".join([frames[i] for i in run]), [len(frames[i]) for i in run],
+        _digests(hashed[run])), ref_of, preset, labels, options)
 
 
 def _frames(np, records, rows, pieces, raw, label_ids, entries, width: int):
