@@ -46,30 +46,26 @@ def _names(shard: array_rows.RowShard, labels: LabelMap) -> List[Optional[str]]:
     return out
 
 
-def keys_bytes(shard: array_rows.RowShard, positions, digests: bytes, labels: LabelMap) -> bytes:
-    """dataset_files.format_keys of the written rows (their `positions` in the shard and 16-byte
-    `digests`, back to back, in shard order)."""
+def written_lines(shard: array_rows.RowShard, positions, digests: bytes, labels: LabelMap, contents: bool = True
+                  ) -> Tuple[bytes, str]:
+    """The keys file (dataset_files.format_keys) of the written rows and, with `contents`, the staged
+    record's `contents` entries as stages._staged_record_bytes spells a ref shard's
+    (["digest hex",[key, split, uri, label name]] joined by commas; else ""). The rows are given by
+    their `positions` in the shard and their 16-byte `digests`, back to back, in shard order."""
     if not len(positions):
-        return b""
-    key = _open(_utf8(f"{array_rows._base(shard.path)}:"))
-    formats = [f'{{"digest": "%s", "key": {key}%09d", "label": {_whole(_utf8(name or ""))}, "size": {shard.size}}}'
-               for name in _names(shard, labels)]
+        return b"", ""
+    names = [_whole(_utf8(name or "")) for name in _names(shard, labels)]
     hexed = digests.hex()
+    digest_of = [hexed[k:k + 32] for k in range(0, len(hexed), 32)]
     rows, codes = shard.rows[positions].tolist(), shard.codes[positions].tolist()
-    lines = [formats[c] % (hexed[32 * k:32 * k + 32], i) for k, (i, c) in enumerate(zip(rows, codes))]
-    return ("\n".join(lines) + "\n").encode("utf-8")
-
-
-def staged_contents_text(shard: array_rows.RowShard, positions, digests: bytes, labels: LabelMap) -> str:
-    """The staged record's `contents` entries of the written rows, as stages._staged_record_bytes
-    spells a ref shard's: ["digest hex",[key, split, uri, label name]] joined by commas."""
     key = _open(_utf8(f"{array_rows._base(shard.path)}:"))
-    uri = _open(_utf8(f"{shard.path}{arrays.ROW_MARK}"))
-    split = _whole(_utf8(shard.split))
-    formats = [f'["%s",[{key}%09d",{split},{uri}%d",{_whole(_utf8(name or ""))}]]' for name in _names(shard, labels)]
-    hexed = digests.hex()
-    rows, codes = shard.rows[positions].tolist(), shard.codes[positions].tolist()
-    return ",".join([formats[c] % (hexed[32 * k:32 * k + 32], i, i) for k, (i, c) in enumerate(zip(rows, codes))])
+    formats = [f'{{"digest": "%s", "key": {key}%09d", "label": {name}, "size": {shard.size}}}' for name in names]
+    keys = ("\n".join([formats[c] % (d, i) for d, i, c in zip(digest_of, rows, codes)]) + "\n").encode("utf-8")
+    if not contents:
+        return keys, ""
+    uri, split = _open(_utf8(f"{shard.path}{arrays.ROW_MARK}")), _whole(_utf8(shard.split))
+    formats = [f'["%s",[{key}%09d",{split},{uri}%d",{name}]]' for name in names]
+    return keys, ",".join([formats[c] % (d, i, i) for d, i, c in zip(digest_of, rows, codes)])
 
 
 def histogram(shard: array_rows.RowShard, positions) -> Tuple[Tuple[int, int], ...]:

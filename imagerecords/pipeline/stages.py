@@ -309,10 +309,9 @@ class ShardWriter:
         # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
         names, offset = labels.names, labels.offset
         if rows:
-            keys = row_writer.keys_bytes(refs, positions, digests, labels)
+            keys, spelled = row_writer.written_lines(refs, positions, digests, labels, self.contents)
             out = StagedShard(result, rejected, array_rows.RowContents(
                 digests if self.contents else b"", refs.rows[positions] if self.contents else refs.rows[:0]), 0)
-            spelled = row_writer.staged_contents_text(refs, positions, digests, labels) if self.contents else ""
         else:
             keys = dataset_files.format_keys(
                 [(r.key, names[r.label_id - offset] if 0 <= r.label_id - offset < len(names) else "", r.size, digest)
@@ -339,7 +338,7 @@ def _record_bytes(record: Mapping[str, Any]) -> bytes:
 def _staged_record_bytes(fingerprint: str, staged: StagedShard, contents: Optional[str] = None) -> bytes:
     """_record_bytes({"fingerprint": fingerprint, "staged": staged.to_json()}), its contents spelled
     row by row as the encoder spells them: a list and a hex string per record cost twice the line.
-    A row shard's writer passes its `contents` already spelled (row_writer.staged_contents_text)."""
+    A row shard's writer passes its `contents` already spelled (row_writer.written_lines)."""
     text = _utf8_string
     if contents is None:
         try:
