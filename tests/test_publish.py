@@ -320,3 +320,18 @@ def test_a_local_commit_reads_back_only_the_staged_files_written_since_their_wri
     build(root, out, "--num_shards", "3", "--max_reject_fraction", "0.1")
     assert len(shard_files(out)) == 3
     assert len(reads) == (0 if change == "none" else 1)
+
+
+@pytest.mark.parametrize("entry", [["not", "a", "map"], {"v/x.tfrecord": 5}])
+def test_a_commit_record_whose_identity_entry_is_not_a_map_of_texts_is_refused(tmp_path, entry):
+    out = tmp_path / "out"
+    old = _publish_old(out)
+    new = _results()
+    _stage(out, new, [b"new0", b"new1"])
+    manifest = new.manifest(created="t")
+    record = tmp_path / "out" / STAGING / new.build_id / publish.COMMIT
+    record.write_bytes(publish.dumps({"manifest": manifest.to_json(), "build_id": new.build_id, "identity": entry}))
+    with pytest.raises(errors.OutputError, match=r"refusing to publish .*commit.* is unreadable \(its identity entry "
+                                                 r"is not a map of file names to texts\)"):
+        publish.commit(str(out))
+    assert Manifest.loads((out / MANIFEST).read_bytes()) == old
