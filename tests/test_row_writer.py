@@ -128,9 +128,17 @@ def test_a_resumed_row_shard_reuses_the_staged_one(tmp_path, monkeypatch):
     second = "second-build"
     os.makedirs(publish.staging_dir(out, second))
     writer = stages.ShardWriter(**{**stages.ShardWriter.of(config, second).__dict__, "resume_from": (first,)})
+    reads, real_read = [], publish.sha256_and_size
+    monkeypatch.setattr(publish, "sha256_and_size", lambda path: reads.append(path) or real_read(path))
     for key, shard in shards.items():
         staged = writer.write(key, shard, label_map, read_bytes=None)
         name = staged.result.shard.filename
-        assert storage.exists(storage.join(publish.staging_dir(out, second), name))
+        moved = storage.join(publish.staging_dir(out, second), name)
+        assert storage.exists(moved)
         assert not storage.exists(storage.join(publish.staging_dir(out, first), name))  # moved, not rewritten
         assert array_rows.RowContents.of(staged.contents, shard).rows.tolist() == shard.rows.tolist()
+        # Unchanged since its writer saw it: not read back; its new place's identity is recorded for the commit.
+        assert staged.result.identity == storage.identity(moved)
+        record = json.loads(open(moved + publish.STAGED_RECORD, "rb").read())
+        assert record["staged"]["result"]["identity"] == staged.result.identity and record["reused"]
+    assert reads == []

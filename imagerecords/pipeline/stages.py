@@ -465,7 +465,7 @@ def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: 
                                                   else [])
         if not all(storage.exists(storage.join(source, n)) for n in moves):
             continue
-        damage = _staged_damage(source, staged.result.shard)
+        damage = _staged_damage(source, staged.result)
         if damage:  # truncated or changed since it was staged: written again, never carried to the commit
             log.warning("not reusing %s: %s; writing it again", storage.join(source, filename), damage)
             continue
@@ -478,18 +478,28 @@ def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: 
             if storage.is_local(destination):
                 os.makedirs(os.path.dirname(destination), exist_ok=True)
             storage.rename(storage.join(source, n), destination)
+        # Moved, the files have new identities: recorded, so the commit need not read them back either.
+        staged.result = dataclasses.replace(
+            staged.result, identity=storage.identity(storage.join(target, staged.result.shard.filename)),
+            index_identity=storage.identity(storage.join(target, staged.result.shard.index_file))
+            if staged.result.shard.index_file else None)
+        record["staged"]["result"] = staged.result.to_json()
         publish.write_bytes(storage.join(target, filename + publish.STAGED_RECORD), _record_bytes(
             {"fingerprint": fingerprint, "staged": record["staged"], "reused": True}))
         return staged
     return None
 
 
-def _staged_damage(folder: str, shard: Shard) -> Optional[str]:
-    """Why a staged shard (or its index) differs from what its writer recorded, or None."""
-    expected = [(shard.filename, shard.num_bytes, shard.sha256)]
+def _staged_damage(folder: str, result: ShardResult) -> Optional[str]:
+    """Why a staged shard (or its index) differs from what its writer recorded, or None; a local file
+    whose identity is the one its writer recorded (storage.identity) is not read back."""
+    shard = result.shard
+    expected = [(shard.filename, shard.num_bytes, shard.sha256, result.identity)]
     if shard.index_file and shard.index_sha256:
-        expected.append((shard.index_file, -1, shard.index_sha256))
-    for name, num_bytes, sha256 in expected:
+        expected.append((shard.index_file, -1, shard.index_sha256, result.index_identity))
+    for name, num_bytes, sha256, seen in expected:
+        if seen is not None and seen == storage.identity(storage.join(folder, name)):
+            continue
         try:
             got_sha, got_size = publish.sha256_and_size(storage.join(folder, name))
         except OSError as e:
