@@ -7,13 +7,14 @@ Both sides raise OSError (Beam's BeamIOError is one) for a failed operation.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from typing import BinaryIO, Dict, List, Optional, Tuple
 
 from imagerecords.format.paths import has_scheme, join  # join: re-exported as the builder's one path join
 
-__all__ = ["is_local", "join", "open_read", "read_bytes", "open_if_exists", "create", "rename", "exists", "delete",
+__all__ = ["is_local", "join", "open_read", "read_bytes", "open_if_exists", "create", "rename", "link", "exists", "delete",
            "delete_all", "list_names", "list_tree", "list_folder", "gcs_objects", "gcs_client"]
 
 
@@ -85,6 +86,31 @@ def rename(src: str, dst: str) -> None:
         os.replace(src, dst)
         return
     _filesystems().rename([src], [dst])
+
+
+def link(src: str, dst: str) -> bool:
+    """Makes `dst` a second name of the file `src` without moving its bytes through this process:
+    a hard link locally, a server-side copy on object stores. Where the file system has no hard
+    links (or `dst` is on another one) the bytes are copied into `dst` instead.
+
+    Returns:
+      False when the bytes had to be copied locally (the caller says so), True otherwise.
+    """
+    if is_local(src) and is_local(dst):
+        try:
+            os.link(src, dst)
+            return True
+        except FileExistsError:
+            raise
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+        tmp = f"{dst}.link.tmp"
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+        return False
+    _filesystems().copy([src], [dst])
+    return True
 
 
 def exists(uri: str) -> bool:
