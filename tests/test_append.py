@@ -47,6 +47,20 @@ def _keys(out):
     return found
 
 
+def _glob_counts(out, version):
+    """{split: records} that a plain glob over one version folder reads (what TFDS, Model Garden or DALI see)."""
+    import glob
+
+    from imagerecords.format import records
+
+    counts = {}
+    for path in sorted(glob.glob(os.path.join(out, version, "images-*.tfrecord-*"))):
+        split = os.path.basename(path).split("-", 1)[1].split(".tfrecord", 1)[0]
+        with open(path, "rb") as f:
+            counts[split] = counts.get(split, 0) + sum(1 for _ in records.read_records(f, path))
+    return counts
+
+
 def _rows(path):
     if not os.path.exists(path):
         return []
@@ -114,15 +128,24 @@ def test_three_deltas_add_up(tmp_path):
     assert [e["key"] for e in errors] == [changed] and "rebuild with --overwrite" in errors[0]["reason"]
     assert sum(s["num_examples"] for s in m3["splits"].values()) == len(keys0) + 5 == len(keys3)
 
-    # The first build's shards: never copied or rewritten, still listed.
+    # The first build's shards: never copied or rewritten; the newest folder holds them as second
+    # names (same inode, same bytes) under the one numbering, before the deltas' shards.
+    listed = {os.stat(os.path.join(out, f)).st_ino: f for f in _files(out, m3)}
     for name, (inode, data) in inodes.items():
-        assert name in _files(out, m3)
-        assert os.stat(os.path.join(out, name)).st_ino == inode
-        assert open(os.path.join(out, name), "rb").read() == data
-    # Retention (keep 2): every folder the current and the kept manifest list is still there.
-    for folders in m3["listed_folders"].values():
-        for folder in folders:
-            assert os.path.isdir(os.path.join(out, folder))
+        assert inode in listed, f"{name} is not in the newest version folder"
+        assert listed[inode].startswith(m3["version"] + "/")
+        assert open(os.path.join(out, listed[inode]), "rb").read() == data
+    # Every kept version folder is whole: its shards are exactly its manifest's, numbered 0..N-1.
+    assert "listed_folders" not in m3
+    for split, entry in m3["splits"].items():
+        names = [s["filename"] for s in entry["shards"]]
+        n = len(names)
+        assert names == [f"{m3['version']}/images-{split}.tfrecord-{i:05d}-of-{n:05d}" for i in range(n)]
+    kept = [m3["version"], *m3["previous_versions"]]
+    assert len(kept) == 2 and all(os.path.isdir(os.path.join(out, v)) for v in kept)
+    assert m2["version"] in kept and m1["version"] not in kept and not os.path.exists(os.path.join(out, m1["version"]))
+    assert _glob_counts(out, m2["version"]) == {k: v["num_examples"] for k, v in m2["splits"].items()}
+    assert _glob_counts(out, m3["version"]) == {k: v["num_examples"] for k, v in m3["splits"].items()}
     with open(os.path.join(out, "label.labels.txt")) as f:
         assert f.read().splitlines() == m3["label_names"]
 

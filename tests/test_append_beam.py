@@ -27,13 +27,15 @@ def _manifest(out):
 
 
 def _folders(manifest):
-    """The version folders the manifest lists, oldest first (each named by its build's id)."""
+    """The version folders the manifest lists or keeps, oldest first (each named by its build's id)."""
     folders = []
     for split in sorted(manifest["splits"].values(), key=lambda s: len(s["shards"])):
         for shard in split["shards"]:
             folder = shard["filename"].split("/")[0]
             if folder not in folders:
                 folders.append(folder)
+    # An appended version lists only its own folder; the kept earlier ones are named in previous_versions.
+    folders.extend(v for v in manifest.get("previous_versions", ()) if v not in folders)
     return sorted(folders)  # v-<UTC time>-...: sorted names are build order
 
 
@@ -47,6 +49,8 @@ def _renamed(text, manifest):
 def _normalized(manifest):
     """The manifest without the build's time and ids: what two engines must agree on."""
     kept = {k: v for k, v in manifest.items() if k not in ("created", "previous_versions", "listed_folders")}
+    # Which build wrote each run of shards: the runs must agree, the ids are each build's own.
+    kept["shard_builds"] = {split: [first for first, _ in runs] for split, runs in kept.get("shard_builds", {}).items()}
     return json.loads(_renamed(json.dumps(kept, sort_keys=True), manifest))
 
 
@@ -107,9 +111,10 @@ def test_direct_runner_and_local_engine_write_byte_identical_deltas(tmp_path):
     assert sum(s["num_examples"] for s in m3["splits"].values()) == 4 * len(classes) + 5
     rows = [json.loads(line) for line in open(local / "errors.jsonl")]
     assert [r["key"] for r in rows] == [changed] and "rebuild with --overwrite" in rows[0]["reason"]
-    # Four version folders, each listed once: the first build's and three deltas'.
+    # One whole version folder, its shard runs written by four builds: the first and three deltas.
     listed = {s["filename"].split("/")[0] for split in m3["splits"].values() for s in split["shards"]}
-    assert len(listed) == 4
+    assert listed == {m3["version"]}
+    assert len({build for runs in m3["shard_builds"].values() for _, build in runs}) == 4
 
 
 def test_a_manifest_dataset_with_class_lists_appends_alike_on_both_engines(tmp_path):

@@ -8,6 +8,7 @@ about the arrays' bytes.
 """
 
 import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -135,3 +136,41 @@ def test_version_folders_are_found_without_listing_the_shards(emulator):
     # The same answer but for the objects' timestamps (whose text length varies by a few bytes);
     # listing the 56 more shards would add about 500 bytes each.
     assert abs(listed[60] - listed[4]) < 64, listed
+
+
+def test_a_gcs_append_makes_its_folder_whole_without_moving_bytes_through_the_launcher(emulator, tmp_path):
+    import shutil
+
+    from imagerecords.format import records
+    from imagerecords.pipeline import example_images
+
+    bucket = _bucket(emulator)
+    out = f"gs://{bucket}/ds"
+    root = tmp_path / "images"
+    files = example_images.write_tree(str(root), per_class=6, broken=False)
+    args = ("--splits", "train=0.7,validation=0.3", "--num_shards", 2)
+    with emulator.activated():
+        first = build(root, out, *args)
+        os.makedirs(root / "zebra")
+        some = sorted(files)[0]
+        for i in range(3):
+            shutil.copy(root / some / files[some][i], root / "zebra" / f"z{i}.jpg")
+        before = len(emulator.requests())
+        manifest = build(root, out, *args, "--append", "--version_name", "week2")
+    requests = emulator.requests()[before:]
+    shard_read = sum(r.size for r in requests if r.is_download and r.bucket == bucket and ".tfrecord-" in r.name
+                     and "/keys/" not in r.name)
+    old_bytes = sum(s.num_bytes for split in first.splits for s in split.shards)
+    print(f"gs:// append onto {old_bytes} shard bytes: {shard_read} shard bytes downloaded")
+    assert shard_read == 0, f"the append read {shard_read} shard bytes through the launcher"
+    listed = {u[len(f"{out}/"):] for u in emulator.list(f"{out}/week2/")}
+    assert sum(split.num_examples for split in manifest.splits) == \
+        sum(split.num_examples for split in first.splits) + 3
+    for split in manifest.splits:
+        assert all(s.filename.startswith("week2/") and s.filename in listed for s in split.shards)
+        count = 0
+        for s in split.shards:
+            data = emulator.download(f"{out}/{s.filename}")
+            assert hashlib.sha256(data).hexdigest() == s.sha256
+            count += sum(1 for _ in records.read_records(io.BytesIO(data), s.filename))
+        assert count == split.num_examples, split.name

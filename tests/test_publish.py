@@ -297,7 +297,7 @@ def test_a_local_commit_reads_back_only_the_staged_files_written_since_their_wri
         reads.append(path)
         return real_read(path)
 
-    def after_a_late_write(output, manifest, staged, *args):
+    def after_a_late_write(output, manifest, staged, *args, **kwargs):
         path = sorted(p for p in staged.values() if ".tfrecord-" in p)[0]
         data = bytearray(open(path, "rb").read())
         if change == "one byte flipped":
@@ -305,7 +305,7 @@ def test_a_local_commit_reads_back_only_the_staged_files_written_since_their_wri
         if change != "none":
             with open(path, "wb") as f:  # another process writes into the staged file
                 f.write(data)
-        return real_check(output, manifest, staged, *args)
+        return real_check(output, manifest, staged, *args, **kwargs)
 
     monkeypatch.setattr(publish, "sha256_and_size", counted)
     monkeypatch.setattr(publish, "check_staged", after_a_late_write)

@@ -254,5 +254,10 @@ def shard_glob(output: str, split: str) -> str:
     """The glob matching exactly the published version's shards of `split` (no other version,
     split, index file or staged file): `OUT/<version>/<name>-<split>.tfrecord-*`."""
     manifest, found = _split(output, split)
+    own = f"{manifest.version}/" if manifest.version else ""
+    if any(not shard.filename.startswith(own) or "/" in shard.filename[len(own):] for shard in found.shards):
+        raise errors.UsageError(f"{output}: no one glob matches split {found.name!r}: its shards lie in several "
+                                "version folders (appended before version folders were whole); list them with "
+                                f"--files {found.name}, or rebuild with --overwrite")
     pattern = f"{manifest.name}-{found.name}.tfrecord-*"
     return join(output, manifest.version, pattern) if manifest.version else join(output, pattern)

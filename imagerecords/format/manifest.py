@@ -476,7 +476,12 @@ class Manifest:
         keys (an arrays build, which may store no image at all).
       listed_folders: {version: the folders its manifest lists} for this version and the kept ones,
         when one lists another folder than its own (an append shares the previous shards); the
-        retention keeps every folder named here. Empty otherwise.
+        retention keeps every folder named here. Empty otherwise (every version folder written since
+        appends link the earlier shards into it is whole: it lists only itself).
+      shard_builds: {split: ((first shard index, build id), ...)}: which build wrote each run of an
+        appended dataset's shards (their files all lie in this version's folder, so the folder no
+        longer says); --append trusts an unchanged source file from that build's start time. Empty
+        for a dataset one build wrote.
     """
 
     name: str
@@ -501,6 +506,15 @@ class Manifest:
     image_encoding: str = "jpeg"
     features_only: bool = False
     listed_folders: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    shard_builds: Mapping[str, Tuple[Tuple[int, str], ...]] = dataclasses.field(default_factory=dict)
+
+    def shard_build(self, split: str, index: int) -> Optional[str]:
+        """The id of the build that wrote shard `index` of `split`, when the manifest records it."""
+        found = None
+        for first, build_id in self.shard_builds.get(split, ()):
+            if first <= index:
+                found = build_id
+        return found
 
     @property
     def num_examples(self) -> int:
@@ -603,6 +617,8 @@ class Manifest:
             **({"features_only": True} if self.features_only else {}),
             **({"listed_folders": {k: list(v) for k, v in sorted(self.listed_folders.items())}}
                if self.listed_folders else {}),
+            **({"shard_builds": {k: [list(run) for run in v] for k, v in sorted(self.shard_builds.items())}}
+               if self.shard_builds else {}),
         }
 
     def dumps(self) -> bytes:
@@ -641,7 +657,9 @@ class Manifest:
                            image_encoding=str(d.get("image_encoding") or "jpeg"),
                            features_only=d.get("features_only") is True,
                            listed_folders={str(k): tuple(map(str, v))
-                                           for k, v in dict(d.get("listed_folders") or {}).items()})
+                                           for k, v in dict(d.get("listed_folders") or {}).items()},
+                           shard_builds={str(k): tuple((int(first), str(build)) for first, build in v)
+                                         for k, v in dict(d.get("shard_builds") or {}).items()})
             # Names that readers, TFDS's filepathTemplate or the commit turn into paths.
             _check_inside("errors_file", d.get("errors_file", ERRORS))
             for name in d.get("features") or {}:

@@ -148,7 +148,9 @@ def _scan(output: str, manifest: Manifest) -> Dict[str, Known]:
     offset = manifest.label_offset
     for split in manifest.splits:
         for shard in split.shards:
-            since = _started_ns(shard.filename.rpartition("/")[0])
+            build = manifest.shard_build(split.name, shard.index)
+            since = _started_ns(f"v-{build}" if build else "") if manifest.shard_builds else \
+                _started_ns(shard.filename.rpartition("/")[0])
             rows = _keys_file(output, shard)
             if rows is not None:
                 for key, label, size, digest in rows:
@@ -301,23 +303,62 @@ def _changed(ref: ImageRef, known: Known, split: str, how: str) -> Rejected:
                     ref.key, split, stage="list")
 
 
-def merged_manifest(base: Mapping[str, Any], delta: Manifest) -> Manifest:
-    """The manifest of an append: the base's shards (their files stay where they are) then the
-    delta's, renumbered after them per split; the delta's class names (grown) and reports."""
-    old = Manifest.from_json(base, "base manifest")
-    splits = []
-    from imagerecords.format.manifest import Split
+def merged_manifest(base: Mapping[str, Any], delta: Manifest, build_id: str) -> Tuple[Manifest, Dict[str, str]]:
+    """The manifest of an append, and where each of its files comes from.
 
-    names = sorted(set(old.split_names) | set(delta.split_names))
-    for name in names:
-        before = old.split(name).shards if name in old.split_names else ()
-        added = delta.split(name).shards if name in delta.split_names else ()
-        start = len(before)
-        splits.append(Split(name, tuple(before) + tuple(dataclasses.replace(s, index=start + i)
-                                                        for i, s in enumerate(added))))
+    The new version's folder is whole: every shard of the dataset, the base's then the delta's,
+    lies in it under the one `<name>-<split>.tfrecord-NNNNN-of-NNNNN` numbering per split, so a
+    consumer of the folder or of a glob (TFDS, Model Garden, DALI) reads the whole dataset. The
+    commit puts the base's files there as second names of the published ones (no bytes copied
+    through the launcher) and moves the delta's staged files there under their new names.
+
+    Args:
+      base: the published manifest (JSON) the delta adds to.
+      delta: the manifest of this build's own shards, in its version folder.
+      build_id: this build's id (recorded for its shards in Manifest.shard_builds).
+
+    Returns:
+      (manifest, {file name in the manifest: the file it comes from}), both relative to the
+      dataset folder, for every shard and index file (a delta's: its name in this build's staging).
+    """
+    old = Manifest.from_json(base, "base manifest")
+    from imagerecords.format.manifest import Split, index_file_name, shard_file_name
+
+    folder = delta.version
+    splits, sources, builds = [], {}, {}
+    for name in sorted(set(old.split_names) | set(delta.split_names)):
+        before = tuple(old.split(name).shards) if name in old.split_names else ()
+        added = tuple(delta.split(name).shards) if name in delta.split_names else ()
+        total = len(before) + len(added)
+        shards = []
+        for i, shard in enumerate(before + added):
+            filename = f"{folder}/{shard_file_name(delta.name, name, i, total)}"
+            index_file = index_file_name(filename) if shard.index_file else None
+            sources[filename] = shard.filename
+            if index_file:
+                sources[index_file] = shard.index_file
+            shards.append(dataclasses.replace(shard, index=i, filename=filename, index_file=index_file))
+        splits.append(Split(name, tuple(shards)))
+        runs = list(old.shard_builds.get(name, ())) or _builds_by_folder(before)
+        if added:
+            runs.append((len(before), build_id))
+        builds[name] = tuple(runs)
     features = dict(old.features)
     for name, spec in delta.features.items():
         features[name] = spec
-    return dataclasses.replace(
+    manifest = dataclasses.replace(
         delta, splits=tuple(splits), parameters=old.parameters, seed=old.seed, features=features,
-        image_encoding=old.image_encoding)
+        image_encoding=old.image_encoding, shard_builds={k: v for k, v in builds.items() if v})
+    return manifest, sources
+
+
+def _builds_by_folder(shards: Sequence[Any]) -> List[Tuple[int, str]]:
+    """Runs of (first shard, build id) of shards whose v-<build id> folder names their build (a
+    dataset published before appends recorded it); '' for a shard whose build is not known."""
+    runs: List[Tuple[int, str]] = []
+    for i, shard in enumerate(shards):
+        folder = shard.filename.rpartition("/")[0]
+        build = folder[len("v-"):] if folder.startswith("v-") else ""
+        if not runs or runs[-1][1] != build:
+            runs.append((i, build))
+    return runs

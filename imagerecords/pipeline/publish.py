@@ -38,7 +38,7 @@ from imagerecords.pipeline import _hooks, dataset_files, storage
 from imagerecords.pipeline.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
 from imagerecords.format.manifest import (DUPLICATES, ERRORS, FLAT_LAYOUT, LOCK, MANIFEST, STAGING, VERSION_PREFIX,
                                           SHARDS_SUFFIX, Manifest, dumps)
-from imagerecords.format.paths import segment_problem
+from imagerecords.format.paths import inside_problem, segment_problem
 from imagerecords.pipeline.config import version_name_problem
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,11 @@ class BuildResults:
 
     def manifest(self, created: Optional[str] = None) -> Manifest:
         """The manifest that publishes this build: its shards named inside its version folder."""
+        return self.publication(created)[0]
+
+    def publication(self, created: Optional[str] = None) -> Tuple[Manifest, Dict[str, str]]:
+        """The manifest that publishes this build, and {file it lists: the file it comes from} where
+        the two differ (an append's: appending.merged_manifest)."""
         folder = self.version_name or version_folder(self.build_id)
         shards = [dataclasses.replace(r, shard=dataclasses.replace(
             r.shard, filename=f"{folder}/{r.shard.filename}",
@@ -201,10 +206,11 @@ class BuildResults:
             num_label_conflicts=self.num_label_conflicts),
             version=folder)
         if self.base is None:
-            return own
+            return own, {}
         from imagerecords.pipeline import appending
 
-        return appending.merged_manifest(self.base, own)
+        manifest, sources = appending.merged_manifest(self.base, own, self.build_id)
+        return manifest, {k: v for k, v in sources.items() if k != v}
 
 
 def _results_path(output: str, build_id: str) -> str:
@@ -579,7 +585,7 @@ def sha256_and_size(path: str) -> Tuple[str, int]:
 def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
                  reported: Optional[Mapping[str, str]] = None,
                  metadata: Optional[Mapping[str, Tuple[int, Optional[str]]]] = None,
-                 identities: Optional[Mapping[str, str]] = None) -> None:
+                 identities: Optional[Mapping[str, str]] = None, earlier: Iterable[str] = ()) -> None:
     """Checks every file the manifest lists (at its staged path, or in place when an earlier commit
     attempt already moved it) against what its writer reported.
 
@@ -596,11 +602,12 @@ def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
     reported = reported or {}
     metadata = metadata or {}
     identities = identities or {}
+    earlier = set(earlier)
     expected = []
     own = f"{manifest.version}/" if manifest.version else ""
     for split in manifest.splits:
         for shard in split.shards:
-            if not shard.filename.startswith(own):
+            if not shard.filename.startswith(own) or shard.filename in earlier:
                 continue  # an appended dataset's earlier shards: checked when they were published
             expected.append((shard.filename, shard.num_bytes, shard.sha256))
             if shard.index_file and shard.index_sha256:
@@ -635,6 +642,28 @@ def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
                 raise OutputError(f"refusing to publish {output}: {problem}; it changed after it was written "
                                   f"(damaged, or another process wrote into this build's files); nothing was "
                                   f"published; rerun with --overwrite")
+
+
+def _check_sizes(output: str, manifest: Manifest, links: Mapping[str, str]) -> None:
+    """Refuses to link an earlier version's shard whose local size is not the one its manifest lists
+    (swapped or cut since it was published): a stat each, nothing read.
+
+    Raises:
+      OutputError: naming the file.
+    """
+    if not storage.is_local(output):
+        return
+    for split in manifest.splits:
+        for shard in split.shards:
+            origin = links.get(shard.filename)
+            if origin is None:
+                continue
+            size = os.stat(storage.join(output, origin)).st_size
+            if size != shard.num_bytes:
+                raise OutputError(f"refusing to append to {output}: {storage.join(output, origin)} is {size} bytes, "
+                                  f"its manifest says {shard.num_bytes}; it changed after it was published; run "
+                                  f"`imagerecords verify {output}`, then restore it or rebuild with --overwrite; "
+                                  "nothing was published")
 
 
 def _reported_by_writers(results: BuildResults, folder: str, what: str) -> Dict[str, str]:
@@ -709,6 +738,12 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
                     build_id = record["build_id"]
                     reported = _reported_map(record.get("crc32c") or {}, "crc32c")
                     identities = _reported_map(record.get("identity") or {}, "identity")
+                    sources = _reported_map(record.get("sources") or {}, "sources")
+                    listed = set(manifest.shard_files())
+                    for final, origin in sources.items():
+                        if final not in listed or inside_problem(origin) is not None:
+                            raise ValueError(f"its sources entry {final!r}: {origin!r} is not a listed file "
+                                             "and a file inside the dataset")
                     # The record names the folders the commit moves into: its own build's only.
                     if build_id != staged_id or (manifest.version != version_folder(staged_id)
                                                  and version_name_problem(manifest.version) is not None):
@@ -728,12 +763,15 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     if record is None:
         if results.version_name:
             check_version_free(output, results.version_name)
-        manifest = dataclasses.replace(results.manifest(),
-                                       previous_versions=_kept_versions(published, keep_versions - 1))
+        manifest, sources = results.publication()
+        manifest = dataclasses.replace(manifest, previous_versions=_kept_versions(published, keep_versions - 1))
         manifest = dataclasses.replace(manifest, listed_folders=_listed_folders(manifest, published))
         build_id = results.build_id
-        reported = _reported_by_writers(results, manifest.version, "crc32c")
-        identities = _reported_by_writers(results, manifest.version, "identity")
+        # The writers name their files as staged; an append lists them under the whole folder's numbering.
+        renamed = {origin: final for final, origin in sources.items()}
+        reported = {renamed.get(k, k): v for k, v in _reported_by_writers(results, manifest.version, "crc32c").items()}
+        identities = {renamed.get(k, k): v
+                      for k, v in _reported_by_writers(results, manifest.version, "identity").items()}
         # A split of many shards goes into columns; its histograms into a side file, staged here
         # with the shards (the record below names it, so a redone commit moves it like a shard).
         manifest, side_files = manifest.with_side_files(_hooks.columns_from())
@@ -745,6 +783,8 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
             record["crc32c"] = dict(sorted(reported.items()))
         if identities:
             record["identity"] = dict(sorted(identities.items()))
+        if sources:
+            record["sources"] = dict(sorted(sources.items()))
         write_bytes(storage.join(staging_dir(output, build_id), COMMIT), dumps(record))
     staging = staging_dir(output, build_id)
     folder = manifest.version
@@ -755,24 +795,50 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     prefix = staging.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(staging) else os.sep)
     in_staging = {path[len(prefix):].replace(os.sep, "/")
                   for path in (metadata if on_gcs else storage.list_tree(staging))}
-    staged = {}
+    own = folder + "/"
+    listings: Dict[str, set] = {}
+
+    def present(filename: str) -> bool:
+        # One listing per version folder, not one existence request per file (a round trip each on gs://).
+        top = filename.split("/", 1)[0]
+        if top not in listings:
+            root = storage.join(output, top)
+            cut = len(root.rstrip("/").rstrip(os.sep)) + 1
+            listings[top] = {f"{top}/{p[cut:].replace(os.sep, '/')}" for p in storage.list_tree(root)}
+        return filename in listings[top]
+
+    # An append's folder is whole: the earlier versions' files get second names in it (`links`).
+    staged, links = {}, {}
     for filename in (*manifest.shard_files(), *manifest.side_files):
-        plain = filename[len(folder) + 1:]
-        if filename.startswith(folder + "/") and plain in in_staging:
-            staged[filename] = storage.join(staging, plain)
-        elif not storage.exists(storage.join(output, filename)):
-            raise UnfinishedBuild(f"cannot publish {output}: {filename} is neither staged nor in place; "
+        origin = sources.get(filename, filename)
+        if origin.startswith(own) and origin[len(own):] in in_staging:
+            staged[filename] = storage.join(staging, origin[len(own):])
+        elif present(filename):
+            continue  # a cut commit moved it
+        elif not origin.startswith(own) and present(origin):
+            links[filename] = origin
+        else:
+            raise UnfinishedBuild(f"cannot publish {output}: {origin} is neither staged nor in place; "
                                   "rerun `imagerecords build ... --overwrite`")
     if on_gcs and len(staged) < len(manifest.shard_files()) + len(manifest.side_files):  # a redone commit moved some
         metadata.update(storage.gcs_objects(storage.join(output, folder)))
-    # 1. Every file is what its writer wrote: a late writer of another build cannot slip one in.
-    check_staged(output, manifest, staged, reported, metadata, identities)
+    # 1. Every file is what its writer wrote: a late writer of another build cannot slip one in. The
+    # earlier versions' files were checked when they were published; here only their sizes (local).
+    earlier = {f for f, origin in sources.items() if not origin.startswith(own)}
+    check_staged(output, manifest, staged, reported, metadata, identities, earlier=earlier)
+    _check_sizes(output, manifest, links)
     # The shards' keys files ride along (unlisted: --append checks each against its shard's count),
     # also those of shards a cut commit already moved, so a redone commit publishes every one.
     for filename in manifest.shard_files():
-        keys = dataset_files.keys_name(filename[len(folder) + 1:])
-        if filename.startswith(folder + "/") and keys in in_staging:
-            staged[f"{folder}/{keys}"] = storage.join(staging, keys)
+        origin = sources.get(filename, filename)
+        origin_folder, _, origin_plain = origin.rpartition("/")
+        keys, origin_keys = dataset_files.keys_name(filename[len(own):]), dataset_files.keys_name(origin_plain)
+        if not filename.startswith(own) or not origin_folder:
+            continue
+        if origin.startswith(own) and origin_keys in in_staging:
+            staged[f"{own}{keys}"] = storage.join(staging, origin_keys)
+        elif not origin.startswith(own) and not present(f"{own}{keys}") and present(f"{origin_folder}/{origin_keys}"):
+            links[f"{own}{keys}"] = f"{origin_folder}/{origin_keys}"
     # 2. Into the version folder, which no published manifest names yet: readers see nothing change.
     for i, (filename, path) in enumerate(sorted(staged.items())):
         final = storage.join(output, filename)
@@ -780,6 +846,14 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         storage.rename(path, final)
         if i == 0:
             _hooks.pause("in_commit")
+    copied = 0
+    for filename, origin in sorted(links.items()):
+        final = storage.join(output, filename)
+        _make_parent(final)
+        copied += not storage.link(storage.join(output, origin), final)
+    if copied:
+        log.warning("%s has no hard links: %d files of the earlier versions were copied into %s to make it whole",
+                    output, copied, folder)
     # 3. Reports and TFDS's metadata, then the manifest: the switch to the new version.
     for report in (ERRORS, DUPLICATES):
         staged_report, final_report = storage.join(staging, report), storage.join(output, report)
