@@ -256,6 +256,8 @@ def test_a_damaged_shard_or_index_is_named(built, tmp_path):
     shard.write_bytes(bytes(data[:offset + 5]))  # truncated inside record 1's header
     with pytest.raises(CorruptRecordError, match=f"{shard}: record at byte {offset}: read 5 of its {length} bytes"):
         source[1]
+    # Back to the listed size: a new source checks each shard's size first, and the index is what is tested here.
+    shard.write_bytes(bytes(data))
     index = copy / first.index_file
     index.write_bytes(index.read_bytes().replace(b"\n", b"\n\n", 1))
     with pytest.raises(IndexFileError, match=f"index file {index}: its sha256 differs from manifest.json's"):

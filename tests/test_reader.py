@@ -22,6 +22,7 @@ from conftest import build, shard_files
 from imagerecords import reader
 from imagerecords.pipeline import example_images
 from imagerecords.format import records
+from imagerecords.format.access import ShardSizeError
 from imagerecords.reader import ReadConfig, ReadStats
 from imagerecords.reader.hosts import per_host_records
 
@@ -374,24 +375,40 @@ def _read_train(path, policy, stats=None):
 
 
 @pytest.mark.parametrize("cut", ["boundary", "inside"])
-def test_a_shorter_shard_fails_naming_the_shard_and_both_counts(resized, cut):
+def test_a_shorter_shard_is_refused_naming_the_shard_and_both_sizes(resized, cut):
     path, shard, own, _, _, rewrite = resized
+    listed = os.path.getsize(shard)
     rewrite(own[:-2])  # two records short, the file ends at a frame boundary
     if cut == "inside":  # ... or inside the frame after the kept ones
         with open(shard, "ab") as f:
             f.write(records.frame(own[-2])[:20])
+    # At the call, before anything is read: a plain exception, not a TensorFlow op error mid-epoch.
+    with pytest.raises(ShardSizeError, match=rf"^shard {re.escape(shard)} is {os.path.getsize(shard)} bytes, "
+                                             rf"manifest.json lists {listed}: the file is smaller"):
+        _read_train(path, "fail")
+
+
+def test_a_shard_of_the_listed_size_with_fewer_records_fails_naming_both_counts(resized):
+    """The size check passes a file padded to the listed size; the frame checks then find it short."""
+    path, shard, own, _, _, rewrite = resized
+    listed = os.path.getsize(shard)
+    rewrite(own[:-2])
+    with open(shard, "ab") as f:
+        f.write(b"\0" * (listed - os.path.getsize(shard)))
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=rf"shard {re.escape(shard)} is corrupt, truncated or unreadable: "
                              rf"{len(own) - 2} records read .*manifest.json says {len(own)} "):
         _read_train(path, "fail")
 
 
-def test_a_longer_shard_fails_naming_the_shard_and_both_counts(resized):
+def test_a_longer_shard_is_refused_naming_the_shard_and_both_sizes(resized):
     path, shard, own, other, _, rewrite = resized
+    listed = os.path.getsize(shard)
     rewrite(own + other[:2])
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=rf"shard {re.escape(shard)} holds {len(own) + 2} records, manifest.json says "
-                             rf"{len(own)}: it is not the file this manifest lists \(rebuild the dataset with --overwrite"):
+    with pytest.raises(ShardSizeError, match=rf"^shard {re.escape(shard)} is {os.path.getsize(shard)} bytes, "
+                                             rf"manifest.json lists {listed}: the file is larger than the one the "
+                                             r"manifest describes .*; `imagerecords verify .*` names every such file; "
+                                             r"restore the dataset's own file, or rebuild the dataset with --overwrite$"):
         _read_train(path, "fail")
 
 

@@ -6,6 +6,7 @@ import os
 from typing import List, Optional, Tuple
 
 from imagerecords.pipeline import dataset_files, errors, storage
+from imagerecords.format import access
 from imagerecords.format import manifest as manifest_lib
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError
 from imagerecords.format import features as features_lib
@@ -184,7 +185,8 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                         count = None
                 stream.drain()
             if stream.num_bytes != shard.num_bytes:
-                problems.append(f"{path}: {stream.num_bytes} bytes, manifest says {shard.num_bytes}")
+                # The readers' own phrase (they refuse such a file when they open it), with what to do.
+                problems.append(f"{access.size_mismatch(path, stream.num_bytes, shard.num_bytes)}; {access.SHARD_MEND}")
             elif stream.sha256() != shard.sha256:
                 problems.append(f"{path}: sha256 differs from the manifest")
             elif records and count is not None and count != shard.count:

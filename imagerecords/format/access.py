@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Optional, Sequence, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -21,6 +22,74 @@ INDEX_POLICIES = ("require", "scan")
 
 class MissingIndexError(ValueError):
     """The split's shards have no index files and index='require'; the message says how to mend it."""
+
+
+class ShardSizeError(CorruptRecordError):
+    """A shard file of another size than manifest.json lists: not the file the manifest describes."""
+
+
+# What the owner of a shard that is not the listed file can do; every reader and `verify` say it.
+SHARD_MEND = "restore the dataset's own file, or rebuild the dataset with --overwrite"
+
+# Concurrent size requests for gs:// shards (each is one round trip); local stats need none.
+_STAT_THREADS = 16
+
+
+def size_mismatch(path: str, size: int, listed: int) -> str:
+    """What is wrong with shard `path` whose file holds `size` bytes where manifest.json lists `listed`."""
+    what = "larger" if size > listed else "smaller"
+    return (f"shard {path} is {size} bytes, manifest.json lists {listed}: the file is {what} than the one the "
+            "manifest describes (another build's shard copied over it, or a partial copy)")
+
+
+def check_shards(dataset: str, shards: Sequence[Tuple[str, int]], size_of: Callable[[str], int], *,
+                 policy: str = "fail") -> List[Tuple[str, int, int]]:
+    """Compares the size of every shard file a reader is about to open with manifest.json's, before
+    any record is read: the one check that keeps every reader from reading a file the manifest does
+    not describe (a longer file would otherwise be read up to the manifest's count, silently).
+
+    A file of the listed size whose records differ in count is caught by the frame checks when it
+    is read; this check costs one stat (one metadata request on gs://) per shard.
+
+    Args:
+      dataset: the dataset folder (for the messages).
+      shards: (full path, num_bytes from manifest.json) of each shard to open.
+      size_of: the reader's own file size function (raises FileNotFoundError for a missing file).
+      policy: "fail" raises for a shard of another size; "skip" returns them to the caller,
+        which reads what it can and reports the rest (make_dataset's corrupt_records="skip").
+
+    Returns:
+      (path, size on disk, size listed) of each shard of another size ("skip" only; [] otherwise).
+
+    Raises:
+      FileNotFoundError: naming every shard that is not there.
+      ShardSizeError: (policy "fail") naming the first shard of another size, both sizes, how many
+        other shards differ, and what to do.
+    """
+    shards = list(shards)
+
+    def size(path: str) -> Optional[int]:
+        try:
+            return size_of(path)
+        except FileNotFoundError:
+            return None
+
+    paths = [path for path, _ in shards]
+    if len(paths) > 1 and any(has_scheme(p) for p in paths):
+        with ThreadPoolExecutor(min(_STAT_THREADS, len(paths))) as pool:
+            sizes = list(pool.map(size, paths))
+    else:
+        sizes = [size(p) for p in paths]
+    missing = [path for path, got in zip(paths, sizes) if got is None]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} of {len(shards)} shard(s) of {dataset} listed in manifest.json are "
+                                f"missing: {', '.join(missing)}")
+    differ = [(path, got, listed) for (path, listed), got in zip(shards, sizes) if got != listed]
+    if differ and policy == "fail":
+        others = f" ({len(differ) - 1} more shard(s) differ too)" if len(differ) > 1 else ""
+        raise ShardSizeError(f"{size_mismatch(*differ[0])}{others}; `imagerecords verify {dataset}` names every "
+                             f"such file; {SHARD_MEND}")
+    return differ
 
 
 def load_manifest(path: str, files: Optional[Files] = None) -> Manifest:
@@ -54,6 +123,8 @@ def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: s
 
     Raises:
       MissingIndexError: under index="require" when a shard has no index file.
+      FileNotFoundError, ShardSizeError: a shard missing, or of another size than manifest.json
+        lists (check_shards), before any index or shard is read.
       records.IndexFileError: an index file that differs from manifest.json (sha256, count, end).
       CorruptRecordError: a scanned shard whose frames disagree with manifest.json.
     """
@@ -64,6 +135,7 @@ def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: s
             "(the build ran without --write_index), and random access needs one; rebuild with "
             f"`imagerecords build --input ... --output {path} --write_index --overwrite`, or pass "
             "index='scan' to find the offsets by reading every unindexed shard once")
+    check_shards(path, [(join(path, s.filename), s.num_bytes) for s in shards], files.size)
     offsets, lengths, shard_of = [], [], []
     for number, shard in enumerate(shards):
         shard_path = join(path, shard.filename)

@@ -58,6 +58,23 @@ class Files:
             return os.path.exists(path)
         return self._blob(path).exists()
 
+    def size(self, path: str) -> int:
+        """Bytes in the file or object at `path`: a stat, or one metadata request on gs://; nothing is read.
+
+        Raises:
+          FileNotFoundError: naming `path` when it does not exist.
+        """
+        if not has_scheme(path):
+            return os.stat(path).st_size
+        from google.api_core import exceptions
+
+        blob = self._blob(path)
+        try:
+            blob.reload()
+        except exceptions.NotFound:
+            raise FileNotFoundError(f"{path} does not exist") from None
+        return int(blob.size)
+
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         """Returns `length` bytes of `path` from byte `offset` (fewer at the end of the file)."""
         if not has_scheme(path):

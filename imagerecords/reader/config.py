@@ -68,10 +68,11 @@ class ReadConfig:
       prefetch: batches to prefetch; -1 is AUTOTUNE, 0 turns it off.
       host_remainder: how hosts get equal record counts, "drop" or "pad" (see
         imagerecords.reader.hosts). None: "drop" when training, "pad" otherwise.
-      corrupt_records: "fail" raises an error naming the shard at the first bad record, or at a
-        shard holding more or fewer records than the manifest says; "skip" drops bad records,
-        reads a short shard's records and a long one's up to its count, counts the rest in
-        ReadStats, logs the shard and carries on.
+      corrupt_records: "fail" refuses a shard file of another size than the manifest lists
+        when the dataset is made (ShardSizeError, naming it), and raises an error naming the
+        shard at the first bad record or a shard holding fewer records than the manifest says;
+        "skip" drops bad records, reads a short shard's records and a long one's up to its
+        count, counts the rest in ReadStats, logs the shard and carries on.
       check_files: before reading, fail naming every shard of the split that is missing.
       private_threadpool_size: threads of a tf.data pool private to this dataset, so a trainer's
         own TensorFlow ops do not queue behind decode work (and the reverse); 0 uses TensorFlow's

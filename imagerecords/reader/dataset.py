@@ -25,7 +25,7 @@ from imagerecords.reader.config import ReadConfig
 from imagerecords.reader.info import DatasetInfo, load_info, missing_files
 from imagerecords.reader.meta import examples_consumed, label_names, steps_per_epoch  # noqa: F401
 from imagerecords.reader.meta import host_plan as _plan
-from imagerecords.reader.shards import ReadStats, shard_records
+from imagerecords.reader.shards import ReadStats, open_shards, shard_records
 
 log = logging.getLogger("imagerecords.reader")
 
@@ -139,6 +139,8 @@ def make_dataset(
     Raises:
       ValueError: listing every invalid or conflicting setting, or naming an unknown split.
       FileNotFoundError: naming the manifest or every missing shard file.
+      imagerecords.format.access.ShardSizeError: (a ValueError; corrupt_records="fail") naming a
+        shard file of another size than manifest.json lists, before anything is read.
     """
     config = config or ReadConfig()
     r = config_lib.resolve(config, training, seed is not None)
@@ -198,7 +200,7 @@ def make_dataset(
 
     # --- serialized records of one epoch, this host only
     slices = plan.slices
-    files = slice_files(slices, split_info)
+    files = slice_files(slices, split_info, policy=config.corrupt_records, stats=stats, dataset=info.path)
     if r.shuffle_files and len(slices) > 1:
         files = files.shuffle(len(slices), seed=_derive(seed, host, "files"), reshuffle_each_iteration=True)
     read = functools.partial(shard_records, policy=config.corrupt_records, stats=stats, dataset=info.path)
@@ -345,13 +347,15 @@ def _resume_problems(start_step, start_example, config: ReadConfig, seed, r: con
     return out
 
 
-def slice_files(slices, split_info) -> tf.data.Dataset:
-    """The (path, count, num_bytes, stride, offset) elements shard_records reads, one per FileSlice."""
-    sizes = {s.path: s.num_bytes for s in split_info.shards}
+def slice_files(slices, split_info, *, policy: str, stats: Optional[ReadStats], dataset: str) -> tf.data.Dataset:
+    """The (path, count, stride, offset) elements shard_records reads, one per FileSlice, once the
+    shards they name are checked against manifest.json (shards.open_shards: raises naming a shard
+    of another size under "fail")."""
+    wanted = {s.path for s in slices}
+    open_shards([s for s in split_info.shards if s.path in wanted], dataset, policy, stats)
     return tf.data.Dataset.from_tensor_slices((
         tf.constant([s.path for s in slices], tf.string),
         tf.constant([s.count for s in slices], tf.int64),
-        tf.constant([sizes[s.path] for s in slices], tf.int64),
         tf.constant([s.stride for s in slices], tf.int64),
         tf.constant([s.offset for s in slices], tf.int64),
     ))

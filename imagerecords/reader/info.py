@@ -220,6 +220,22 @@ def _exists(path: str) -> bool:
     return tf.io.gfile.exists(path)
 
 
+def file_size(path: str) -> int:
+    """Bytes in the file at `path` (local: a stat; gs:// and other schemes: tf.io.gfile's stat).
+
+    Raises:
+      FileNotFoundError: naming `path` when it does not exist.
+    """
+    if not has_scheme(path):
+        return os.stat(path).st_size
+    import tensorflow as tf
+
+    try:
+        return tf.io.gfile.stat(path).length
+    except tf.errors.NotFoundError:
+        raise FileNotFoundError(f"{path} does not exist") from None
+
+
 def _listdir(folder: str) -> List[str]:
     if not has_scheme(folder):
         try:

@@ -26,6 +26,7 @@ import tensorflow as tf
 from imagerecords.format.paths import has_scheme
 from imagerecords.format import records
 from imagerecords.reader.hosts import Position, per_host_records, position_of_example, position_of_step  # noqa: F401
+from imagerecords.reader.shards import open_shards
 
 log = logging.getLogger("imagerecords.reader")
 
@@ -84,6 +85,8 @@ class RecordTable:
         self.stats = stats
         self.dataset = dataset
         self._warned, self._warn_lock = set(), threading.Lock()
+        # The files are checked against manifest.json before any offset is trusted (one stat each).
+        open_shards(shards, dataset, policy, stats)
         shard, offset, length = [], [], []
         for i, (path, count, info) in enumerate(zip(files, counts, shards)):
             entries = _index_entries(path, count, info, policy)

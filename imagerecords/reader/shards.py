@@ -5,11 +5,14 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from imagerecords.format import access
 from imagerecords.format import records as records_lib
+from imagerecords.format.paths import has_scheme
+from imagerecords.reader.info import file_size
 
 log = logging.getLogger("imagerecords.reader")
 
@@ -68,8 +71,43 @@ class ReadStats:
         return f"ReadStats(plan={self.plan!r}, skipped={dict(self.skipped)!r}, extra={dict(self.extra)!r})"
 
 
+def open_shards(shards: Sequence, dataset: str, policy: str, stats: Optional[ReadStats]) -> None:
+    """Checks the shards a tf.data reader is about to read against manifest.json, in Python, before
+    any dataset op runs (imagerecords.format.access.check_shards: one stat per shard, the same rule
+    the PyTorch and Grain readers apply), so a file the manifest does not describe is a plain
+    exception from the make_dataset or as_dataset call, never a TensorFlow op error mid-epoch.
+
+    Under "skip" a larger file's records are counted (its frame headers read once) and those past
+    the manifest's count are left unread, counted in stats.extra with one warning; a smaller file
+    is read as far as it goes, and the records it lacks are counted where they are missed.
+
+    Args:
+      shards: the ShardInfos to be read.
+      dataset: the dataset folder (for the messages).
+      policy: "fail" or "skip".
+      stats: where "skip" counts the extra records.
+
+    Raises:
+      FileNotFoundError: naming every missing shard.
+      imagerecords.format.access.ShardSizeError: ("fail") naming a shard of another size and what to do.
+    """
+    counts = {s.path: s.count for s in shards}
+    for path, size, listed in access.check_shards(dataset, [(s.path, s.num_bytes) for s in shards], file_size,
+                                                  policy=policy):
+        if size > listed:
+            found = _count_frames(path)
+            if found > counts[path]:
+                _report_extra(path, counts[path], found, stats)
+
+
+def _count_frames(path: str) -> int:
+    """Frames of `path` up to its end or its first header whose checksum fails (headers only read)."""
+    with (tf.io.gfile.GFile(path, "rb") if has_scheme(path) else open(path, "rb")) as f:
+        return len(records_lib.scan_headers(f, 2**62))
+
+
 @_no_autograph
-def shard_records(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, stride: tf.Tensor, offset: tf.Tensor,
+def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: tf.Tensor,
                   *, policy: str, stats: Optional[ReadStats], dataset: str = "") -> tf.data.Dataset:
     """Returns the records of shard `path` whose index is `offset` mod `stride`.
 
@@ -80,9 +118,9 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, strid
     shard, and "skip" reads the rest of the shard in Python, frame by frame, dropping the frames
     whose checksums fail.
 
-    A shard with more records than its count is a larger file than manifest.json says, so its
-    size is compared first (a stat, nothing read); only a larger file has its records counted:
-    more than the count fail ("fail") or are left unread with a warning ("skip").
+    A shard of another size than manifest.json lists was refused (or, under "skip", its extra
+    records counted) by open_shards before this dataset was made; here the records past the count
+    are simply never read.
 
     A healthy shard's records thus pass through TensorFlow's own dataset ops only (no Python-made
     function runs per record): a per-record check or filter function costs about as much as
@@ -91,11 +129,10 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, strid
     Args:
       path: scalar tf.string, the shard file.
       count: scalar int64, the shard's record count from the manifest.
-      num_bytes: scalar int64, the shard's size in bytes from the manifest.
       stride: scalar int64, keep every stride-th record ...
       offset: scalar int64, ... starting at this index.
       policy: "fail" or "skip".
-      stats: where "skip" counts skipped and extra records; needed for "skip".
+      stats: where "skip" counts skipped records; needed for "skip".
 
     Returns:
       A dataset of serialized records (scalar tf.string).
@@ -119,15 +156,6 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, strid
                             " (ReadConfig(corrupt_records='skip') drops bad records)")
             with tf.control_dependencies([tf.debugging.Assert(tf.greater_equal(read, count), [message])]):
                 return nothing()
-
-        @_no_autograph
-        def longer(_):
-            found = records_read()
-            message = _text("shard ", path, " holds ", found, " records, manifest.json says ", count, ": it is not "
-                            "the file this manifest lists (rebuild the dataset with --overwrite; "
-                            "ReadConfig(corrupt_records='skip') reads its first ", count, ")")
-            with tf.control_dependencies([tf.debugging.Assert(tf.less_equal(found, count), [message])]):
-                return nothing()
     else:
         def tail(path_: bytes, count_: int, start: int) -> Iterator[bytes]:
             for _, record in _recover(path_.decode("utf-8"), int(start), int(count_), stats):
@@ -136,16 +164,6 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, strid
         @_no_autograph
         def short(_):
             return tf.data.Dataset.from_generator(tail, args=(path, count, records_read()),
-                                                  output_signature=tf.TensorSpec([], tf.string))
-
-        def note_extra(path_: bytes, count_: int, found: int) -> Iterator[bytes]:
-            if found > count_:
-                _report_extra(path_.decode("utf-8"), int(count_), int(found), stats)
-            yield from ()
-
-        @_no_autograph
-        def longer(_):
-            return tf.data.Dataset.from_generator(note_extra, args=(path, count, records_read()),
                                                   output_signature=tf.TensorSpec([], tf.string))
 
     @_no_autograph
@@ -161,12 +179,8 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, strid
         with tf.control_dependencies([tf.debugging.Assert(exists, [message])]):
             return nothing()
 
-    # With the manifest's size as its footer this yields (file size - num_bytes) one-byte records:
-    # one or more only when the file is larger (the stat says so; take(1) reads a single byte).
-    grown = tf.data.FixedLengthRecordDataset(path, 1, footer_bytes=num_bytes, buffer_size=1).take(1)
     # The tail is made when the file is used up before `count` records, so never for a healthy shard.
     records = (tf.data.Dataset.range(1).flat_map(gone)
-               .concatenate(grown.flat_map(longer))
                .concatenate(tf.data.TFRecordDataset(path)
                             .ignore_errors()  # ends the file at the first frame that fails its checks
                             .concatenate(tf.data.Dataset.range(1).flat_map(short))
@@ -207,7 +221,8 @@ def _recover(path: str, start: int, count: int, stats: ReadStats) -> Iterator[Tu
                         first_problem, good, count)
 
 
-def _report_extra(path: str, count: int, found: int, stats: ReadStats) -> None:
-    stats._add_extra(path, found - count)
+def _report_extra(path: str, count: int, found: int, stats: Optional[ReadStats]) -> None:
+    if stats is not None:
+        stats._add_extra(path, found - count)
     log.warning("shard %s holds %d records, manifest.json says %d: read its first %d, %d left out (counted in "
                 "ReadStats.extra)", path, found, count, count, found - count)

@@ -88,6 +88,12 @@ def as_dataset(
       batch_size: if set, padded batches: variable dimensions are padded with 0 (numbers), -1
         (class lists) and b'' (strings); images of different sizes are padded with zeros too.
       stats: a ReadStats to fill with the counts of skipped and extra records.
+
+    Raises:
+      ValueError: a bad argument, an unknown split or feature.
+      FileNotFoundError: naming every missing shard this host reads.
+      imagerecords.format.access.ShardSizeError: (a ValueError; corrupt_records='fail') naming a
+        shard file of another size than manifest.json lists, before anything is read.
     """
     if host_remainder not in ("uneven", "drop"):
         raise ValueError(f"as_dataset: host_remainder {host_remainder!r} is not 'uneven' or 'drop'")
@@ -105,10 +111,11 @@ def as_dataset(
     keys = schema.keys(info.schema)
     plan = hosts_lib.plan(split_info.files, split_info.shard_lengths, num_hosts, host_index, "drop")
     slices = plan.slices
-    files = slice_files(slices, split_info)
+    stats = stats or ReadStats()
+    files = slice_files(slices, split_info, policy=corrupt_records, stats=stats, dataset=info.path)
     if shuffle and len(slices) > 1:
         files = files.shuffle(len(slices), seed=seed, reshuffle_each_iteration=True)
-    read = functools.partial(shard_records, policy=corrupt_records, stats=stats or ReadStats(), dataset=info.path)
+    read = functools.partial(shard_records, policy=corrupt_records, stats=stats, dataset=info.path)
     records = files.flat_map(read)
     if host_remainder == "drop":
         records = records.take(plan.records_per_epoch)
