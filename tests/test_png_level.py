@@ -163,7 +163,7 @@ def test_append_with_another_level_is_refused_in_one_line(flat_tree, tmp_path):
     rc, err = _cli("--input", root, "--output", out, "--image_encoding", "png", "--num_shards", 1,
                    "--png_level", 9, "--append")
     assert rc == 2, err
-    assert err.strip().count("\n") == 0 and "--append refused" in err and '"png_level": 9' in err, err
+    assert err.strip().count("\n") == 0 and "--append refused" in err and "png_level 9 differs" in err, err
     assert (out / "manifest.json").read_bytes() == before
     add()
     rc, err = _cli("--input", root, "--output", out, "--image_encoding", "png", "--num_shards", 1,
@@ -202,18 +202,21 @@ def test_append_to_a_dataset_of_pillows_pngs_is_refused_in_one_line(flat_tree, t
 
 
 def test_append_to_a_dataset_written_before_the_setting_is_refused(flat_tree, tmp_path):
-    """No level recorded: written at 6, by Pillow; another level is named first, then the writer."""
+    """No level recorded: written at 6, by Pillow. An append without a level takes 6 and is refused
+    for the writer; another level given is named first."""
     root, add = _copy_with_a_delta(flat_tree, tmp_path)
     out = tmp_path / "out"
     assert _cli("--input", root, "--output", out, "--image_encoding", "png", "--png_level", 6,
                 "--num_shards", 1)[0] == 0
     _as_an_earlier_version_wrote_it(out, "png_level", "png_writer")
     add()
-    rc, err = _cli("--input", root, "--output", out, "--image_encoding", "png", "--num_shards", 1, "--append")
-    assert rc == 2 and '"png_level": 6' in err and "--append refused" in err, err
     rc, err = _cli("--input", root, "--output", out, "--image_encoding", "png", "--num_shards", 1,
-                   "--png_level", 6, "--append")
-    assert rc == 2 and "written by 'pillow'" in err and err.strip().count("\n") == 0, err
+                   "--png_level", 1, "--append")
+    assert rc == 2 and "png_level 1 differs from the dataset's 6" in err and "--append refused" in err, err
+    for level in ((), ("--png_level", 6)):
+        rc, err = _cli("--input", root, "--output", out, "--image_encoding", "png", "--num_shards", 1, *level,
+                       "--append")
+        assert rc == 2 and "written by 'pillow'" in err and err.strip().count("\n") == 0, err
 
 
 def test_resume_with_another_level_rewrites_every_shard(flat_tree, tmp_path):

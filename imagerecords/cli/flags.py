@@ -452,10 +452,13 @@ def parse_args(argv: Sequence[str]) -> Parsed:
         config = config_lib.make_config(preset, values)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    # What the command line and the preset set (a flag not given is None): an append takes the rest from the dataset.
+    given = frozenset(k for layer in (preset, values) for k, v in layer.items() if v is not None)
     beam_args = list(preset_beam_args) + list(rest)
     check_runner(beam_args)
     try:
-        options = BuildOptions(config=config, runner=runner_of(beam_args), pipeline_options=tuple(beam_args), **run)
+        options = BuildOptions(config=config, runner=runner_of(beam_args), pipeline_options=tuple(beam_args),
+                               settings_given=given, **run)
     except ValueError as e:
         raise UsageError(str(e)) from None
     return Parsed(options=options, launcher=launcher)

@@ -170,6 +170,9 @@ def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, 
     stream.write(f"  rejected     {manifest.num_rejected:>9} (see {ERRORS})\n")
     if manifest.num_skipped:
         stream.write(f"  skipped      {manifest.num_skipped:>9} (not images of a class; see {ERRORS})\n")
+    if manifest.num_already_present > 0:
+        stream.write(f"  unchanged    {manifest.num_already_present:>9} already in the dataset, not written again "
+                     f"(see {DUPLICATES})\n")
     if manifest.num_duplicate_groups > 0:
         leaks = f", {manifest.num_leaking_groups} across splits" if manifest.num_leaking_groups else ""
         stream.write(f"  duplicates   {manifest.num_duplicate_groups:>9} groups of identical files{leaks} "

@@ -457,11 +457,14 @@ class Manifest:
       versions: versions of imagerecords and the libraries that shaped the bytes.
       created: UTC build time, the only field that differs between two identical builds.
       errors_file: the file holding the rejected and skipped rows.
-      num_duplicate_groups: groups of written images whose source files hold identical bytes
-        (rows of duplicates.jsonl; -1 when the build did not look).
+      num_duplicate_groups: groups of written images whose source files hold identical bytes under
+        two keys or more (rows of duplicates.jsonl; -1 when the build did not look).
       num_leaking_groups: those of them that span more than one split.
       num_label_conflicts: those of them whose members carry different labels (the same image
         under two classes; 0 in manifests written before it was counted).
+      num_already_present: an append's listed inputs whose keys the dataset already held with the
+        same content, not written again (duplicates.jsonl rows whose members share one key; not
+        duplicate groups). Written only when not 0, so other builds' manifests keep their bytes.
       version: the folder (relative to the dataset folder) holding this build's shards and index
         files, named after its build id; None for datasets written before versions had folders
         (their files lie directly in the dataset folder).
@@ -500,6 +503,7 @@ class Manifest:
     num_duplicate_groups: int = -1
     num_leaking_groups: int = 0
     num_label_conflicts: int = 0
+    num_already_present: int = 0
     version: Optional[str] = None
     previous_versions: Tuple[str, ...] = ()
     features: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -609,6 +613,7 @@ class Manifest:
             "num_duplicate_groups": self.num_duplicate_groups,
             "num_leaking_groups": self.num_leaking_groups,
             "num_label_conflicts": self.num_label_conflicts,
+            **({"num_already_present": self.num_already_present} if self.num_already_present else {}),
             **({"version": self.version} if self.version else {}),
             **({"previous_versions": list(self.previous_versions)} if self.previous_versions else {}),
             **({"features": {k: dict(v) for k, v in sorted(self.features.items())}} if self.features else {}),
@@ -651,6 +656,7 @@ class Manifest:
                            num_duplicate_groups=int(d.get("num_duplicate_groups", -1)),
                            num_leaking_groups=int(d.get("num_leaking_groups", 0)),
                            num_label_conflicts=int(d.get("num_label_conflicts", 0)),
+                           num_already_present=int(d.get("num_already_present", 0)),
                            version=d.get("version") or None,
                            previous_versions=tuple(map(str, d.get("previous_versions") or ())),
                            features=dict(d.get("features") or {}),

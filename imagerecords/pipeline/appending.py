@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Collection, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from imagerecords.format import records, schema
 from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError
 from imagerecords.pipeline import codec, errors, refs as refs_lib, storage
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
 
-__all__ = ["Base", "Known", "load_base", "grow_labels", "against", "merged_manifest"]
+__all__ = ["Base", "Known", "load_base", "grow_labels", "against", "merged_manifest", "with_dataset_settings"]
 
-# Build settings that shape a record's bytes or its split: an append must use the dataset's.
+# Build settings that shape a record's bytes, its split or its place in the shuffle: an append
+# refuses one given with another value than the dataset's (the seed too: the manifest records one).
 _SAME = ("image", "splits", "split_seed", "label_offset", "label_type", "write_index", "writer", "split_column",
-         "key_column")
+         "key_column", "seed")
+# Recorded settings an append does not take from the dataset: sized or placed for the run that
+# recorded them (a shard count for the whole dataset, not a delta; that machine's threads and paths;
+# split names only the Beam sink reads, which cannot append). The dataset's class ids come from its
+# manifest, not from its label map file.
+_NOT_TAKEN = ("num_shards", "threads", "skip_stat", "label_map", "split_names", "features_only")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +73,19 @@ def _one_line(text: str) -> errors.UsageError:
                              "rebuild with --overwrite")
 
 
+def _shown(value: Any) -> str:
+    return "not set" if value is None else json.dumps(value, sort_keys=True)
+
+
+def _differs(name: str, mine: Any, theirs: Any) -> errors.UsageError:
+    return errors.UsageError(f"--append refused: {name} {_shown(mine)} differs from the dataset's {_shown(theirs)}; "
+                             "leave it out to take the dataset's, or rebuild with --overwrite")
+
+
 def _check_compatible(config, manifest: Manifest) -> None:
     """Refuses, in one line naming the first difference, a delta whose records would not match the
-    dataset's (feature spec, image options, splits, label settings)."""
+    dataset's (feature spec, image options, splits, label settings, seed). A setting the caller left
+    out is already the dataset's (with_dataset_settings), so what differs here was given."""
     from imagerecords.format import features as features_lib
 
     if manifest.version is None:
@@ -77,28 +93,30 @@ def _check_compatible(config, manifest: Manifest) -> None:
     if manifest.features_only:
         raise _one_line("arrays datasets cannot be appended to yet")
     if config.name != manifest.name:
-        raise _one_line(f"name {config.name!r} differs from the dataset's {manifest.name!r}")
+        raise _differs("name", config.name, manifest.name)
     if config.schema != manifest.schema:
-        raise _one_line(f"schema {config.schema!r} differs from the dataset's {manifest.schema!r}")
+        raise _differs("schema", config.schema, manifest.schema)
     mine = config.to_json()
-    theirs = dict(manifest.parameters)
-    image = dict(theirs.get("image") or {})
-    if "png_level" in mine.get("image", {}) and "png_level" not in image and image:
-        # Written before the level was a setting, so with the level every PNG had then.
-        image["png_level"] = codec.LEGACY_PNG_LEVEL
+    theirs = dict(manifest.parameters, seed=manifest.seed)  # the seed is recorded beside the parameters
+    image = _recorded_image(theirs)
+    if "png_level" not in mine.get("image", {}):
+        image.pop("png_level", None)  # this build writes no PNG: the level shapes no byte of it
+    mine_image = dict(mine.get("image") or {})
     if "png_level" in image:
-        image.setdefault("png_writer", codec.LEGACY_PNG_WRITER)  # a level without a writer: Pillow's
-        same = {k: v for k, v in image.items() if k != "png_writer"} == \
-            {k: v for k, v in mine.get("image", {}).items() if k != "png_writer"}
-        if same and image["png_writer"] != mine["image"].get("png_writer"):
+        writer = image.pop("png_writer", codec.LEGACY_PNG_WRITER)  # a level without a writer: Pillow's
+        mine_writer = mine_image.pop("png_writer", None)
+        if image == mine_image and writer != mine_writer:
             # The same pixels at the same level are other bytes from another writer: never mixed in one dataset.
-            raise _one_line(f"the dataset's PNGs were written by {image['png_writer']!r} (another version), "
+            raise _one_line(f"the dataset's PNGs were written by {writer!r} (another version), "
                             f"this version writes them with {codec.PNG_WRITER!r}")
-        theirs["image"] = image
+    else:
+        mine_image.pop("png_writer", None)
+    for key in sorted(set(image) | set(mine_image)):  # named one by one: `max_side 256`, not the whole dict
+        if mine_image.get(key, _IMAGE_DEFAULTS.get(key)) != image.get(key, _IMAGE_DEFAULTS.get(key)):
+            raise _differs(key, mine_image.get(key, _IMAGE_DEFAULTS.get(key)), image.get(key, _IMAGE_DEFAULTS.get(key)))
     for key in _SAME:
-        if mine.get(key) != theirs.get(key):
-            raise _one_line(f"{key} {json.dumps(mine.get(key), sort_keys=True)} differs from the dataset's "
-                            f"{json.dumps(theirs.get(key), sort_keys=True)}")
+        if key != "image" and mine.get(key) != theirs.get(key):
+            raise _differs(key, mine.get(key), theirs.get(key))
     declared = {k: {f: v for f, v in spec.items() if f != "names"}
                 for k, spec in features_lib.specs_to_json(config.features).items()} if config.features else {}
     published = {k: {f: v for f, v in dict(spec).items() if f != "names"} for k, spec in manifest.features.items()}
@@ -106,6 +124,88 @@ def _check_compatible(config, manifest: Manifest) -> None:
         if declared.get(name) != published.get(name):
             raise _one_line(f"feature {name!r} is {json.dumps(declared.get(name), sort_keys=True)} here, "
                             f"{json.dumps(published.get(name), sort_keys=True)} in the dataset")
+
+
+# What a recorded image setting left out of the manifest's parameters was (config.to_json drops the
+# defaults of a JPEG build, so that its manifest keeps the bytes it had before those settings).
+_IMAGE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(codec.ImageOptions)}
+
+
+def _recorded_image(parameters: Mapping[str, Any]) -> Dict[str, Any]:
+    """The dataset's image settings as its manifest records them; a PNG level written before the
+    level was a setting is the level every PNG had then."""
+    image = dict(parameters.get("image") or {})
+    if image and "png_level" not in image:
+        image["png_level"] = codec.LEGACY_PNG_LEVEL
+    return image
+
+
+def _settings_of(config) -> Dict[str, Any]:
+    """`config` as one make_config layer: its fields, the image options among them."""
+    out = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "image"}
+    out.update(dataclasses.asdict(config.image))
+    return out
+
+
+def _given_by_default(config) -> FrozenSet[str]:
+    """The settings of `config` that differ from their defaults: what a caller that says nothing
+    else about them must have set."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config) if f.name not in ("image", "features")}
+    defaults.update(_IMAGE_DEFAULTS)
+    mine = _settings_of(config)
+    given = {k for k, v in mine.items() if k in defaults and v != defaults[k]}
+    return frozenset(given | ({"features"} if config.features else set()))
+
+
+def with_dataset_settings(config, given: Optional[Collection[str]] = None):
+    """The settings of an append: those in `given` as `config` has them, every other one the
+    dataset's in `config.output` (its manifest's parameters; BuildConfig.to_json), so an append
+    needs no setting repeated. load_base then refuses a given one that differs (one line naming it).
+
+    Args:
+      config: the BuildConfig the caller's settings made (the others at their defaults).
+      given: the names of the settings the caller set (BuildConfig's and ImageOptions' fields);
+        None: those whose values differ from their defaults.
+
+    Returns:
+      The BuildConfig to append with; `config` itself when `config.output` holds no dataset an
+      append can take settings from (load_base says why in one line).
+
+    Raises:
+      errors.UsageError: the dataset's settings and the given ones make no valid build (one line).
+    """
+    from imagerecords.pipeline import config as config_lib
+
+    path = storage.join(config.output, MANIFEST)
+    try:
+        manifest = Manifest.loads(storage.read_bytes(path), path)
+    except (OSError, ManifestError):
+        return config
+    if manifest.version is None or manifest.features_only:
+        return config
+    given = _given_by_default(config) if given is None else frozenset(given)
+    recorded = dict(manifest.parameters)
+    fields = {f.name for f in dataclasses.fields(config)} - {"image", "input", "output"} - set(_NOT_TAKEN)
+    theirs: Dict[str, Any] = {k: v for k, v in recorded.items() if k in fields}
+    image = _recorded_image(recorded)
+    image.pop("png_writer", None)  # not a setting: the writer this version has
+    theirs.update({k: image.get(k, default) for k, default in _IMAGE_DEFAULTS.items()})
+    # Recorded beside the parameters: the dataset's name, schema, seed and features.
+    theirs.update(name=manifest.name, schema=manifest.schema, seed=manifest.seed,
+                  features={k: {f: v for f, v in dict(spec).items() if f != "names"}  # class lists grow as an append's
+                            for k, spec in manifest.features.items()})
+    settings = _settings_of(config)
+    for key, value in theirs.items():
+        if key in given:
+            continue
+        if value is None:
+            settings.pop(key, None)  # recorded unset: the default
+        else:
+            settings[key] = value
+    try:
+        return config_lib.make_config(settings)
+    except ValueError as e:
+        raise errors.UsageError(f"--append refused: with the dataset's settings, {e}") from None
 
 
 def _started_ns(folder: str) -> Optional[int]:

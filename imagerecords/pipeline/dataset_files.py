@@ -143,6 +143,7 @@ def build_manifest(
     num_duplicate_groups: int = -1,
     num_leaking_groups: int = 0,
     num_label_conflicts: int = 0,
+    num_already_present: int = 0,
 ) -> Manifest:
     """Returns the manifest of a build from its shard results; splits and shards are sorted, so the
     same build always serializes to the same bytes (`created` aside)."""
@@ -159,7 +160,8 @@ def build_manifest(
                     parameters=params, splits=tuple(Split(k, tuple(v)) for k, v in sorted(by_split.items())),
                     num_rejected=num_rejected, num_skipped=num_skipped, versions=dict(versions), created=created,
                     num_duplicate_groups=num_duplicate_groups, num_leaking_groups=num_leaking_groups,
-                    num_label_conflicts=num_label_conflicts, features=features, image_encoding=image_encoding,
+                    num_label_conflicts=num_label_conflicts, num_already_present=num_already_present,
+                    features=features, image_encoding=image_encoding,
                     features_only=bool(parameters.get("features_only")))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Optional, Sequence, Tuple
 
 from imagerecords.pipeline import config as config_lib
 from imagerecords.pipeline.config import BuildConfig
@@ -56,6 +56,10 @@ class BuildOptions:
       detached: on a Flink cluster, return once the job is submitted (`finish` publishes it later).
       ignore_split_column: with `splits`, reassign splits by hash although the manifest has a split
         column.
+      settings_given: the names of the build settings the caller set (BuildConfig's and ImageOptions'
+        fields, as `make` and the command fill it); with `config.append`, every other setting is
+        the dataset's (its manifest's parameters). None: the settings whose values are not their
+        defaults.
     """
 
     config: BuildConfig
@@ -66,6 +70,7 @@ class BuildOptions:
     break_lock: bool = False
     detached: bool = False
     ignore_split_column: bool = False
+    settings_given: Optional[FrozenSet[str]] = None
 
     def __post_init__(self):
         if not isinstance(self.config, BuildConfig):
@@ -96,6 +101,11 @@ class BuildOptions:
             object.__setattr__(self, "local_workers", int(workers))  # a NumPy int becomes an int
         if self.progress is not None and not callable(self.progress):
             raise ValueError(f"progress must be a callable taking a Progress, or None, got {self.progress!r:.80}")
+        given = self.settings_given
+        if given is not None:
+            if not isinstance(given, (set, frozenset, list, tuple)) or not all(isinstance(n, str) for n in given):
+                raise ValueError(f"settings_given must be a set of setting names or None, got {given!r:.80}")
+            object.__setattr__(self, "settings_given", frozenset(given))
         for name in ("break_lock", "detached", "ignore_split_column"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r:.80}")
@@ -115,10 +125,12 @@ class BuildOptions:
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{name} must be a path or URI (a non-empty string), got {value!r:.80}")
         _check_setting_types(settings)
-        return cls(config=config_lib.make_config(settings, {"input": input, "output": output}), **run)
+        given = frozenset(k for k, v in settings.items() if v is not None)  # None: not set, as make_config reads it
+        return cls(config=config_lib.make_config(settings, {"input": input, "output": output}), settings_given=given,
+                   **run)
 
 
-RUN_FIELDS = tuple(f.name for f in dataclasses.fields(BuildOptions) if f.name != "config")
+RUN_FIELDS = tuple(f.name for f in dataclasses.fields(BuildOptions) if f.name not in ("config", "settings_given"))
 
 
 def _check_setting_types(settings: Dict[str, Any]) -> None:

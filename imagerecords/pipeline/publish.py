@@ -131,9 +131,11 @@ class BuildResults:
       shards: every staged shard (dataset_files.ShardResult).
       num_rejected: errors.jsonl rows that count against the budget.
       num_skipped: errors.jsonl rows marked skipped (not images of a class).
-      num_duplicate_groups: rows of duplicates.jsonl (-1: not looked for).
+      num_duplicate_groups: rows of duplicates.jsonl of files under two keys or more (-1: not looked for).
       num_leaking_groups: those spanning more than one split.
       num_label_conflicts: those whose members carry different labels.
+      num_already_present: with --append, the listed inputs whose keys the dataset holds with the
+        same content (duplicates.jsonl rows of one key): not written again.
       base: with --append, the manifest (JSON) of the published dataset this build adds to: the
         published manifest lists its shards, then this build's.
       version_name: the version folder asked for (--version_name); None: v-<build id>.
@@ -153,6 +155,7 @@ class BuildResults:
     num_duplicate_groups: int = -1
     num_leaking_groups: int = 0
     num_label_conflicts: int = 0
+    num_already_present: int = 0
     base: Optional[Mapping[str, Any]] = None
     version_name: Optional[str] = None
 
@@ -203,7 +206,7 @@ class BuildResults:
             shards=shards, num_rejected=self.num_rejected, num_skipped=self.num_skipped, versions=self.versions,
             created=created or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             num_duplicate_groups=self.num_duplicate_groups, num_leaking_groups=self.num_leaking_groups,
-            num_label_conflicts=self.num_label_conflicts),
+            num_label_conflicts=self.num_label_conflicts, num_already_present=self.num_already_present),
             version=folder)
         if self.base is None:
             return own, {}

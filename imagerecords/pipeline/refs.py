@@ -102,6 +102,12 @@ class DuplicateGroup:
         return tuple(sorted({member[3] for member in self.members}))
 
     @property
+    def already_present(self) -> bool:
+        """True for an append's row of a key the dataset already holds with this content (its stored
+        record and its listing now): one key, so no duplicate, and not written again."""
+        return len({member[0] for member in self.members}) == 1
+
+    @property
     def leaks(self) -> bool:
         """True when the same image is in more than one split (train/validation leakage)."""
         return len(self.splits) > 1

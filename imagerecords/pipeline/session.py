@@ -186,6 +186,11 @@ def run(options: BuildOptions, *, notify: Optional[Callable[[str], None]] = None
     Raises:
       errors.BuildError: an expected failure, one line (errors.Interrupted for a signal).
     """
+    if options.config.append:  # the settings not given are the dataset's, read before anything checks them
+        from imagerecords.pipeline import appending
+
+        options = dataclasses.replace(options, config=appending.with_dataset_settings(options.config,
+                                                                                      options.settings_given))
     config = options.config
     if config.writer == "beam" and config.write_index:
         raise errors.UsageError("--write_index needs --writer shards (the Beam sink reports no record offsets)")

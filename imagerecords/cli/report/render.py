@@ -275,11 +275,16 @@ def _duplicates(extras: Extras) -> List[str]:
     if extras.duplicates is None:
         return s + [f"<p data-duplicates=absent>No {DUPLICATES} in the dataset folder: this build reported no "
                     "duplicate content (or did not check for it).</p>"]
-    dups = extras.duplicates
+    present = [row for row in extras.duplicates if _already_present(row)]
+    if present:
+        s.append(f'<p data-already-present="{len(present)}">{len(present)} already in the dataset: inputs of this '
+                 'append whose keys the dataset held with the same content, not written again (not duplicates; '
+                 f'their rows in {DUPLICATES} name one key twice).</p>')
+    dups = _true_duplicates(extras.duplicates)
     if not dups:
         return s + [f"<p data-duplicates=0 data-leaks=0>No duplicate content: the build compared the bytes of "
-                    f"every input and found no two alike ({DUPLICATES} holds no groups).</p>"
-                    ] + _bad_duplicate_lines(extras)
+                    f"every input and found no two alike ({DUPLICATES} holds no groups"
+                    f"{' of two keys' if present else ''}).</p>"] + _bad_duplicate_lines(extras)
     cross = [row for row in dups if len({str(mb.get("split", "")) for mb in _members(row)}) > 1]
     s.append(f'<p data-duplicates="{len(dups)}" data-leaks="{len(cross)}">{len(dups)} groups of identical '
              f'content, {sum(len(r["members"]) for r in dups)} inputs; <b>{len(cross)} groups span splits</b> '
@@ -292,6 +297,17 @@ def _duplicates(extras: Extras) -> List[str]:
     if len(dups) > _DUPLICATE_GROUPS_SHOWN:
         s.append(f"<p>First {_DUPLICATE_GROUPS_SHOWN} groups shown (cross-split ones first).</p>")
     return s + _bad_duplicate_lines(extras)
+
+
+def _already_present(row: Mapping[str, Any]) -> bool:
+    """An append's row of a key the dataset already held with this content: its members share one key."""
+    members = _members(row)
+    return len(members) > 1 and len({str(mb.get("key", "")) for mb in members}) == 1
+
+
+def _true_duplicates(rows: List[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
+    """The rows of identical files under two keys or more (an append's rows of present keys left out)."""
+    return [row for row in rows if not _already_present(row)]
 
 
 def _bad_duplicate_lines(extras: Extras) -> List[str]:
@@ -318,7 +334,8 @@ def _conflicts(m: Manifest, extras: Extras) -> List[str]:
     if extras.duplicates and not any("label" in mb for row in extras.duplicates for mb in _members(row)):
         return s + [f"<p data-conflicts=unknown>This {DUPLICATES} records no labels (written before label "
                     "conflicts were counted); rebuild to see them.</p>"]
-    conflicts = [row for row in extras.duplicates if len({str(mb.get("label", "")) for mb in _members(row)}) > 1]
+    conflicts = [row for row in _true_duplicates(extras.duplicates)
+                 if len({str(mb.get("label", "")) for mb in _members(row)}) > 1]
     s.append(f'<p data-conflicts="{len(conflicts)}"><b>{len(conflicts)} groups</b> of identical content carry '
              f'more than one label, {sum(len(r["members"]) for r in conflicts)} inputs: the same image is '
              'taught as two classes.</p>')
