@@ -322,6 +322,50 @@ def test_a_local_commit_reads_back_only_the_staged_files_written_since_their_wri
     assert len(reads) == (0 if change == "none" else 1)
 
 
+@pytest.mark.parametrize("window", ["between close and rename", "while its index is written"])
+def test_a_byte_flipped_after_the_writer_closed_its_shard_is_never_published(tmp_path, monkeypatch, image_tree,
+                                                                           window):
+    """The writer's identity of its shard is taken only once its bytes are checked against what it
+    wrote: another process writing into the staged file before that is refused by the commit."""
+    from conftest import build
+    from imagerecords.pipeline import storage
+
+    flipped = []
+
+    def flip(path):
+        data = bytearray(open(path, "rb").read())
+        data[len(data) // 2] ^= 0x01
+        with open(path, "r+b") as f:
+            f.write(data)
+        flipped.append(path)
+
+    real_rename, real_write = storage.rename, publish.write_bytes
+
+    def rename(src, dst):
+        if window == "between close and rename" and src.endswith(".tmp") and ".tfrecord-" in src and not flipped:
+            flip(src)
+        return real_rename(src, dst)
+
+    def write_bytes(path, data):
+        if window == "while its index is written" and path.endswith(".idx") and not flipped:
+            flip(path.replace(os.sep + "index" + os.sep, os.sep)[:-len(".idx")])
+        return real_write(path, data)
+
+    monkeypatch.setattr(storage, "rename", rename)
+    monkeypatch.setattr(publish, "write_bytes", write_bytes)
+    out = tmp_path / "out"
+    with pytest.raises(errors.OutputError, match=r"refusing to publish .*tfrecord-.* but its writer reported"):
+        build(image_tree[0], out, "--num_shards", "2", "--max_reject_fraction", "0.1", "--write_index")
+    assert flipped  # one or more (the writers run on threads)
+    assert not (out / MANIFEST).exists()
+    # --resume does not reuse the flipped shard unread: it is written again, and the dataset is whole.
+    monkeypatch.undo()
+    build(image_tree[0], out, "--num_shards", "2", "--max_reject_fraction", "0.1", "--write_index", "--resume")
+    from imagerecords.cli import inspection
+
+    assert inspection.verify(str(out), records=True)[0] == []
+
+
 @pytest.mark.parametrize("entry", [["not", "a", "map"], {"v/x.tfrecord": 5}])
 def test_a_commit_record_whose_identity_entry_is_not_a_map_of_texts_is_refused(tmp_path, entry):
     out = tmp_path / "out"

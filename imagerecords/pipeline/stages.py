@@ -304,8 +304,10 @@ class ShardWriter:
             publish.write_bytes(storage.join(staging, index_file), index_data)
         result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
                                           stats.passthrough, index_file, index_sha256, stats.kinds),
-                             stats.crc32c, index_crc32c, storage.identity(storage.join(staging, filename)),
-                             storage.identity(storage.join(staging, index_file)) if index_file else None)
+                             stats.crc32c, index_crc32c, storage.checked_identity(storage.join(staging, filename),
+                                                                                  stats.crc32c),
+                             storage.checked_identity(storage.join(staging, index_file), index_crc32c)
+                             if index_file else None)
         # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
         names, offset = labels.names, labels.offset
         if rows:
@@ -473,15 +475,21 @@ def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: 
         keys = dataset_files.keys_name(filename)
         if storage.exists(storage.join(source, keys)):  # without it, --append reads this shard's records instead
             moves.append(keys)
+        checked = {staged.result.shard.filename: staged.result.identity,
+                   staged.result.shard.index_file: staged.result.index_identity}
         for n in moves + [filename + publish.STAGED_RECORD]:
             destination = storage.join(target, n)
             if storage.is_local(destination):
                 os.makedirs(os.path.dirname(destination), exist_ok=True)
             storage.rename(storage.join(source, n), destination)
-        # Moved, the files have new identities: recorded, so the commit need not read them back either.
+        # Moved, the files have new change times: recorded when nothing else changed, so the commit
+        # need not read them back either.
         staged.result = dataclasses.replace(
-            staged.result, identity=storage.identity(storage.join(target, staged.result.shard.filename)),
-            index_identity=storage.identity(storage.join(target, staged.result.shard.index_file))
+            staged.result,
+            identity=storage.moved_identity(checked[staged.result.shard.filename],
+                                            storage.join(target, staged.result.shard.filename)),
+            index_identity=storage.moved_identity(checked[staged.result.shard.index_file],
+                                                  storage.join(target, staged.result.shard.index_file))
             if staged.result.shard.index_file else None)
         record["staged"]["result"] = staged.result.to_json()
         publish.write_bytes(storage.join(target, filename + publish.STAGED_RECORD), _record_bytes(

@@ -12,9 +12,13 @@ import os
 import shutil
 from typing import BinaryIO, Dict, List, Optional, Tuple
 
+import google_crc32c
+
+from imagerecords.format import records
 from imagerecords.format.paths import has_scheme, join  # join: re-exported as the builder's one path join
 
-__all__ = ["is_local", "join", "open_read", "read_bytes", "open_if_exists", "create", "rename", "link", "exists", "delete",
+__all__ = ["is_local", "join", "open_read", "read_bytes", "open_if_exists", "create", "rename", "link", "checked_identity",
+           "moved_identity", "exists", "delete",
            "delete_all", "list_names", "list_tree", "list_folder", "gcs_objects", "gcs_client"]
 
 
@@ -78,6 +82,38 @@ def identity(uri: str) -> Optional[str]:
     except OSError:
         return None
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def checked_identity(uri: str, crc32c: Optional[str]) -> Optional[str]:
+    """storage.identity of a local file just written, taken only if its bytes are still the ones
+    written (their crc32c, as records.crc32c_text) and it did not change while they were read;
+    else None, so the commit reads it back and refuses it. Another process writing into the file
+    before it was in place (while open, or between close and rename) changes no identity that
+    could be compared later: only its bytes tell. Read from the page cache, once, by its writer."""
+    if crc32c is None:
+        return None
+    before = identity(uri)
+    if before is None:
+        return None
+    checksum = google_crc32c.Checksum()
+    try:
+        with open(uri, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                checksum.update(chunk)
+    except OSError:
+        return None
+    if records.crc32c_text(checksum) != crc32c or identity(uri) != before:
+        return None
+    return before
+
+
+def moved_identity(before: Optional[str], uri: str) -> Optional[str]:
+    """The identity of a local file just renamed to `uri`, or None when it is not the file whose
+    identity was `before` (a rename sets the change time, and only that)."""
+    after = identity(uri)
+    if before is None or after is None or after.rsplit(":", 1)[0] != before.rsplit(":", 1)[0]:
+        return None
+    return after
 
 
 def rename(src: str, dst: str) -> None:
