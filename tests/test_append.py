@@ -371,6 +371,36 @@ def test_a_missing_or_damaged_keys_file_is_replaced_by_reading_its_shard(tmp_pat
         assert f.read() == kept
 
 
+def test_a_keys_file_rewritten_with_its_row_count_kept_is_not_trusted(tmp_path):
+    """A keys row naming a new image (count kept) would make the append skip that image and write the
+    row's real key twice; the manifest's digest of each keys file refuses it, and the shard is read."""
+    root, out, zebras = _delta_tree(tmp_path)
+    first = _manifest(out)
+    keys0 = _keys(out)
+    name = _files(out, first)[0]
+    keys_file = os.path.join(out, name.rpartition("/")[0], "keys", name.rpartition("/")[2] + ".jsonl")
+    with open(keys_file, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    row = json.loads(lines[0])
+    row["key"] = "zebra/z0.jpg"
+    lines[0] = (json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+    with open(keys_file, "wb") as f:
+        f.write(b"".join(lines))
+    from imagerecords.cli import inspection
+
+    problems, notes = inspection.verify(out)
+    assert problems == [] and [n for n in notes if n.startswith(keys_file)] == [
+        f"{keys_file}: sha256 differs from the manifest (the next --append reads {name} instead)"]
+    rc, err = _run("--input", root, "--output", out, *ARGS, "--append")
+    assert rc == 0, err[-2000:]
+    assert "keys file its build wrote" in err and keys_file in err, err
+    m = _manifest(out)
+    keys = _keys(out)
+    assert set(keys) == set(keys0) | zebras
+    assert sum(s["num_examples"] for s in m["splits"].values()) == len(keys0) + 3  # no key twice
+    assert all(len(s["keys_sha256"]) == 64 for split in m["splits"].values() for s in split["shards"])
+
+
 def test_keys_and_labels_with_unicode_line_separators_survive_the_keys_file():
     from imagerecords.pipeline import dataset_files
 

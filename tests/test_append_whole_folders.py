@@ -177,9 +177,19 @@ def test_inspect_glob_refuses_a_split_spread_over_folders(tmp_path):
     moved = "elsewhere/" + shard["filename"].rpartition("/")[2]
     os.makedirs(os.path.join(out, "elsewhere"))
     os.rename(os.path.join(out, shard["filename"]), os.path.join(out, moved))
+    keys = shard["filename"].rpartition("/")[0] + "/keys/" + moved.rpartition("/")[2] + ".jsonl"
+    os.makedirs(os.path.join(out, "elsewhere", "keys"))
+    os.rename(os.path.join(out, keys), os.path.join(out, "elsewhere", "keys", moved.rpartition("/")[2] + ".jsonl"))
     shard["filename"] = moved
+    m["listed_folders"] = {m["version"]: sorted([m["version"], "elsewhere"])}
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(m, f)
+    from imagerecords.cli import inspection
+
+    problems, notes = inspection.verify(out)
+    assert problems == [] and [n for n in notes if "elsewhere" in n] == [
+        f"{os.path.join(out, 'elsewhere')}: holds shards of the published version (appended by a release before "
+        "whole version folders; the next --append makes one folder whole)"]
     proc = subprocess.run([sys.executable, "-m", "imagerecords", "inspect", out, "--glob", split],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--files" in proc.stderr, proc.stderr

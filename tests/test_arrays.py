@@ -314,6 +314,33 @@ def test_resume_fingerprint_changes_when_the_arrays_are_rewritten(tmp_path):
     assert before and after != before, "the rewritten input's identity never changed"
 
 
+@pytest.mark.parametrize("how", ["in place (cp -p)", "renamed over (rsync -a)"])
+def test_a_same_size_npy_rewrite_with_its_mtime_restored_is_not_resumed_from(tmp_path, how):
+    """Copy tools that keep times put the old mtime back on new bytes: the identity a resume compares
+    must still change (inode, change time), or half the shards would hold the old rows."""
+    from imagerecords.pipeline import stages
+    from imagerecords.pipeline.config import BuildConfig
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name, a in _arrays(seed=1).items():
+        np.save(folder / f"{name}.npy", a)
+    config = BuildConfig(input=str(folder), output=str(tmp_path / "out"))
+    before = stages.ShardWriter.of(config, "b1").source
+    target = folder / "image.npy"
+    st = os.stat(target)
+    new = np.ascontiguousarray(_arrays(seed=2)["image"])
+    if how.startswith("in place"):
+        np.save(target, new)
+    else:
+        np.save(folder / ".image.tmp.npy", new)
+        os.replace(folder / ".image.tmp.npy", target)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after_st = os.stat(target)
+    assert (after_st.st_size, after_st.st_mtime_ns) == (st.st_size, st.st_mtime_ns)  # what a stat of size+mtime saw
+    assert stages.ShardWriter.of(config, "b2").source != before
+
+
 @pytest.mark.parametrize("layout", ["npz", "npy"])
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_rebuild_in_the_same_process_reads_the_rewritten_arrays(tmp_path, monkeypatch, layout, workers):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import List, Optional, Tuple
 
@@ -77,6 +78,9 @@ def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[s
             holder = publish.read_lock(output)
             state = "stale lock of" if holder and holder.is_dead_here() else "lock held by"
             notes.append(f"{join(output, LOCK)}: {state} {holder.describe() if holder else 'an unknown build'}")
+        elif name in manifest.listed_folders.get(manifest.version, ()) and name != manifest.version:
+            notes.append(f"{join(output, name)}: holds shards of the published version (appended by a release "
+                         "before whole version folders; the next --append makes one folder whole)")
         elif (name.startswith(VERSION_PREFIX) or name in manifest.previous_versions) and name != manifest.version:
             notes.append(f"{join(output, name)}: an earlier version, kept for readers that loaded its manifest "
                          "(--keep_versions)")
@@ -156,7 +160,7 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
     from imagerecords.format.records import FRAME_OVERHEAD, CorruptRecordError, HashingReader, read_records
 
     manifest = load(output)
-    problems = []
+    problems, keys_notes = [], []
     names = _present(output, manifest)
     stored = features_lib.stored(manifest) if records else ()
     for split in manifest.splits:
@@ -193,8 +197,25 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                 problems.append(f"{path}: {count} records, manifest says {shard.count}")
             if shard.index_file:
                 problems.extend(_index_problems(output, shard, frame_lengths))
+            if shard.keys_sha256:
+                keys_notes.extend(_keys_notes(output, shard))
     extra, notes = _folder_problems(output, manifest)
-    return problems + extra, notes
+    return problems + extra, notes + keys_notes
+
+
+def _keys_notes(output: str, shard) -> List[str]:
+    """A shard's keys file that is missing or not the one its build wrote: no reader uses it, but the
+    next --append reads the shard instead (a note, not a problem)."""
+    folder, _, plain = shard.filename.rpartition("/")
+    keys = dataset_files.keys_name(plain)
+    path = join(output, folder, keys) if folder else join(output, keys)
+    try:
+        data = storage.read_bytes(path)
+    except OSError:
+        return [f"{path}: missing (the next --append reads {shard.filename} instead)"]
+    if hashlib.sha256(data).hexdigest() != shard.keys_sha256:
+        return [f"{path}: sha256 differs from the manifest (the next --append reads {shard.filename} instead)"]
+    return []
 
 
 def inspect(output: str) -> Tuple[List[str], List[str]]:

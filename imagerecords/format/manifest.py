@@ -76,6 +76,8 @@ class Shard:
       image_kinds: ((kind, records), ...) sorted, where kind is 'format:channels:dtype' of the stored
         image as TensorFlow decodes it ('png:1:uint16'); only for builds whose image encoding is
         not 'jpeg' (a 'jpeg' build stores 3-channel uint8 JPEGs only).
+      keys_sha256: hex digest of the shard's keys file (`keys/<shard>.jsonl`, what --append reads
+        instead of the shard), when its build recorded one: only a keys file of that digest is used.
     """
 
     index: int
@@ -88,6 +90,7 @@ class Shard:
     index_file: Optional[str] = None
     index_sha256: Optional[str] = None
     image_kinds: Tuple[Tuple[str, int], ...] = ()
+    keys_sha256: Optional[str] = None
 
     def to_json(self) -> Dict[str, Any]:
         out = {"index": self.index, "filename": self.filename, "count": self.count, "num_bytes": self.num_bytes,
@@ -98,6 +101,8 @@ class Shard:
             out["index_sha256"] = self.index_sha256
         if self.image_kinds:
             out["image_kinds"] = dict(self.image_kinds)
+        if self.keys_sha256:
+            out["keys_sha256"] = self.keys_sha256
         return out
 
     @classmethod
@@ -116,7 +121,8 @@ class Shard:
                    labels=tuple(sorted((int(k), int(v)) for k, v in dict(d.get("labels") or {}).items())),
                    passthrough=int(d.get("passthrough", 0)), index_file=d.get("index_file"),
                    index_sha256=d.get("index_sha256"),
-                   image_kinds=tuple(sorted((str(k), int(v)) for k, v in dict(d.get("image_kinds") or {}).items())))
+                   image_kinds=tuple(sorted((str(k), int(v)) for k, v in dict(d.get("image_kinds") or {}).items())),
+                   keys_sha256=str(d["keys_sha256"]) if d.get("keys_sha256") else None)
 
 
 def shard_file_name(name: str, split: str, index: int, num_shards: int) -> str:
@@ -149,17 +155,19 @@ class ShardColumns(collections.abc.Sequence):
         `folder/shard_file_name(dataset, split, first + k, num_shards)` ('' folder: the dataset
         folder itself), with index files when `indexed`.
       index_sha256: the index files' hex digests, concatenated, in shard order.
+      keys_sha256: the keys files' hex digests, concatenated, in shard order ('' when none recorded).
     """
 
-    __slots__ = ("dataset", "split", "counts", "sizes", "sha256", "runs", "index_sha256", "_starts", "_index_starts")
+    __slots__ = ("dataset", "split", "counts", "sizes", "sha256", "runs", "index_sha256", "keys_sha256", "_starts",
+                 "_index_starts")
 
     def __init__(self, dataset: str, split: str, counts: Sequence[int], sizes: Sequence[int], sha256: str,
-                 runs: Sequence[Tuple[str, int, int, int, bool]], index_sha256: str = ""):
+                 runs: Sequence[Tuple[str, int, int, int, bool]], index_sha256: str = "", keys_sha256: str = ""):
         import array
 
         self.dataset, self.split = dataset, split
         self.counts, self.sizes = array.array("q", counts), array.array("q", sizes)
-        self.sha256, self.index_sha256 = sha256, index_sha256
+        self.sha256, self.index_sha256, self.keys_sha256 = sha256, index_sha256, keys_sha256
         self.runs = tuple((str(f), int(a), int(n), int(k), bool(x)) for f, a, n, k, x in runs)
         self._starts, self._index_starts = [], []
         at = indexed = 0
@@ -175,7 +183,10 @@ class ShardColumns(collections.abc.Sequence):
             raise ValueError(f"the columns of split {split!r} disagree: {n} counts, {len(self.sizes)} sizes, "
                              f"{len(sha256) / 64:g} digests, {at} file names, {len(index_sha256) / 64:g} index "
                              f"digests for {indexed} index files")
-        if not (_HEX.fullmatch(sha256) and _HEX.fullmatch(index_sha256)):
+        if len(keys_sha256) not in (0, 64 * n):
+            raise ValueError(f"the columns of split {split!r} disagree: {n} shards, {len(keys_sha256) / 64:g} keys "
+                             "file digests")
+        if not (_HEX.fullmatch(sha256) and _HEX.fullmatch(index_sha256) and _HEX.fullmatch(keys_sha256)):
             raise ValueError(f"the digests of split {split!r} are not lowercase hex")
 
     def __len__(self) -> int:
@@ -199,7 +210,8 @@ class ShardColumns(collections.abc.Sequence):
             j = self._index_starts[r] + k
             index_file, index_sha256 = index_file_name(filename), self.index_sha256[64 * j:64 * j + 64]
         return Shard(i, filename, self.counts[i], self.sizes[i], self.sha256[64 * i:64 * i + 64],
-                     index_file=index_file, index_sha256=index_sha256)
+                     index_file=index_file, index_sha256=index_sha256,
+                     keys_sha256=self.keys_sha256[64 * i:64 * i + 64] or None)
 
     def __iter__(self) -> Iterator["Shard"]:
         return (self[i] for i in range(len(self)))
@@ -227,6 +239,8 @@ class ShardColumns(collections.abc.Sequence):
                "files": [list(r) for r in self.runs]}
         if self.index_sha256:
             out["index_sha256"] = self.index_sha256
+        if self.keys_sha256:
+            out["keys_sha256"] = self.keys_sha256
         return out
 
     @classmethod
@@ -246,9 +260,10 @@ class ShardColumns(collections.abc.Sequence):
             runs.append((folder, first, of, length, indexed))
         counts, sizes = d["count"], d["num_bytes"]
         if not (isinstance(counts, list) and isinstance(sizes, list) and isinstance(d["sha256"], str)
-                and isinstance(d.get("index_sha256", ""), str)):
+                and isinstance(d.get("index_sha256", ""), str) and isinstance(d.get("keys_sha256", ""), str)):
             raise TypeError(f"the columns of split {split!r} are not lists and hex strings")
-        return cls(dataset, split, counts, sizes, d["sha256"], runs, d.get("index_sha256", ""))
+        return cls(dataset, split, counts, sizes, d["sha256"], runs, d.get("index_sha256", ""),
+                   d.get("keys_sha256", ""))
 
     @classmethod
     def encode(cls, dataset: str, split: str, shards: Sequence["Shard"]) -> Optional["ShardColumns"]:
@@ -259,6 +274,9 @@ class ShardColumns(collections.abc.Sequence):
         pattern = re.compile(re.escape(f"{dataset}-{split}.tfrecord-") + r"(\d{5,})-of-(\d{5,})")
         runs: List[List[Any]] = []
         digests, index_digests = [], []
+        keys_digests = [s.keys_sha256 or "" for s in shards]
+        if any(keys_digests) and not all(len(d) == 64 and _HEX.fullmatch(d) for d in keys_digests):
+            return None  # some shards' keys files have digests, others none: rows say which
         for position, s in enumerate(shards):
             folder, _, plain = s.filename.rpartition("/")
             m = pattern.fullmatch(plain)
@@ -283,7 +301,7 @@ class ShardColumns(collections.abc.Sequence):
                 index_digests.append(s.index_sha256)
         try:
             return cls(dataset, split, [s.count for s in shards], [s.num_bytes for s in shards], "".join(digests),
-                       runs, "".join(index_digests))
+                       runs, "".join(index_digests), "".join(keys_digests))
         except ValueError:
             return None
 

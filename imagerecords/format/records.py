@@ -44,6 +44,14 @@ def crc32c_of(data: bytes) -> str:
     return crc32c_text(google_crc32c.Checksum(data))
 
 
+def crc32c_of_stream(stream: BinaryIO, chunk: int = 1 << 20) -> str:
+    """crc32c_of for a file read in chunks, so a large shard is never held whole."""
+    checksum = google_crc32c.Checksum()
+    for block in iter(lambda: stream.read(chunk), b""):
+        checksum.update(block)
+    return crc32c_text(checksum)
+
+
 def frame_equal(frames: "np.ndarray") -> None:
     """Frames records of one length in place: `frames` is a (rows, FRAME_HEADER + length +
     FRAME_FOOTER) uint8 array whose middle holds the records; fills each row's header and footer

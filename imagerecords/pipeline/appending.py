@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import logging
 from typing import Any, Collection, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from imagerecords.format import records, schema
 from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError
 from imagerecords.pipeline import codec, errors, refs as refs_lib, storage
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Base", "Known", "load_base", "grow_labels", "against", "merged_manifest", "with_dataset_settings"]
 
@@ -221,19 +225,26 @@ def _started_ns(folder: str) -> Optional[int]:
 
 
 def _keys_file(output: str, shard) -> Optional[List[Tuple[str, str, int, bytes]]]:
-    """The rows of a shard's keys file, or None when it has none (written before keys files) or one
-    whose row count is not the shard's (then its records are read instead)."""
+    """The rows of a shard's keys file, or None when it has none (written before keys files), one
+    whose sha256 is not the one the manifest records for it (a build that recorded none: whose row
+    count is not the shard's); then its records are read instead."""
     from imagerecords.pipeline import dataset_files
 
     folder, _, plain = shard.filename.rpartition("/")
-    data = storage.open_if_exists(storage.join(output, folder, dataset_files.keys_name(plain))) if folder else None
+    path = storage.join(output, folder, dataset_files.keys_name(plain)) if folder else ""
+    data = storage.open_if_exists(path) if folder else None
     if data is None:
         return None
     with data:
-        try:
-            rows = dataset_files.parse_keys(data.read())
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-            return None
+        content = data.read()
+    if shard.keys_sha256 and hashlib.sha256(content).hexdigest() != shard.keys_sha256:
+        log.warning("%s is not the keys file its build wrote (sha256 differs from the manifest's); reading %s "
+                    "instead", path, shard.filename)
+        return None
+    try:
+        rows = dataset_files.parse_keys(content)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
     return rows if len(rows) == shard.count else None
 
 

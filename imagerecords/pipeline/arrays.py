@@ -55,16 +55,17 @@ def is_arrays_input(path: str) -> bool:
 
 
 def input_identity(path: str) -> str:
-    """Name, size and modification time of the input's files (the .npz, or every .npy of the folder):
-    what a resumed build compares, since a row's ref holds no digest of its values. A stat, not a
-    hash: an input rewritten in place within its mtime's resolution, at the same size, is missed."""
+    """Name, size, inode, modification and change times of the input's files (the .npz, or every
+    .npy of the folder): what a resumed build compares, since a row's ref holds no digest of its
+    values. A stat, not a hash; the change time is what no copy tool can set back (`cp -p` and
+    `rsync -a` restore the mtime), so a same-size rewrite is seen even with its mtime restored."""
     files = [path] if not os.path.isdir(path) else [
         os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".npy") and not n.startswith(".")]
     parts = []
     for name in files:
         try:
             st = os.stat(name)
-            parts.append(f"{os.path.basename(name)}:{st.st_size}:{st.st_mtime_ns}")
+            parts.append(f"{os.path.basename(name)}:{st.st_size}:{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}")
         except OSError:  # a remote .npz: its listing size is in the refs already
             parts.append(os.path.basename(name))
     return ";".join(parts)

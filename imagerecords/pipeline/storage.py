@@ -12,8 +12,6 @@ import os
 import shutil
 from typing import BinaryIO, Dict, List, Optional, Tuple
 
-import google_crc32c
-
 from imagerecords.format import records
 from imagerecords.format.paths import has_scheme, join  # join: re-exported as the builder's one path join
 
@@ -95,14 +93,12 @@ def checked_identity(uri: str, crc32c: Optional[str]) -> Optional[str]:
     before = identity(uri)
     if before is None:
         return None
-    checksum = google_crc32c.Checksum()
     try:
         with open(uri, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                checksum.update(chunk)
+            read = records.crc32c_of_stream(f)
     except OSError:
         return None
-    if records.crc32c_text(checksum) != crc32c or identity(uri) != before:
+    if read != crc32c or identity(uri) != before:
         return None
     return before
 
