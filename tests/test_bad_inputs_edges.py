@@ -70,3 +70,18 @@ def test_an_arrays_file_of_zero_rows_is_one_line_and_an_exit_code(tmp_path):
     assert done.returncode == 3 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("imagerecords build: error: --input ") and "holds 0 rows" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_reader_that_closed_the_pipe_gets_no_traceback(tmp_path):
+    # `imagerecords inspect OUT | head -3` once ended in a BrokenPipeError traceback. The read end is
+    # closed before the command starts, so its first write fails, whatever the timing.
+    np.savez(tmp_path / "a.npz", image=np.zeros((6, 4, 4, 3), np.uint8), label=np.arange(6) % 2)
+    build(tmp_path / "a.npz", tmp_path / "out", "--num_shards", 2)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "imagerecords", "inspect", str(tmp_path / "out")], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=REPO))
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")

@@ -334,3 +334,26 @@ def test_a_csv_cell_over_the_csv_modules_limit_is_a_rejected_row(tmp_path):
                  "characters; shorten it or store it in a file the row names")] * 2
     assert sorted(r["uri"][:40] for r in rows) == sorted([f"{paths[1]},x,{big}"[:40], f"{paths[2]},x,fine,{big}"[:40]])
     assert sorted(_stored(out)) == [paths[0]]
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_a_negative_integer_label_is_a_rejected_row_never_a_switch_to_class_names(tmp_path, kind):
+    # One -1 among integer labels once made every label a class name: 0 became id 1 and 10 id 3.
+    folder = tmp_path / "in"
+    folder.mkdir()
+    paths = _images(folder, 4)
+    labels = [0, 10, -1, 3]
+    if kind == "csv":
+        manifest_path = folder / "m.csv"
+        manifest_path.write_text("path,label\n" + "".join(f"{p},{label}\n" for p, label in zip(paths, labels)))
+    else:
+        manifest_path = _jsonl(folder / "m.jsonl", [{"path": p, "label": label} for p, label in zip(paths, labels)])
+    out = tmp_path / "out"
+    manifest = build(manifest_path, out, "--max_reject_fraction", 0.5, "--num_shards", 1)
+    assert {k: r["reason"] for k, r in _errors(out).items()} == {
+        "img2.png": "label -1 is a negative class id: integer labels are ids from 0; fix or drop the row, or give "
+                    "class names (label_type 'name') to treat every label as a name"}
+    assert manifest.num_rejected == 1
+    assert (out / "label.labels.txt").read_text() == "".join(f"{i}\n" for i in range(11))
+    assert {k: int(ex["label"][0]) for k, ex in _stored(out).items()} == {"img0.png": 0, "img1.png": 10,
+                                                                         "img3.png": 3}

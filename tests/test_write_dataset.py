@@ -252,6 +252,48 @@ def test_options_are_checked_when_the_transform_is_made(tmp_path):
     WriteDataset(str(tmp_path / "published"), overwrite=True)
 
 
+@pytest.mark.parametrize("setting,value", [("seed", 1.0), ("seed", "1"), ("seed", 1.5), ("num_shards", True),
+                                           ("num_shards", 2.0), ("num_shards", "2"), ("write_index", 1)])
+def test_an_option_of_the_wrong_type_is_refused_when_the_transform_is_made(tmp_path, setting, value):
+    # seed=1.0 once wrote other shards than seed=1 while the manifest said 1; num_shards=True rejected every row.
+    from imagerecords.transforms import WriteDataset
+
+    with pytest.raises(ValueError, match=f"^WriteDataset: {setting} must be (int|bool), got {value!r}$"):
+        WriteDataset(str(tmp_path / "o"), **{setting: value})
+
+
+def test_numpy_integers_are_the_integers_they_hold(tmp_path):
+    from imagerecords.transforms import WriteDataset
+    from imagerecords.transforms.write_dataset import row_to_ref
+
+    made = WriteDataset(str(tmp_path / "o"), num_shards=np.int64(2), seed=np.int32(7))
+    assert (made._config.num_shards, made._config.seed) == (2, 7) and type(made._config.seed) is int
+    ref, _ = row_to_ref({"image": b"\xff\xd8x", "label": np.int64(3)}, str(tmp_path), made._config.manifest_columns())
+    assert ref.label == "3"
+
+
+def test_an_existing_file_as_output_is_refused_when_the_transform_is_made(tmp_path):
+    from imagerecords.transforms import WriteDataset
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="^WriteDataset: output .*f is a file, not a folder$"):
+        WriteDataset(str(tmp_path / "f"))
+
+
+def test_a_negative_integer_label_is_a_rejected_row_and_every_other_id_is_kept(rows, tmp_path):
+    # One -1 ('unknown') among integer labels once turned them all into class names: 0->1, 10->3.
+    picked = [dict(rows[i], label=label, box=[]) for i, label in enumerate([0, 10, -1, 3, 10])]
+    out = tmp_path / "ds"
+    code, err = _run(tmp_path, picked, out, dict(OPTIONS, max_reject_fraction=0.5), DIRECT)
+    assert code == 0, err[-3000:]
+    reasons = {r["key"]: r["reason"] for r in map(json.loads, open(out / "errors.jsonl"))}
+    assert list(reasons) == [picked[2]["key"]] and reasons[picked[2]["key"]].startswith(
+        "label -1 is a negative class id: integer labels are ids from 0")
+    assert (out / "label.labels.txt").read_text() == "".join(f"{i}\n" for i in range(11))
+    assert {k: int(ex["label"]) for k, ex in _read_back(out).items()} == {
+        r["key"]: r["label"] for r in picked if r["label"] >= 0}
+
+
 def test_a_repeated_key_is_a_duplicate_row(rows, tmp_path):
     out = tmp_path / "ds"
     twice = rows[:20] + [dict(rows[5], image=rows[6]["image"])]

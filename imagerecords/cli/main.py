@@ -190,7 +190,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     command, rest = argv[0], argv[1:]
     try:
-        return _command(command, rest)
+        code = _command(command, rest)
+        sys.stdout.flush()  # here, so a closed pipe is caught below and not at exit
+        return code
+    except BrokenPipeError:
+        # Whoever read the output stopped (`inspect OUT | head -3`): no message, as for any pipe tool;
+        # stdout goes to /dev/null so the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # as a process killed by SIGPIPE
     except errors.Interrupted as e:
         print(f"imagerecords {command}: {e}", file=sys.stderr)
         return exit_code(e)

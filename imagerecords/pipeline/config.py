@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -320,6 +321,38 @@ def _is_arrays(path: Any) -> bool:
     return isinstance(path, str) and arrays.is_arrays_input(path)
 
 
+def check_setting_types(settings: Dict[str, Any]) -> None:
+    """Refuses a value whose type cannot be the setting's (a string or True for a number, 1.0 for an
+    integer seed), in place turning integral and real numbers (np.int64) into int and float; before
+    BuildConfig compares them (the wrong types would raise TypeError there, or build other bytes
+    than the manifest records). The one check of build(), the flags, presets and the transforms."""
+    import typing
+
+    hints = {**typing.get_type_hints(BuildConfig), **typing.get_type_hints(ImageOptions)}
+    for name, value in settings.items():
+        if value is None or name not in hints:
+            continue  # unset, or unknown: make_config names an unknown setting
+        tp = hints[name]
+        if typing.get_origin(tp) is typing.Union:
+            tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
+        if tp is bool:
+            ok = isinstance(value, bool)
+        elif tp is int:
+            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        elif tp is float:
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        elif tp is str:
+            ok = isinstance(value, str)
+        else:
+            continue  # splits, features, lists of names: make_config parses and checks them
+        if not ok:
+            raise ValueError(f"{name} must be {getattr(tp, '__name__', tp)}, got {value!r:.80}")
+        if tp is int:
+            settings[name] = int(value)
+        elif tp is float:
+            settings[name] = float(value)
+
+
 def make_config(*layers: Mapping[str, Any]) -> BuildConfig:
     """Merges setting layers (later wins, None means unset) into a validated BuildConfig."""
     merged: Dict[str, Any] = {}
@@ -327,6 +360,7 @@ def make_config(*layers: Mapping[str, Any]) -> BuildConfig:
         merged.update({k: v for k, v in layer.items() if v is not None})
     if "image_encoding" not in merged and _is_arrays(merged.get("input")):
         merged["image_encoding"] = "png"  # a uint8 image array is stored losslessly unless JPEG is asked for
+    check_setting_types(merged)
     image = ImageOptions(**{k: merged.pop(k) for k in list(merged) if k in _IMAGE_FIELDS})
     if isinstance(merged.get("features"), Mapping):
         merged["features"] = features_lib.parse_declarations(merged["features"])

@@ -124,45 +124,12 @@ class BuildOptions:
             value = {"input": input, "output": output}[name]
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{name} must be a path or URI (a non-empty string), got {value!r:.80}")
-        _check_setting_types(settings)
         given = frozenset(k for k, v in settings.items() if v is not None)  # None: not set, as make_config reads it
         return cls(config=config_lib.make_config(settings, {"input": input, "output": output}), settings_given=given,
                    **run)
 
 
 RUN_FIELDS = tuple(f.name for f in dataclasses.fields(BuildOptions) if f.name not in ("config", "settings_given"))
-
-
-def _check_setting_types(settings: Dict[str, Any]) -> None:
-    """Refuses a value whose type cannot be the setting's (a string for a number, True for a number),
-    before BuildConfig compares it: a comparison of the wrong types would raise TypeError instead."""
-    import typing
-
-    from imagerecords.pipeline.codec import ImageOptions
-
-    hints = {**typing.get_type_hints(BuildConfig), **typing.get_type_hints(ImageOptions)}
-    for name, value in settings.items():
-        if value is None or name not in hints:
-            continue  # unset, or unknown: make_config names an unknown setting
-        tp = hints[name]
-        if typing.get_origin(tp) is typing.Union:
-            tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
-        if tp is bool:
-            ok = isinstance(value, bool)
-        elif tp is int:
-            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-        elif tp is float:
-            ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        elif tp is str:
-            ok = isinstance(value, str)
-        else:
-            continue  # splits, features, lists of names: make_config parses and checks them
-        if not ok:
-            raise ValueError(f"{name} must be {getattr(tp, '__name__', tp)}, got {value!r:.80}")
-        if tp is int:
-            settings[name] = int(value)
-        elif tp is float:
-            settings[name] = float(value)
 
 
 def runner_in(args: Sequence[str]) -> Optional[str]:

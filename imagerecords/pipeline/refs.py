@@ -355,6 +355,10 @@ def is_int_label(label: str) -> bool:
     return bool(re.fullmatch(r"\d+", label.strip()))
 
 
+def is_negative_int_label(label: str) -> bool:
+    return bool(re.fullmatch(r"-\d+", label.strip()))
+
+
 # Integer labels are ids as given, and the label map names every id from 0 to the largest: one
 # label of 10**12 would make that many names. Ids stop at a million classes (GLDv2 has 203,094).
 MAX_INT_LABELS = 1_000_000
@@ -372,11 +376,14 @@ def int_label(label: str) -> Optional[int]:
 
 
 def int_label_problem(label: str) -> Optional[str]:
-    """Why an integer label cannot be a class id (past MAX_INT_LABELS), or None."""
-    if not is_int_label(label) or int_label(label) is not None:
-        return None
+    """Why an integer label cannot be a class id (negative, or past MAX_INT_LABELS), or None."""
     text = label.strip()
     shown = text if len(text) <= 20 else text[:17] + "..."
+    if is_negative_int_label(label):
+        return (f"label {shown} is a negative class id: integer labels are ids from 0; fix or drop the row, or "
+                "give class names (label_type 'name') to treat every label as a name")
+    if not is_int_label(label) or int_label(label) is not None:
+        return None
     return (f"label {shown} is past the largest integer class id {MAX_INT_LABELS - 1}: integer labels name ids "
             f"0..the largest one, so they are capped at {MAX_INT_LABELS:,} classes; give class names "
             "(--label_type name) instead")
@@ -455,7 +462,10 @@ def with_lists(labels: "LabelMap", features: Sequence[features_lib.Feature],
 def vocabulary(labels: Sequence[str], label_type: str, offset: int) -> LabelMap:
     """Builds the label map from the distinct labels seen: sorted names, or integers as given."""
     distinct = sorted(set(labels))
-    integer = label_type == "int" or (label_type == "auto" and bool(distinct) and all(map(is_int_label, distinct)))
+    # A negative id among integers (a -1 'unknown') is a rejected row, never a switch to class names
+    # that would shift every id.
+    integer = label_type == "int" or (label_type == "auto" and bool(distinct) and all(
+        is_int_label(d) or is_negative_int_label(d) for d in distinct))
     if integer:
         top = max((v for v in map(int_label, distinct) if v is not None), default=-1)
         return LabelMap(tuple(str(i) for i in range(top + 1)), offset, integer=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
@@ -80,6 +81,8 @@ def row_to_ref(row: Any, base: str, columns: ManifestColumns, max_file_bytes: Op
     if key is not None and not isinstance(key, str):
         return Rejected(uri, f"{columns.key!r} must be text, got a {_kind(key)}", stage="list", error="TypeError")
     label = row.get(columns.label)
+    if isinstance(label, numbers.Integral) and not isinstance(label, bool):
+        label = int(label)  # np.int64(3) is the id 3
     if isinstance(label, bool) or not isinstance(label, (str, int, type(None), list, dict)):
         return Rejected(uri, f"label {label!r} is a {_kind(label)}, not a class label: give a class name (str) or "
                              "an integer id", key or "", stage="label", error="TypeError")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from imagerecords.pipeline import publish, shard_writer, stages
+from imagerecords.pipeline import publish, shard_writer, stages, storage
 from imagerecords.pipeline.config import BuildConfig, make_config
 from imagerecords.pipeline.dataset_files import ShardResult
 from imagerecords.pipeline.refs import ImageRef, LabelMap
@@ -30,6 +31,8 @@ def options_config(owner: str, output: str, options: Mapping[str, Any]) -> Build
     """
     if not isinstance(output, str) or not output.strip():
         raise ValueError(f"{owner}: output must be a folder path or URI, got {output!r}")
+    if not storage.has_scheme(output) and os.path.exists(output) and not os.path.isdir(output):
+        raise ValueError(f"{owner}: output {output} is a file, not a folder")
     if "input" in options or "output" in options:
         raise ValueError(f"{owner}: 'input' and 'output' are not options here")
     try:
