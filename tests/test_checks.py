@@ -413,8 +413,12 @@ def test_output_next_to_input_with_a_common_prefix_is_fine(tmp_path):
 
 
 def test_output_containing_the_input_is_fine(tmp_path):
+    # The input inside the output is no overlap the build writes into: the existing folder is
+    # neither created (nothing to remove on failure) nor emptied.
     root = _tree(tmp_path / "work" / "images")
-    preflight.check_output(_config(root, tmp_path / "work"))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert preflight.check_output(_config(root, tmp_path / "work")) is None
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
 def test_output_next_to_a_manifest_is_fine(tmp_path):
