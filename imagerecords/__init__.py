@@ -21,7 +21,7 @@ _LAZY = {
     "build_arrays": ("imagerecords.pipeline.arrays", "build_arrays"),
     "BuildOptions": ("imagerecords.pipeline.options", "BuildOptions"),
     "Progress": ("imagerecords.pipeline.options", "Progress"),
-    "Error": ("imagerecords.pipeline.errors", "Error"),
+    "Error": ("imagerecords.format.errors", "Error"),
     "run": ("imagerecords.cli.launcher", "run"),
 }
 

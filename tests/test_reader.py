@@ -612,3 +612,30 @@ def test_shuffle_buffer_is_capped_at_one_epoch(ds_path):
     big = names(10_000)
     assert len(big) == 2 * n and big == names(n)
     assert big != names(1) and sorted(big) == sorted(names(1))
+
+
+def test_every_expected_reader_failure_is_an_imagerecords_error_and_keeps_its_builtin_base(ds_path, tmp_path):
+    import imagerecords
+    from imagerecords.format.manifest import ManifestError
+
+    SIZE = {"batch_size": 1, "image_size": 8}
+    cases = [
+        (lambda: reader.make_dataset(str(tmp_path / "nowhere"), "train", **SIZE), FileNotFoundError),
+        (lambda: reader.make_dataset(ds_path, "train", start_step=-1, **SIZE), ValueError),
+        (lambda: reader.make_dataset(ds_path, "no-such-split", **SIZE), ValueError),
+    ]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "manifest.json").write_text("{not json")
+    cases.append((lambda: reader.make_dataset(str(tmp_path / "bad"), "train", **SIZE), ValueError))
+    for call, builtin in cases:
+        with pytest.raises(imagerecords.Error) as caught:
+            call()
+        assert isinstance(caught.value, builtin), repr(caught.value)
+    swapped = str(tmp_path / "swapped")
+    shutil.copytree(ds_path, swapped)
+    first = next(p for p in shard_files(swapped) if "-train.tfrecord-" in os.path.basename(p))
+    with open(first, "ab") as f:
+        f.write(records.frame(b"one more record"))
+    with pytest.raises(imagerecords.Error, match=re.escape(os.path.basename(first))):
+        list(reader.make_dataset(swapped, "train", **SIZE))
+    assert issubclass(ManifestError, imagerecords.Error) and issubclass(ShardSizeError, ValueError)

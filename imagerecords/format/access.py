@@ -11,6 +11,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from imagerecords.format import manifest as manifest_lib
+from imagerecords.format.errors import Error, FilesMissing
 from imagerecords.format import records
 from imagerecords.format.files import Files
 from imagerecords.format.manifest import Manifest
@@ -20,7 +21,7 @@ from imagerecords.format.records import CorruptRecordError
 INDEX_POLICIES = ("require", "scan")
 
 
-class MissingIndexError(ValueError):
+class MissingIndexError(Error, ValueError):
     """The split's shards have no index files and index='require'; the message says how to mend it."""
 
 
@@ -82,7 +83,7 @@ def check_shards(dataset: str, shards: Sequence[Tuple[str, int]], size_of: Calla
         sizes = [size(p) for p in paths]
     missing = [path for path, got in zip(paths, sizes) if got is None]
     if missing:
-        raise FileNotFoundError(f"{len(missing)} of {len(shards)} shard(s) of {dataset} listed in manifest.json are "
+        raise FilesMissing(f"{len(missing)} of {len(shards)} shard(s) of {dataset} listed in manifest.json are "
                                 f"missing: {', '.join(missing)}")
     differ = [(path, got, listed) for (path, listed), got in zip(shards, sizes) if got != listed]
     if differ and policy == "fail":

@@ -26,6 +26,8 @@ import math
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from imagerecords.format.errors import Error
+
 NUMERIC = ("uint8", "int32", "int64", "float16", "float32", "float64", "bool")
 KINDS = ("image", "class_list", "string") + NUMERIC
 IMAGE_ENCODINGS = ("png", "keep", "jpeg")
@@ -39,7 +41,7 @@ _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-class SpecError(ValueError):
+class SpecError(Error, ValueError):
     """A feature declaration that cannot be used; the message names the feature."""
 
 

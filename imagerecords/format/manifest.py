@@ -11,6 +11,7 @@ import re
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from imagerecords.format.paths import inside_problem, join, segment_problem
+from imagerecords.format.errors import Error
 
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
@@ -42,11 +43,11 @@ FLAT_LAYOUT = "."  # in previous_versions: a dataset whose shards lie directly i
 LOCK = ".imagerecords.lock"
 
 
-class ManifestError(ValueError):
+class ManifestError(Error, ValueError):
     """manifest.json is not a manifest this version can read; the message names the file and why."""
 
 
-class NotPublished(FileNotFoundError):
+class NotPublished(Error, FileNotFoundError):
     """A folder holds no manifest.json; the message says whether an unfinished build is there.
 
     Attributes:

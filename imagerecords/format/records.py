@@ -13,6 +13,8 @@ from typing import BinaryIO, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import google_crc32c
 
+from imagerecords.format.errors import Error
+
 _MASK_DELTA = 0xA282EAD8
 FRAME_HEADER = 8 + 4  # uint64 length + masked crc32c of the length
 FRAME_FOOTER = 4  # masked crc32c of the data
@@ -161,7 +163,7 @@ def parse_index(data: bytes, name: str = "<index>") -> List[Tuple[int, int]]:
     return entries
 
 
-class IndexFileError(ValueError):
+class IndexFileError(Error, ValueError):
     """An index file is not the one manifest.json lists for its shard; its shard may be healthy."""
 
 
@@ -364,7 +366,7 @@ class HashingReader:
         return crc32c_text(self._crc)
 
 
-class CorruptRecordError(ValueError):
+class CorruptRecordError(Error, ValueError):
     """A TFRecord frame failed its length or data checksum."""
 
 

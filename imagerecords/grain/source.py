@@ -9,6 +9,7 @@ from imagerecords.format import access, schema
 from imagerecords.format import features as features_lib
 from imagerecords.format.files import Files
 from imagerecords.format.paths import has_scheme, join
+from imagerecords.format.errors import ReadError
 
 
 class RecordSource:
@@ -51,22 +52,22 @@ class RecordSource:
     def __init__(self, path: str, split: str = "train", *, features: Optional[Sequence[str]] = None,
                  index: str = "require"):
         if index not in access.INDEX_POLICIES:
-            raise ValueError(f"index must be one of {access.INDEX_POLICIES}, got {index!r}")
+            raise ReadError(f"index must be one of {access.INDEX_POLICIES}, got {index!r}")
         if isinstance(features, str):
-            raise ValueError(f"features must be a list of feature names, got the string {features!r}")
+            raise ReadError(f"features must be a list of feature names, got the string {features!r}")
         self.path = str(path).rstrip("/") if has_scheme(str(path)) else str(path)
         self._files = Files()
         self.manifest = access.load_manifest(self.path, self._files)
         try:
             split_entry = self.manifest.split(split)
         except KeyError as e:
-            raise ValueError(f"{self.path}: {e.args[0]}") from None
+            raise ReadError(f"{self.path}: {e.args[0]}") from None
         self.split = split
         stored = {f.name: f for f in features_lib.stored(self.manifest)}
         wanted = sorted(stored) if features is None else list(features)
         unknown = [name for name in wanted if name not in stored]
         if unknown:
-            raise ValueError(f"{self.path}: no feature(s) {', '.join(map(str, unknown))}; its records hold "
+            raise ReadError(f"{self.path}: no feature(s) {', '.join(map(str, unknown))}; its records hold "
                              f"{', '.join(sorted(stored))}")
         self.features = tuple(stored[name] for name in wanted)
         keys = schema.keys(self.manifest.schema)
@@ -119,12 +120,12 @@ class RecordSource:
             try:
                 if feature.dtype == "image":
                     if not values:
-                        raise ValueError("an image feature with no bytes")
+                        raise ReadError("an image feature with no bytes")
                     out[feature.name] = features_lib.image_to_numpy(feature, values[0], *size)
                 else:
                     out[feature.name] = features_lib.to_numpy(feature, values)
             except ValueError as e:
-                raise ValueError(f"{where}: {e}") from None
+                raise ReadError(f"{where}: {e}") from None
         return out
 
     def get_state(self, iterator) -> Dict[str, Any]:
@@ -138,10 +139,10 @@ class RecordSource:
           ValueError: a state that is not get_state's, or one saved over another build or split.
         """
         if not isinstance(state, Mapping) or not {"dataset", "split", "iterator"} <= set(state):
-            raise ValueError("not a RecordSource.get_state() state: expected a dict with 'dataset', 'split' and "
+            raise ReadError("not a RecordSource.get_state() state: expected a dict with 'dataset', 'split' and "
                              f"'iterator', got {type(state).__name__}")
         if state["dataset"] != self.digest or state["split"] != self.split:
-            raise ValueError(
+            raise ReadError(
                 f"this state was saved over another build (split {state['split']!r}, dataset {state['dataset']!r}; "
                 f"this one is split {self.split!r}, dataset {self.digest!r}): its positions would name other "
                 "records; start the epoch again, or read the build it was saved on")

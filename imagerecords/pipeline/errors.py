@@ -6,9 +6,7 @@ The command maps each class to its exit code (imagerecords.cli.exit_codes); the 
 from __future__ import annotations
 
 
-class Error(Exception):
-    """The base of every expected failure of imagerecords (exported as imagerecords.Error): a
-    failure the user can act on, whose message is the whole story (no traceback needed)."""
+from imagerecords.format.errors import Error  # the one base, shared with the readers
 
 
 class BuildError(Error):

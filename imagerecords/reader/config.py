@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from imagerecords.reader.hosts import REMAINDER_POLICIES
+from imagerecords.format.errors import ReadError
 
 DTYPES = ("uint8", "float32", "bfloat16")
 NORMALIZATIONS = ("none", "unit", "symmetric", "imagenet")
@@ -126,7 +127,7 @@ class ReadConfig:
     def __post_init__(self):
         problems = self.problems()
         if problems:
-            raise ValueError("ReadConfig: " + "; ".join(problems))
+            raise ReadError("ReadConfig: " + "; ".join(problems))
 
     def problems(self) -> List[str]:
         """Returns every invalid or conflicting setting, one message each (none = [])."""
@@ -226,7 +227,7 @@ def normalization_constants(
                  "symmetric": ((127.5,) * 3, (127.5,) * 3),
                  "imagenet": ((0.485 * 255, 0.456 * 255, 0.406 * 255), (0.229 * 255, 0.224 * 255, 0.225 * 255))}
         if normalization not in table:
-            raise ValueError(f"normalization must be one of {', '.join(NORMALIZATIONS)} or (mean, std), "
+            raise ReadError(f"normalization must be one of {', '.join(NORMALIZATIONS)} or (mean, std), "
                              f"got {normalization!r}")
         return table[normalization]
     mean, std = normalization

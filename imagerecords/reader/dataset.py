@@ -26,6 +26,7 @@ from imagerecords.reader.info import DatasetInfo, load_info, missing_files
 from imagerecords.reader.meta import examples_consumed, label_names, steps_per_epoch  # noqa: F401
 from imagerecords.reader.meta import host_plan as _plan
 from imagerecords.reader.shards import ReadStats, open_shards, shard_records
+from imagerecords.format.errors import ReadError, FilesMissing
 
 log = logging.getLogger("imagerecords.reader")
 
@@ -147,24 +148,24 @@ def make_dataset(
     problems = _call_problems(batch_size, image_size, seed, input_context, num_hosts, host_index, config, r)
     problems += _resume_problems(start_step, start_example, config, seed, r)
     if problems:
-        raise ValueError("make_dataset: " + "; ".join(problems))
+        raise ReadError("make_dataset: " + "; ".join(problems))
     # A NumPy int (a restored step counter) counts like a Python one.
     start_step = None if start_step is None else int(start_step)
     start_example = None if start_example is None else int(start_example)
     info = load_info(path)
     if info.manifest.image_encoding == "raw":
-        raise ValueError(f"make_dataset: {info.path} was built with --image_encoding raw (float32 pixels, which "
+        raise ReadError(f"make_dataset: {info.path} was built with --image_encoding raw (float32 pixels, which "
                          "the classification pipeline does not crop or resize); read it with reader.as_dataset")
     image = next((f for f in features_lib.stored(info.manifest) if f.name == schema.keys(info.schema).image), None)
     if image is None or image.dtype != "image":
         what = f"a {features_lib.describe(image)} tensor" if image is not None else "no image feature"
-        raise ValueError(f"make_dataset: {info.path}'s records hold {what} (an arrays build), not an encoded "
+        raise ReadError(f"make_dataset: {info.path}'s records hold {what} (an arrays build), not an encoded "
                          "image; read them with reader.as_dataset")
     split_info = info.split(split)
     if config.check_files:
         missing = missing_files(split_info)
         if missing:
-            raise FileNotFoundError(f"{len(missing)} of {len(split_info.shards)} shard(s) of split {split!r} "
+            raise FilesMissing(f"{len(missing)} of {len(split_info.shards)} shard(s) of split {split!r} "
                                     f"listed in manifest.json are missing: {', '.join(missing)}")
     plan = _plan(split_info, input_context, num_hosts, host_index, r)
     n_hosts, host = plan.num_hosts, plan.host_index
@@ -273,7 +274,7 @@ def _resumable_records(split_info, seed: int, n_hosts: int, host: int, r: config
         start = resume_lib.position_of_example(start_example, total) if total else resume_lib.Position(0, 0)
     if (start.epoch + 1) * total >= 2**63:  # the stream index (epoch * total + position) is an int64
         given = f"start_step={start_step}" if start_step is not None else f"start_example={start_example}"
-        raise ValueError(f"make_dataset: {given} is epoch {start.epoch} of split {split_info.name!r} ({total} "
+        raise ReadError(f"make_dataset: {given} is epoch {start.epoch} of split {split_info.name!r} ({total} "
                          "examples), past the int64 range of the resumable order's example count; pass the step "
                          "or example count of the run you resume")
     # Offsets are looked up once here (index files, or a scan of the frame headers).

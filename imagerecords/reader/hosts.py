@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Sequence, Tuple
 
+from imagerecords.format.errors import ReadError
+
 REMAINDER_POLICIES = ("drop", "pad")
 
 
@@ -96,9 +98,9 @@ def assign(files: Sequence[str], counts: Sequence[int], num_hosts: int) -> List[
       ValueError: when num_hosts < 1 or files and counts differ in length.
     """
     if num_hosts < 1:
-        raise ValueError(f"num_hosts must be >= 1, got {num_hosts}")
+        raise ReadError(f"num_hosts must be >= 1, got {num_hosts}")
     if len(files) != len(counts):
-        raise ValueError(f"{len(files)} files but {len(counts)} counts")
+        raise ReadError(f"{len(files)} files but {len(counts)} counts")
     order = sorted(range(len(files)), key=lambda i: (-counts[i], i))
     whole = (len(files) // num_hosts) * num_hosts
     per_host: List[List[Tuple[int, FileSlice]]] = [[] for _ in range(num_hosts)]
@@ -132,14 +134,14 @@ def plan(files: Sequence[str], counts: Sequence[int], num_hosts: int, host_index
         or a "drop" plan that would leave a host with no records.
     """
     if not 0 <= host_index < num_hosts:
-        raise ValueError(f"host_index must be in [0, {num_hosts}), got {host_index}")
+        raise ReadError(f"host_index must be in [0, {num_hosts}), got {host_index}")
     if remainder not in REMAINDER_POLICIES:
-        raise ValueError(f"remainder must be one of {REMAINDER_POLICIES}, got {remainder!r}")
+        raise ReadError(f"remainder must be one of {REMAINDER_POLICIES}, got {remainder!r}")
     hosts = assign(files, counts, num_hosts)
     host_counts = tuple(sum(s.num_selected for s in slices) for slices in hosts)
     per_epoch = min(host_counts) if remainder == "drop" else max(host_counts)
     if per_epoch == 0 and sum(counts) > 0:
-        raise ValueError(f"{sum(counts)} records cannot be split over {num_hosts} hosts with "
+        raise ReadError(f"{sum(counts)} records cannot be split over {num_hosts} hosts with "
                          "remainder='drop' (some host would get none); use remainder='pad'")
     return HostPlan(num_hosts, host_index, tuple(hosts[host_index]), host_counts[host_index], per_epoch,
                     remainder, host_counts)

@@ -15,6 +15,7 @@ from imagerecords.format import manifest as manifest_lib
 from imagerecords.format import schema
 from imagerecords.format.paths import has_scheme, join
 from imagerecords.format.manifest import Manifest, Shard, ShardColumns, Split
+from imagerecords.format.errors import ReadError, FilesMissing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +167,7 @@ class DatasetInfo:
         try:
             return self.splits[name]
         except KeyError:
-            raise ValueError(f"{self.path} has no split {name!r}; its splits are "
+            raise ReadError(f"{self.path} has no split {name!r}; its splits are "
                              f"{', '.join(sorted(self.splits)) or '(none)'}") from None
 
     def __str__(self) -> str:
@@ -207,7 +208,7 @@ def _read(path: str) -> bytes:
     import tensorflow as tf
 
     if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(path)
+        raise FilesMissing(path)
     with tf.io.gfile.GFile(path, "rb") as f:
         return f.read()
 
@@ -233,7 +234,7 @@ def file_size(path: str) -> int:
     try:
         return tf.io.gfile.stat(path).length
     except tf.errors.NotFoundError:
-        raise FileNotFoundError(f"{path} does not exist") from None
+        raise FilesMissing(f"{path} does not exist") from None
 
 
 def _listdir(folder: str) -> List[str]:

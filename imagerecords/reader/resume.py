@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from imagerecords.format.paths import has_scheme
 from imagerecords.format import records
+from imagerecords.format.errors import Error
 from imagerecords.reader.hosts import Position, per_host_records, position_of_example, position_of_step  # noqa: F401
 from imagerecords.reader.shards import open_shards
 
@@ -66,7 +67,7 @@ def epoch_order(counts: Sequence[int], seed: int, epoch: int, block: int, window
     return order
 
 
-class ReadProblem(ValueError):
+class ReadProblem(Error, ValueError):
     """A shard the resumable order reads is damaged or gone; the message names it and what to do."""
 
 

@@ -20,6 +20,7 @@ from imagerecords.reader.dataset import slice_files
 from imagerecords.reader.info import DatasetInfo, load_info
 from imagerecords.reader.meta import stored_features, tfrecord_description  # noqa: F401
 from imagerecords.reader.shards import ReadStats, shard_records
+from imagerecords.format.errors import ReadError
 
 # What padded_batch fills a variable dimension with (as_dataset(batch_size=...)).
 PAD_VALUES = {"number": 0, "class_list": -1, "string": b""}
@@ -96,9 +97,9 @@ def as_dataset(
         shard file of another size than manifest.json lists, before anything is read.
     """
     if host_remainder not in ("uneven", "drop"):
-        raise ValueError(f"as_dataset: host_remainder {host_remainder!r} is not 'uneven' or 'drop'")
+        raise ReadError(f"as_dataset: host_remainder {host_remainder!r} is not 'uneven' or 'drop'")
     if corrupt_records not in CORRUPT_POLICIES:
-        raise ValueError(f"as_dataset: corrupt_records {corrupt_records!r} is not 'fail' or 'skip'")
+        raise ReadError(f"as_dataset: corrupt_records {corrupt_records!r} is not 'fail' or 'skip'")
     if input_context is not None:
         num_hosts, host_index = input_context.num_input_pipelines, input_context.input_pipeline_id
     info = load_info(path)
@@ -107,7 +108,7 @@ def as_dataset(
     wanted = list(features) if features is not None else sorted(spec)
     unknown = [k for k in wanted if k not in spec]
     if unknown:
-        raise ValueError(f"as_dataset: {info.path} has no feature(s) {', '.join(unknown)}; it has {', '.join(sorted(spec))}")
+        raise ReadError(f"as_dataset: {info.path} has no feature(s) {', '.join(unknown)}; it has {', '.join(sorted(spec))}")
     keys = schema.keys(info.schema)
     plan = hosts_lib.plan(split_info.files, split_info.shard_lengths, num_hosts, host_index, "drop")
     slices = plan.slices

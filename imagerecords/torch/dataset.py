@@ -16,6 +16,7 @@ from imagerecords.format.files import Files
 from imagerecords.format.paths import has_scheme, join
 from imagerecords.torch import transforms as T
 from imagerecords.torch.order import PAD_LABEL, Ticket
+from imagerecords.format.errors import ReadError
 
 LAYOUTS = ("chw", "hwc")
 
@@ -78,20 +79,20 @@ class RecordDataset(torch.utils.data.Dataset):
         if read_threads < 1:
             problems.append(f"read_threads must be >= 1, got {read_threads}")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ReadError("; ".join(problems))
         self.path = str(path).rstrip("/") if has_scheme(str(path)) else str(path)
         self._files = Files()
         self.manifest = load_manifest(self.path, self._files)
         try:
             split_entry = self.manifest.split(split)
         except KeyError as e:
-            raise ValueError(f"{self.path}: {e.args[0]}") from None
+            raise ReadError(f"{self.path}: {e.args[0]}") from None
         self.split = split
         self.keys = schema.keys(self.manifest.schema)
         stored = {f.name: f for f in features_lib.stored(self.manifest)}
         unknown = [name for name in features if name not in stored]
         if unknown:
-            raise ValueError(f"{self.path}: no feature(s) {', '.join(unknown)}; its records hold "
+            raise ReadError(f"{self.path}: no feature(s) {', '.join(unknown)}; its records hold "
                              f"{', '.join(sorted(stored))}")
         self.features = tuple(stored[name] for name in features)
         if transform is None and image_size is not None:

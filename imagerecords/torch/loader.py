@@ -8,6 +8,7 @@ import torch
 
 from imagerecords.torch.dataset import RecordDataset
 from imagerecords.torch.order import GlobalBatchSampler
+from imagerecords.format.errors import ReadError
 
 _OURS = ("sampler", "batch_sampler", "drop_last")
 
@@ -43,7 +44,7 @@ class Loader(torch.utils.data.DataLoader):
                  rank: Optional[int] = None, world_size: Optional[int] = None, remainder: str = "drop", **kwargs):
         taken = sorted(set(kwargs) & set(_OURS))
         if taken:
-            raise ValueError(f"Loader sets {', '.join(taken)} itself (batch_size is per rank; the order is "
+            raise ReadError(f"Loader sets {', '.join(taken)} itself (batch_size is per rank; the order is "
                              "imagerecords.torch.order's)")
         sampler = GlobalBatchSampler(len(dataset), batch_size, seed=seed, shuffle=shuffle, rank=rank,
                                      world_size=world_size, remainder=remainder, dataset=dataset.digest)

@@ -23,6 +23,8 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from imagerecords.format.errors import ReadError
+
 REMAINDER_POLICIES = ("drop", "pad")
 PAD_LABEL = -1  # the label of a padding element (the tf.data reader's PAD_LABEL too)
 _STATE_KEYS = ("seed", "epoch", "consumed", "num_examples", "dataset")
@@ -120,7 +122,7 @@ class GlobalBatchSampler:
             problems.append(f"{self.num_examples} records do not fill one global batch of {self.batch_size} x "
                             f"{self.world_size} ranks with remainder='drop'; use remainder='pad' or a smaller batch")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ReadError("; ".join(problems))
         self._order: Tuple[Optional[Tuple[int, int]], Optional[np.ndarray]] = (None, None)
 
     @property
@@ -166,7 +168,7 @@ class GlobalBatchSampler:
         """
         problem = _count_problem("epoch", epoch)
         if problem:
-            raise ValueError(problem)
+            raise ReadError(problem)
         self.epoch, self.consumed = int(epoch), 0
 
     def state_dict(self) -> Dict[str, Any]:
@@ -180,22 +182,22 @@ class GlobalBatchSampler:
           ValueError: naming the problem when `state` is not a state of this split.
         """
         if not isinstance(state, dict):
-            raise ValueError(f"not an imagerecords.torch state (a dict of {', '.join(_STATE_KEYS)}): {state!r}")
+            raise ReadError(f"not an imagerecords.torch state (a dict of {', '.join(_STATE_KEYS)}): {state!r}")
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
-            raise ValueError(f"not an imagerecords.torch state (missing {', '.join(missing)}): {state!r}")
+            raise ReadError(f"not an imagerecords.torch state (missing {', '.join(missing)}): {state!r}")
         problems = [p for p in (_count_problem(k, state[k]) for k in _STATE_KEYS[:4]) if p]
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ReadError("; ".join(problems))
         if int(state["num_examples"]) != self.num_examples:
-            raise ValueError(f"the state is of a split of {state['num_examples']} records; this one has "
+            raise ReadError(f"the state is of a split of {state['num_examples']} records; this one has "
                              f"{self.num_examples} (another split, or the dataset was rebuilt)")
         if state["dataset"] != self.dataset:
-            raise ValueError(f"the state was taken on another build of this split (dataset {state['dataset']!r}, "
+            raise ReadError(f"the state was taken on another build of this split (dataset {state['dataset']!r}, "
                              f"this one {self.dataset!r}): its positions name other records; load the dataset it "
                              "was taken on, or start an epoch over with set_epoch")
         if not 0 <= int(state["consumed"]) <= self.num_examples:
-            raise ValueError(f"consumed must be in [0, {self.num_examples}], got {state['consumed']}")
+            raise ReadError(f"consumed must be in [0, {self.num_examples}], got {state['consumed']}")
         self.seed, self.epoch, self.consumed = int(state["seed"]), int(state["epoch"]), int(state["consumed"])
         if self.steps_left() == 0 and self.consumed:  # only a tail under one global batch is left
             self.set_epoch(self.epoch + 1)

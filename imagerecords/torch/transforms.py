@@ -14,6 +14,8 @@ from typing import Optional, Tuple
 import numpy as np
 from PIL import Image
 
+from imagerecords.format.errors import ReadError
+
 Box = Tuple[float, float, float, float]  # left, upper, right, lower, in source pixels
 
 
@@ -51,11 +53,11 @@ class RandomResizedCrop:
     def __init__(self, size: int, scale: Tuple[float, float] = (0.08, 1.0),
                  ratio: Tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True):
         if size < 1:
-            raise ValueError(f"size must be >= 1, got {size}")
+            raise ReadError(f"size must be >= 1, got {size}")
         if not 0 < scale[0] <= scale[1] <= 1:
-            raise ValueError(f"scale must satisfy 0 < low <= high <= 1, got {scale}")
+            raise ReadError(f"scale must satisfy 0 < low <= high <= 1, got {scale}")
         if not 0 < ratio[0] <= ratio[1]:
-            raise ValueError(f"ratio must satisfy 0 < low <= high, got {ratio}")
+            raise ReadError(f"ratio must satisfy 0 < low <= high, got {ratio}")
         self.size, self.scale, self.ratio, self.flip = size, tuple(scale), tuple(ratio), flip
 
     def box(self, width: int, height: int, rng: np.random.Generator) -> Box:
@@ -102,7 +104,7 @@ class CenterCrop:
     def __init__(self, size: int, resize: Optional[int] = None):
         resize = round(size / 0.875) if resize is None else resize
         if not 1 <= size <= resize:
-            raise ValueError(f"need 1 <= size <= resize, got size={size}, resize={resize}")
+            raise ReadError(f"need 1 <= size <= resize, got size={size}, resize={resize}")
         self.size, self.resize = size, resize
 
     def box(self, width: int, height: int) -> Box:
