@@ -11,11 +11,19 @@ import pytest
 def pytest_configure(config):
     config.addinivalue_line("markers", "flink: runs a real Flink cluster (needs Java)")
     config.addinivalue_line("markers", "gcs: runs a real GCS emulator")
-    config.addinivalue_line("markers", "slow: takes more than a few seconds")
     # Started with SIGINT ignored (a background job of a non-interactive shell, some CI runners), every
     # build a test starts would inherit that and ignore the SIGINT a signal test sends it.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_collection_modifyitems(config, items):
+    # A test that starts a real service (the GCS emulator, a Flink cluster, Prism) is in the full
+    # tier only: `-m "not slow"` is the fast loop, and these take tens of seconds each.
+    for item in items:
+        if (item.get_closest_marker("gcs") or item.get_closest_marker("flink")
+                or "prism_binary" in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 def skip_unless_ci(reason):

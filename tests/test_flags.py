@@ -253,7 +253,7 @@ def test_missing_input_or_output(argv, missing):
 def test_config_validation_error_is_a_usage_error_with_its_text():
     with pytest.raises(UsageError) as e:
         flags.parse_args(IO + ["--num_shards", "0"])
-    assert str(e.value) == "invalid build configuration: num_shards must be >= 1, got 0"
+    assert str(e.value) == "invalid build configuration: num_shards must be within 1..99,999 (shards of one split), got 0"
     with pytest.raises(UsageError, match=r"^--splits: fractions sum to 0.9, not 1"):
         flags.parse_args(IO + ["--splits", "train=0.5,validation=0.4"])
     with pytest.raises(UsageError, match=r"^quality must be within 1..100"):

@@ -102,6 +102,8 @@ print({_IMPORTED})
     ({"runner": 3}, "runner"),
     # argument edges: negatives, unknown names, options that contradict each other
     ({"num_shards": 0}, "num_shards"),
+    ({"num_shards": 10**9}, r"num_shards must be within 1\.\.99,999"),  # once a 20 GB plan for 40 images
+    ({"min_shards": 10**9}, r"min_shards must be within 1\.\.99,999"),
     ({"local_workers": -1}, "local_workers"),
     ({"max_reject_fraction": -0.1}, "max_reject_fraction"),
     ({"num_shard": 4}, "num_shard"),

@@ -239,7 +239,7 @@ def test_bad_rows_are_rejected_rows_with_their_reasons(rows, tmp_path):
 def test_options_are_checked_when_the_transform_is_made(tmp_path):
     from imagerecords.transforms import WriteDataset
 
-    with pytest.raises(ValueError, match="WriteDataset: .*num_shards must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"WriteDataset: .*num_shards must be within 1\.\.99,999 \(shards of one split\), got 0"):
         WriteDataset(str(tmp_path / "o"), num_shards=0)
     with pytest.raises(ValueError, match="unknown setting.*colour"):
         WriteDataset(str(tmp_path / "o"), colour="red")

@@ -72,6 +72,11 @@ def parse_splits(text: str) -> Tuple[Tuple[str, float], ...]:
     return tuple(parts)
 
 
+
+# Shards of one split, at most: the five digits of the shard numbering. A plan holds a boundary per
+# shard and every shard is a file, so num_shards=10**9 on 40 images grew to 20 GB before this cap.
+MAX_SHARDS = 99_999
+
 @dataclasses.dataclass(frozen=True)
 class BuildConfig:
     """Everything a build needs besides the Beam pipeline options.
@@ -189,12 +194,12 @@ class BuildConfig:
             problems.append(f"name {self.name!r} must match {_NAME_RE.pattern}")
         if self.schema not in schema.PRESETS:
             problems.append(f"schema {self.schema!r} is not one of {', '.join(schema.PRESETS)}")
-        if self.num_shards is not None and self.num_shards < 1:
-            problems.append(f"num_shards must be >= 1, got {self.num_shards}")
+        if self.num_shards is not None and not 1 <= self.num_shards <= MAX_SHARDS:
+            problems.append(f"num_shards must be within 1..{MAX_SHARDS:,} (shards of one split), got {self.num_shards}")
+        if not 1 <= self.min_shards <= MAX_SHARDS:
+            problems.append(f"min_shards must be within 1..{MAX_SHARDS:,}, got {self.min_shards}")
         if self.target_shard_mb <= 0:
             problems.append(f"target_shard_mb must be > 0, got {self.target_shard_mb}")
-        if self.min_shards < 1:
-            problems.append(f"min_shards must be >= 1, got {self.min_shards}")
         if self.writer not in WRITERS:
             problems.append(f"writer {self.writer!r} is not one of {', '.join(WRITERS)}")
         if self.label_type not in LABEL_TYPES:
