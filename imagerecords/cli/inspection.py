@@ -7,13 +7,25 @@ import os
 from typing import List, Optional, Tuple
 
 from imagerecords.pipeline import dataset_files, errors, storage
-from imagerecords.format import access
+from imagerecords.format import access, files
+from imagerecords.format.errors import NotRegularFile
 from imagerecords.format import manifest as manifest_lib
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
 from imagerecords.format.paths import has_scheme
 from imagerecords.pipeline.storage import join, open_read
+
+
+def _open(path: str):
+    """A dataset's own file opened to read: locally only a regular file (files.open_local), so a
+    FIFO or /dev/zero put in its place is a problem named, not a hang or a read without end."""
+    return files.open_local(path) if not has_scheme(path) else open_read(path)
+
+
+def _read_bytes(path: str) -> bytes:
+    with _open(path) as f:
+        return f.read()
 
 
 def _names(folder: str) -> List[str]:
@@ -49,14 +61,14 @@ def load(output: str) -> Manifest:
     def read(path: str) -> bytes:
         if MANIFEST not in names:  # one listing says it, on gs:// too
             raise FileNotFoundError(path)
-        return storage.read_bytes(path)
+        return _read_bytes(path)
 
     try:
         # The side files too (a columnar split's histograms): verify checks them, the report uses them.
         return manifest_lib.load(output, read, lambda _: STAGING in names, details=True)
     except manifest_lib.NotPublished as e:
         raise (errors.UnfinishedBuild if e.unfinished else errors.InputError)(str(e)) from None
-    except ManifestError as e:
+    except (ManifestError, NotRegularFile) as e:
         raise errors.InputError(str(e)) from None
 
 
@@ -111,7 +123,9 @@ def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> L
 
     path = join(output, shard.index_file)
     try:
-        data = storage.read_bytes(path)
+        data = _read_bytes(path)
+    except NotRegularFile as e:
+        return [str(e)]
     except OSError:  # FileNotFoundError locally; BeamIOError (an IOError) on remote filesystems
         return [f"{path}: missing"]
     got, found = records.index_problems(data, path, count=shard.count, num_bytes=shard.num_bytes,
@@ -171,7 +185,12 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                 continue
             count = 0
             frame_lengths = None  # with records: each frame's length, to check the index against
-            with open_read(path) as f:  # streamed: a shard can be hundreds of MB
+            try:
+                opened = _open(path)
+            except NotRegularFile as e:
+                problems.append(str(e))
+                continue
+            with opened as f:  # streamed: a shard can be hundreds of MB
                 stream = HashingReader(f)
                 if records:
                     frame_lengths = []
@@ -210,7 +229,9 @@ def _keys_notes(output: str, shard) -> List[str]:
     keys = dataset_files.keys_name(plain)
     path = join(output, folder, keys) if folder else join(output, keys)
     try:
-        data = storage.read_bytes(path)
+        data = _read_bytes(path)
+    except NotRegularFile as e:
+        return [str(e)]
     except OSError:
         return [f"{path}: missing (the next --append reads {shard.filename} instead)"]
     if hashlib.sha256(data).hexdigest() != shard.keys_sha256:

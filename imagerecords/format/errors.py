@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["Error", "FilesMissing", "ReadError"]
+__all__ = ["Error", "FilesMissing", "NotRegularFile", "ReadError"]
 
 
 class Error(Exception):
@@ -18,3 +18,8 @@ class ReadError(Error, ValueError):
 
 class FilesMissing(Error, FileNotFoundError):
     """A dataset, manifest or shard a reader needs is not there."""
+
+
+class NotRegularFile(Error, OSError):
+    """A dataset's file is a pipe, a device or a folder: refused, never read (a FIFO blocks its reader
+    for ever, /dev/zero is read until memory runs out)."""

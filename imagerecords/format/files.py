@@ -3,12 +3,49 @@
 from __future__ import annotations
 
 import os
+import stat
 import threading
-from typing import Dict, Optional, Tuple
+from typing import BinaryIO, Dict, Optional, Tuple
 
+from imagerecords.format.errors import NotRegularFile
 from imagerecords.format.paths import has_scheme
 
 _GCS_HINT = "gs:// paths need google-cloud-storage: pip install google-cloud-storage"
+
+
+_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"))
+
+
+def _check_regular(path: str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+        raise NotRegularFile(f"{path} is {kind}, not a regular file: a dataset's files are regular files, so it "
+                             "is refused rather than read; put the dataset's own file there")
+
+
+def open_local_fd(path: str) -> int:
+    """A descriptor of the local regular file `path`, opened to read; anything else is refused
+    before a byte is read (opened non-blocking, so a FIFO without a writer does not hang the open)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # no effect on a regular file's reads
+    try:
+        _check_regular(path, os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_local(path: str, buffering: int = -1) -> BinaryIO:
+    """open(path, "rb", buffering) for the local regular file `path` only (open_local_fd)."""
+    return os.fdopen(open_local_fd(path), "rb", buffering)
+
+
+def local_size(path: str) -> int:
+    """The size of the local regular file `path`; anything else is refused (a FIFO's size is 0)."""
+    st = os.stat(path)
+    _check_regular(path, st.st_mode)
+    return st.st_size
 
 
 class Files:
@@ -43,7 +80,7 @@ class Files:
           FileNotFoundError: naming `path` when it does not exist.
         """
         if not has_scheme(path):
-            with open(path, "rb") as f:
+            with open_local(path) as f:
                 return f.read()
         blob = self._blob(path)
         from google.api_core import exceptions
@@ -65,7 +102,7 @@ class Files:
           FileNotFoundError: naming `path` when it does not exist.
         """
         if not has_scheme(path):
-            return os.stat(path).st_size
+            return local_size(path)
         from google.api_core import exceptions
 
         blob = self._blob(path)
@@ -94,7 +131,7 @@ class Files:
             self._check_process()
             fd = self._fds.get(path)
             if fd is None:
-                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+                fd = self._fds[path] = open_local_fd(path)
             return fd
 
     def _blob(self, path: str):

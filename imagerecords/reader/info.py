@@ -12,7 +12,7 @@ import posixpath
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from imagerecords.format import manifest as manifest_lib
-from imagerecords.format import schema
+from imagerecords.format import files, schema
 from imagerecords.format.paths import has_scheme, join
 from imagerecords.format.manifest import Manifest, Shard, ShardColumns, Split
 from imagerecords.format.errors import ReadError, FilesMissing
@@ -203,7 +203,7 @@ def load_info(path: Union[str, "DatasetInfo"]) -> DatasetInfo:
 
 def _read(path: str) -> bytes:
     if not has_scheme(path):
-        with open(path, "rb") as f:
+        with files.open_local(path) as f:
             return f.read()
     import tensorflow as tf
 
@@ -228,7 +228,7 @@ def file_size(path: str) -> int:
       FileNotFoundError: naming `path` when it does not exist.
     """
     if not has_scheme(path):
-        return os.stat(path).st_size
+        return files.local_size(path)
     import tensorflow as tf
 
     try:

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from imagerecords.format.paths import has_scheme
-from imagerecords.format import records
+from imagerecords.format import files, records
 from imagerecords.format.errors import Error
 from imagerecords.reader.hosts import Position, per_host_records, position_of_example, position_of_step  # noqa: F401
 from imagerecords.reader.shards import open_shards
@@ -176,7 +176,7 @@ class RecordTable:
 
 
 def _open(path: str):
-    return tf.io.gfile.GFile(path, "rb") if has_scheme(path) else open(path, "rb", buffering=0)
+    return tf.io.gfile.GFile(path, "rb") if has_scheme(path) else files.open_local(path, buffering=0)
 
 
 def _index_entries(path: str, count: int, shard, policy: str) -> List[Tuple[int, int]]:
@@ -186,7 +186,7 @@ def _index_entries(path: str, count: int, shard, policy: str) -> List[Tuple[int,
     index = shard.index_path
     if not index:
         return scan_headers(path, count)
-    with tf.io.gfile.GFile(index, "rb") as f:
+    with _open(index) as f:
         data = f.read()
     return records.load_index(data, index, count=count, num_bytes=shard.num_bytes, sha256=shard.index_sha256)
 

@@ -1,0 +1,84 @@
+"""A dataset's files are regular files: a FIFO, /dev/zero or a folder in a shard's, an index's or the
+manifest's place is refused by name, never read (a FIFO hung every reader and `verify`; /dev/zero was
+read until memory ran out)."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import imagerecords
+from conftest import build
+from imagerecords.format.access import load_manifest
+from imagerecords.format.errors import NotRegularFile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    np.savez(tmp_path / "a.npz", image=np.zeros((6, 4, 4, 3), np.uint8), label=np.arange(6) % 2)
+    out = tmp_path / "out"
+    build(tmp_path / "a.npz", out, "--num_shards", 2, "--write_index")
+    shard = next(iter(load_manifest(str(out)).splits)).shards[0]
+    return out, shard
+
+
+def _verify(out):
+    # A hang is what this guards against: the timeout turns one into a failure naming the command.
+    return subprocess.run([sys.executable, "-m", "imagerecords", "verify", str(out)], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def _replace_with_fifo(path):
+    os.remove(path)
+    os.mkfifo(path)
+
+
+def test_a_fifo_in_a_shards_place_is_named_by_verify_and_every_reader(dataset):
+    from imagerecords import reader
+    from imagerecords.format.files import Files
+
+    out, shard = dataset
+    path = os.path.join(out, shard.filename)
+    _replace_with_fifo(path)
+    done = _verify(out)
+    assert done.returncode != 0 and f"{path} is a named pipe (FIFO), not a regular file" in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    with pytest.raises(NotRegularFile, match="named pipe"):
+        reader.make_dataset(str(out), "train", batch_size=1, image_size=4)
+    with pytest.raises(imagerecords.Error, match="named pipe"):  # the torch and Grain readers' file access
+        Files().read_range(path, 0, 16)
+
+
+def test_a_fifo_in_an_index_files_place_is_named_by_verify_and_the_reader(dataset):
+    from imagerecords import reader
+
+    out, shard = dataset
+    path = os.path.join(out, shard.index_file)
+    _replace_with_fifo(path)
+    done = _verify(out)
+    assert done.returncode != 0 and f"{path} is a named pipe (FIFO)" in done.stdout + done.stderr
+    with pytest.raises(NotRegularFile, match="named pipe"):
+        next(iter(reader.make_dataset(str(out), "train", batch_size=1, image_size=4)))
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "folder"])
+def test_a_manifest_that_is_not_a_regular_file_is_one_line_not_a_read_without_end(dataset, target):
+    from imagerecords import reader
+
+    out, _ = dataset
+    manifest = os.path.join(out, "manifest.json")
+    os.remove(manifest)
+    if target == "folder":
+        os.mkdir(manifest)
+    else:
+        os.symlink(target, manifest)
+    done = _verify(out)
+    kind = "a character device" if target == "/dev/zero" else "a folder"
+    assert done.returncode == 3 and done.stderr.count("\n") == 1, done.stderr
+    assert f"{manifest} is {kind}, not a regular file" in done.stderr
+    with pytest.raises(NotRegularFile, match=kind):
+        reader.load_info(str(out))
