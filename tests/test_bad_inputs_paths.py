@@ -291,6 +291,19 @@ def test_a_feature_named_with_dot_dot_is_refused_and_nothing_is_written_beside_o
 # 10. A split name is checked whole: "train\n" is no split name --------------------------------------
 
 
+def test_a_manifest_row_whose_split_is_300_characters_is_a_rejected_row(tree, tmp_path):
+    # It once failed the whole build: "File name too long" from the first shard of that split.
+    rows = [{"path": str(p), "label": p.parent.name, "split": "train"} for p in sorted(tree.glob("*/*.png"))]
+    rows[0]["split"] = "s" * 300
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    manifest = build(tmp_path / "m.jsonl", out, "--max_reject_fraction", "0.5")
+    assert manifest.split_names == ("train",) and manifest.num_rejected == 1
+    (row,) = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert (row["uri"], row["reason"]) == (rows[0]["path"], "split name 'ssssssssssssssssssss'... is 300 characters, "
+                                                            "over 64 (it is part of every shard file name of the split)")
+
+
 def test_a_manifest_row_whose_split_ends_in_a_newline_is_a_rejected_row(tree, tmp_path):
     rows = [{"path": str(p), "label": p.parent.name, "split": "train"} for p in sorted(tree.glob("*/*.png"))]
     rows[0]["split"] = "train\n"
@@ -319,10 +332,10 @@ def test_a_split_named_with_a_newline_is_refused_at_parsing(tree, tmp_path, caps
     assert not out.exists()
 
 
-@pytest.mark.parametrize("name", ["images\n", "images/../x"])
+@pytest.mark.parametrize("name", ["images\n", "images/../x", "i" * 300])
 def test_a_dataset_name_is_checked_whole(tree, tmp_path, capsys, name):
     out = tmp_path / "out"
     code, _, err = _cli(capsys, "build", "--input", tree, "--output", out, "--name", name, "--no_progress")
-    assert (code, err) == (2, f"imagerecords build: error: invalid build configuration: name {name!r} must match "
-                              "[a-z][a-z0-9_]*\n")
+    assert (code, err) == (2, f"imagerecords build: error: invalid build configuration: name {name[:80]!r} must match "
+                              "[a-z][a-z0-9_]*, at most 64 characters (it begins every shard file name)\n")
     assert not out.exists()

@@ -12,7 +12,7 @@ from imagerecords.format import schema
 from imagerecords.pipeline import codec
 from imagerecords.pipeline.codec import ImageOptions
 from imagerecords.pipeline import storage
-from imagerecords.pipeline.refs import ManifestColumns, split_name_problem
+from imagerecords.pipeline.refs import MAX_NAME_LENGTH, ManifestColumns, split_name_problem
 
 WRITERS = ("shards", "beam")
 LABEL_TYPES = ("auto", "name", "int")
@@ -190,8 +190,9 @@ class BuildConfig:
             problems.append("input is required")
         if not self.output:
             problems.append("output is required")
-        if not _NAME_RE.fullmatch(self.name):
-            problems.append(f"name {self.name!r} must match {_NAME_RE.pattern}")
+        if not _NAME_RE.fullmatch(self.name) or len(self.name) > MAX_NAME_LENGTH:
+            problems.append(f"name {self.name[:80]!r} must match {_NAME_RE.pattern}, at most {MAX_NAME_LENGTH} "
+                            "characters (it begins every shard file name)")
         if self.schema not in schema.PRESETS:
             problems.append(f"schema {self.schema!r} is not one of {', '.join(schema.PRESETS)}")
         if self.num_shards is not None and not 1 <= self.num_shards <= MAX_SHARDS:

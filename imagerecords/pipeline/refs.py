@@ -324,10 +324,17 @@ def parse_jsonl_line(line: str) -> Dict[str, object]:
 # C0, DEL and C1 controls, and the two line separators str.splitlines also breaks on.
 # A split name is part of every shard file name of the split (and TFDS's filepathTemplate).
 SPLIT_NAME_RE = re.compile(r"[A-Za-z0-9_]+")
+# With the dataset name (as long), the shard numbering and the longest side-file suffix, a shard's
+# file names stay well under the 255 bytes of a file name: one row's 300-character split failed
+# the whole build with "File name too long".
+MAX_NAME_LENGTH = 64
 
 
 def split_name_problem(split: str) -> Optional[str]:
     """Why `split` cannot name a split, or None."""
+    if len(split) > MAX_NAME_LENGTH:
+        return (f"split name {split[:20]!r}... is {len(split)} characters, over {MAX_NAME_LENGTH} (it is part of "
+                "every shard file name of the split)")
     if SPLIT_NAME_RE.fullmatch(split):
         return None
     return f"split name {split!r} has characters other than letters, digits, '_'"
