@@ -100,6 +100,23 @@ def test_every_array_0d_is_refused_in_one_line(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "out")
 
 
+@pytest.mark.parametrize("arrays,says", [
+    ({"image": np.zeros((4, 0, 5, 3), np.uint8), "label": np.arange(4)},
+     "array 'image' of shape [4, 0, 5, 3]: each row holds no values (a 0 past the row count); drop the array, or "
+     "give its rows a size"),
+    ({"image": np.zeros((4, 4, 5, 3), np.uint8), "label": np.arange(4).astype(np.float32)},
+     "array 'label' is float32: a class label is an integer id or a class name (cast with .astype('int64')); to "
+     "store float targets, save them under another name"),
+], ids=["zero-width-images", "float-labels"])
+def test_arrays_no_row_can_be_stored_from_are_refused_in_one_line(tmp_path, capsys, arrays, says):
+    # A (N, 0, 5, 3) image array was a TypeError from a memoryview mid-build; float labels built, and
+    # make_dataset failed later on a TensorFlow dtype error.
+    np.savez(tmp_path / "d.npz", **arrays)
+    code, line = _refused(capsys, ["build", "--input", str(tmp_path / "d.npz"), "--output", str(tmp_path / "out")])
+    assert (code, line) == (2, f"imagerecords build: error: {says}")
+    assert not os.path.exists(tmp_path / "out")
+
+
 # Labels -------------------------------------------------------------------------------------------
 
 

@@ -190,6 +190,12 @@ def columns_of(headers: Mapping[str, Tuple[Tuple[int, ...], Any]], preset: str, 
     for name, (shape, dtype) in sorted(headers.items()):
         rows = tuple(shape[1:])
         kind = dtype.kind
+        if 0 in rows:
+            raise UsageError(f"array {name!r} of shape {list(shape)}: each row holds no values (a 0 past the row "
+                             "count); drop the array, or give its rows a size")
+        if name == "label" and kind == "f":
+            raise UsageError(f"array 'label' is {dtype.name}: a class label is an integer id or a class name "
+                             "(cast with .astype('int64')); to store float targets, save them under another name")
         if name == "image" and dtype == "uint8" and (len(rows) == 2 or (len(rows) == 3 and rows[2] in (1, 3))):
             channels = 1 if len(rows) == 2 else rows[2]
             feature = features.from_json(keys.image, {"dtype": "image", "encoding": image_encoding
