@@ -170,6 +170,11 @@ def test_append_to_a_manifest_dataset(tmp_path):
     rc, err = _run("--input", csv, "--output", out, *args, "--append")
     assert rc == 6 and "nothing to append" in err, err  # nothing new: refused, the dataset unchanged
     assert _keys(out) == keys0
+    # and nothing left behind that verify would call a leftover and finish an unfinished build
+    assert not os.path.exists(os.path.join(out, ".imagerecords-staging"))
+    proc = subprocess.run([sys.executable, "-m", "imagerecords", "verify", out], capture_output=True, text=True,
+                          timeout=300)
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "ok", ""), proc.stdout + proc.stderr
     write(rows + [new])
     rc, err = _run("--input", csv, "--output", out, *args, "--append", "--overwrite")
     assert rc == 2, err  # the two exclude each other

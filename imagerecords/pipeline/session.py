@@ -366,7 +366,15 @@ def _verdict(config: BuildConfig, build_id: str) -> publish.BuildResults:
     try:
         results.verdict(config.output)
     except errors.BudgetExceeded:
-        publish.discard_staged_shards(config.output, results)  # errors.jsonl stays, for the reasons
+        if results.base is not None and results.num_written + results.num_rejected == 0:
+            # An append with nothing new staged no reasons worth keeping: leave no staging area behind
+            # for verify to call leftover and finish to call unfinished.
+            publish.remove_staging(config.output, build_id)
+            if storage.is_local(config.output):
+                with contextlib.suppress(OSError):
+                    os.rmdir(publish.staging_root(config.output))  # only if no other build staged there
+        else:
+            publish.discard_staged_shards(config.output, results)  # errors.jsonl stays, for the reasons
         raise
     return results
 
