@@ -1,7 +1,9 @@
-"""A dataset's files are regular files: a FIFO, /dev/zero or a folder in a shard's, an index's or the
-manifest's place is refused by name, never read (a FIFO hung every reader and `verify`; /dev/zero was
-read until memory ran out)."""
+"""What a dataset folder holds is checked before it sizes any work: its files are regular files (a
+FIFO, /dev/zero or a folder in a shard's, an index's or the manifest's place is refused by name, never
+read: a FIFO hung every reader and `verify`, /dev/zero was read until memory ran out), and the
+manifest's numbers are possible ones (a count no file of its size can hold is refused)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -82,3 +84,22 @@ def test_a_manifest_that_is_not_a_regular_file_is_one_line_not_a_read_without_en
     assert f"{manifest} is {kind}, not a regular file" in done.stderr
     with pytest.raises(NotRegularFile, match=kind):
         reader.load_info(str(out))
+
+
+def test_a_manifest_count_no_file_of_its_size_can_hold_is_refused_before_any_read(dataset):
+    # 2**29 records listed for a shard of a few hundred bytes once made make_dataset touch 6.7 GB.
+    from imagerecords import reader
+
+    out, shard = dataset
+    path = os.path.join(out, "manifest.json")
+    with open(path) as f:
+        m = json.load(f)
+    split = m["splits"]["train"]
+    split["shards"][0]["count"] = 2**29
+    with open(path, "w") as f:
+        json.dump(m, f)
+    done = _verify(out)
+    assert done.returncode == 3 and done.stderr.count("\n") == 1, done.stderr
+    assert f"{2**29} records cannot fit in {shard.num_bytes} bytes" in done.stderr
+    with pytest.raises(imagerecords.Error, match="cannot fit"):
+        reader.make_dataset(str(out), "train", batch_size=1, image_size=4)
