@@ -92,6 +92,7 @@ def _append(root, out, extra=()):
     return _manifest(out), _keys(out)
 
 
+@pytest.mark.slow
 def test_three_deltas_add_up(tmp_path):
     root, out = tmp_path / "in", str(tmp_path / "out")
     files, classes, steps, inodes = _deltas(root, out)
@@ -150,6 +151,7 @@ def test_three_deltas_add_up(tmp_path):
         assert f.read().splitlines() == m3["label_names"]
 
 
+@pytest.mark.slow
 def test_append_to_a_manifest_dataset(tmp_path):
     root = tmp_path / "in"
     files = example_images.write_tree(str(root), per_class=4, broken=False)
@@ -187,6 +189,7 @@ def test_append_to_a_manifest_dataset(tmp_path):
     assert keys["k-new"][0] == ("train" if len(rows) % 3 else "test")  # the split column, as before
 
 
+@pytest.mark.slow
 def test_a_differing_spec_is_refused_in_one_line(tmp_path):
     root, out = tmp_path / "in", str(tmp_path / "out")
     example_images.write_tree(str(root), per_class=3, broken=False)
@@ -231,6 +234,7 @@ def _wait_for(path, proc, what, timeout=180):
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["mid_shards", "before_commit"])
 def test_sigkill_during_an_append_leaves_the_previous_version_and_resume_finishes_it(tmp_path, phase):
     from test_failures import kill_at, snapshot
@@ -265,6 +269,7 @@ def test_sigkill_during_an_append_leaves_the_previous_version_and_resume_finishe
                 assert len(f.read().splitlines()) == shard["count"], shard["filename"]
 
 
+@pytest.mark.slow
 def test_a_reader_opened_before_an_append_reads_the_old_version_while_it_commits(tmp_path):
     from imagerecords.reader.typed import as_dataset
 
@@ -302,6 +307,7 @@ def test_a_reader_opened_before_an_append_reads_the_old_version_while_it_commits
     assert {k: v for k, v in after.items() if k in keys0} == keys0
 
 
+@pytest.mark.slow
 def test_changed_files_are_found_from_the_keys_files_without_reading_the_old_shards(tmp_path):
     root, out, zebras = _delta_tree(tmp_path)
     first = _manifest(out)
@@ -344,6 +350,7 @@ def test_changed_files_are_found_from_the_keys_files_without_reading_the_old_sha
     assert sorted(d["members"][0]["key"] for d in dups) == sorted(set(keys0) - {longer, same_size})
 
 
+@pytest.mark.slow
 def test_a_missing_or_damaged_keys_file_is_replaced_by_reading_its_shard(tmp_path):
     root, out, zebras = _delta_tree(tmp_path)
     intact = str(tmp_path / "intact")
@@ -376,6 +383,7 @@ def test_a_missing_or_damaged_keys_file_is_replaced_by_reading_its_shard(tmp_pat
         assert f.read() == kept
 
 
+@pytest.mark.slow
 def test_a_keys_file_rewritten_with_its_row_count_kept_is_not_trusted(tmp_path):
     """A keys row naming a new image (count kept) would make the append skip that image and write the
     row's real key twice; the manifest's digest of each keys file refuses it, and the shard is read."""

@@ -77,6 +77,7 @@ def _reports(out):
     return found
 
 
+@pytest.mark.slow
 def test_direct_runner_and_local_engine_write_byte_identical_deltas(tmp_path):
     root = tmp_path / "in"
     local, direct = tmp_path / "local", tmp_path / "direct"
@@ -117,6 +118,7 @@ def test_direct_runner_and_local_engine_write_byte_identical_deltas(tmp_path):
     assert len({build for runs in m3["shard_builds"].values() for _, build in runs}) == 4
 
 
+@pytest.mark.slow
 def test_a_manifest_dataset_with_class_lists_appends_alike_on_both_engines(tmp_path):
     """A JSONL manifest with a split column, keys and a class_list feature: the grown class and tag
     vocabularies and the delta's bytes agree between the engines."""
@@ -146,6 +148,7 @@ def test_a_manifest_dataset_with_class_lists_appends_alike_on_both_engines(tmp_p
     assert grown["splits"]["test"]["num_examples"] == first["splits"]["test"]["num_examples"] + 1
 
 
+@pytest.mark.slow
 def test_append_refuses_a_detached_or_template_job_in_one_line(tmp_path):
     root, out = tmp_path / "in", tmp_path / "out"
     example_images.write_tree(str(root), per_class=2, broken=False)
@@ -179,6 +182,7 @@ def _objects(emulator, prefix):
             for b in emulator.client.list_blobs(bucket, prefix=name)}
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_append_to_a_gcs_dataset(fake_gcs_server, tmp_path):
     from tests.support.gcs import GcsEmulator

@@ -56,6 +56,7 @@ def _built(tmp_path):
     return root, out
 
 
+@pytest.mark.slow
 def test_every_folder_tool_reads_the_whole_appended_version(tmp_path):
     import tensorflow as tf
     import tensorflow_datasets as tfds
@@ -93,6 +94,7 @@ def test_every_folder_tool_reads_the_whole_appended_version(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_keeping_one_version_leaves_the_kept_folder_whole(tmp_path):
     root, out = _built(tmp_path)
     m1 = _manifest(out)
@@ -142,6 +144,7 @@ def test_without_hard_links_the_earlier_files_are_copied_with_a_warning(tmp_path
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_an_append_killed_in_its_commit_is_finished_whole(tmp_path):
     root, out = _built(tmp_path)
     m1 = _manifest(out)

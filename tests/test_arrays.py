@@ -142,6 +142,7 @@ def test_tfds_builder_from_directory_decodes_every_feature(float_build, rgb_buil
         assert np.array_equal(ex["image"], rgb["image"][ex["row"]])
 
 
+@pytest.mark.slow
 def test_as_dataset_hands_back_every_array_bit_for_bit(float_build, rgb_build):
     from imagerecords import reader
 
@@ -178,6 +179,7 @@ def test_make_dataset_reads_png_arrays_and_refuses_raw_ones_in_one_line(float_bu
         reader.make_dataset(str(out), "train", batch_size=4, image_size=16)
 
 
+@pytest.mark.slow
 def test_local_engine_and_direct_runner_write_the_same_bytes(rgb_build, tmp_path):
     _, out = rgb_build
     src = glob.glob(os.path.join(os.path.dirname(out), "*.npz"))[0]
@@ -212,6 +214,7 @@ def test_npy_folder_is_memory_mapped_and_builds_the_same_records(float_build, tm
         assert r["image"] == arrays["image"][r["row"]].tobytes()
 
 
+@pytest.mark.slow
 def test_build_arrays_from_memory(tmp_path):
     import imagerecords
     import tensorflow as tf
@@ -341,6 +344,7 @@ def test_a_same_size_npy_rewrite_with_its_mtime_restored_is_not_resumed_from(tmp
     assert stages.ShardWriter.of(config, "b2").source != before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["npz", "npy"])
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_rebuild_in_the_same_process_reads_the_rewritten_arrays(tmp_path, monkeypatch, layout, workers):

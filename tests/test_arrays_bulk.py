@@ -142,6 +142,7 @@ def test_jpeg_images_take_the_row_by_row_path(tmp_path):
     assert len(items) == 20 and not any(isinstance(item, arrays.Block) for item in items)
 
 
+@pytest.mark.slow
 def test_local_engine_and_direct_runner_write_the_same_bulk_bytes(tmp_path):
     r = _rng(6)
     label = r.integers(0, 10, N)

@@ -135,6 +135,7 @@ def test_a_control_character_in_a_string_label_is_a_rejected_row(tmp_path):
                   "label.labels.txt, which it would break or shift; rename the class"}]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", [[], ["--runner=DirectRunner"]], ids=["local", "beam"])
 def test_digit_string_labels_are_names_with_ids_0_1(tmp_path, engine):
     import tensorflow as tf

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from conftest import build
@@ -22,6 +23,7 @@ max_reject_fraction: 0.9
 """
 
 
+@pytest.mark.slow
 def test_float_edges_nan_inf_and_huge_captions_end_as_records_or_rejected_rows(tmp_path):
     import tensorflow as tf
     from imagerecords import reader

@@ -38,6 +38,7 @@ def test_the_full_log_of_an_unexpected_failure_holds_its_traceback(image_tree, t
     assert "RuntimeError: test hook: failing once in the middle of" in text, text[-2000:]
 
 
+@pytest.mark.slow
 def test_the_signal_tests_pass_when_the_suite_starts_with_sigint_ignored(tmp_path):
     """As a background job of a non-interactive shell starts it: SIGINT ignored. The signal test still
     sees its build stop on SIGINT (conftest restores the default before any build starts)."""

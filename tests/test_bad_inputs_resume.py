@@ -122,6 +122,7 @@ def test_resume_rewrites_a_shard_whose_image_or_mask_was_rewritten_at_the_same_s
 # 15. A staged shard is checked against its record before reuse -----------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_resume_rewrites_a_damaged_staged_shard_and_publishes(masked, tmp_path, damage):
     folder, manifest, config, out, staged, (damaged, kept) = _two_staged(masked, tmp_path)
@@ -201,6 +202,7 @@ def test_a_start_past_the_int64_range_is_a_value_error_at_the_call(dataset, name
 # 16. Runtime faults of the resumable reader name the file and what to do ------------------------
 
 
+@pytest.mark.slow
 def test_the_resumable_reader_over_a_removed_version_names_the_rebuild(tree, tmp_path):
     import tensorflow as tf
 

@@ -270,6 +270,7 @@ max_reject_fraction: 0.9
 """
 
 
+@pytest.mark.slow
 def test_lone_surrogates_and_deep_values_are_rejected_rows(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()

@@ -60,6 +60,7 @@ SMOKE_GROUPS = list(GROUPS) if os.environ.get("IMAGERECORDS_BENCH_ALL") == "1" e
                                                                                    "arrays"]
 
 
+@pytest.mark.slow
 def test_quick_benchmark_reports_every_figure(tmp_path):
     out = tmp_path / "bench.json"
     from benchmarks.run import GROUPS as RUN_GROUPS

@@ -80,6 +80,7 @@ def test_shards_are_balanced_and_named(built):
     assert cli.verify(str(out)) == []
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_and_worker_count_does_not_matter(built, tmp_path):
     root, _, out, _ = built
     again = tmp_path / "again"
@@ -90,6 +91,7 @@ def test_same_seed_same_bytes_and_worker_count_does_not_matter(built, tmp_path):
     assert manifest_without_time(out) == manifest_without_time(again)
 
 
+@pytest.mark.slow
 def test_another_seed_gives_another_order(built, tmp_path):
     root, _, out, _ = built
     other = tmp_path / "other"
@@ -99,6 +101,7 @@ def test_another_seed_gives_another_order(built, tmp_path):
     assert first != open(shard_files(other)[0], "rb").read()
 
 
+@pytest.mark.slow
 def test_beam_writer_yields_the_same_records(built, tmp_path):
     root, _, out, _ = built
     beam_out = tmp_path / "beam"
@@ -169,6 +172,7 @@ def test_tf_models_schema_with_offset_and_resize(built, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_cli_exit_status_and_messages(built, tmp_path, capsys):
     root, _, out, _ = built
     common = ["--no_progress", "--direct_num_workers=1"]
@@ -187,6 +191,7 @@ def test_cli_exit_status_and_messages(built, tmp_path, capsys):
     assert cli.verify(str(damaged)) == [f"{victim}: sha256 differs from the manifest"]
 
 
+@pytest.mark.slow
 def test_rerun_of_a_killed_build_gives_the_same_bytes(built, tmp_path):
     root, _, out, _ = built
     killed = tmp_path / "killed"
@@ -211,6 +216,7 @@ def test_rerun_of_a_killed_build_gives_the_same_bytes(built, tmp_path):
     assert not (killed / "images-train.tfrecord-00007-of-00009").exists()
 
 
+@pytest.mark.slow
 def test_identical_files_under_two_keys_are_reported_and_leaks_flagged(image_tree, tmp_path):
     root, files = image_tree
     tree = tmp_path / "tree"

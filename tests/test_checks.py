@@ -518,6 +518,7 @@ def test_gcs_input_checks(gcs_bucket):
         preflight.check_input(_config(f"{gcs_bucket}/m.csv", splits=SPLITS))
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_gcs_output_checks(gcs_bucket):
     preflight.check_output(_config(f"{gcs_bucket}/tree", f"{gcs_bucket}/new-ds"))

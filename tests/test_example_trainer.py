@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train_digits.py")
 
 

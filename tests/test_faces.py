@@ -132,6 +132,7 @@ def test_a_flipped_byte_names_the_record_its_byte_range_and_the_remedy(demo, tmp
 
 # --- the report: one default file per dataset, integer classes titled once --------------------------
 
+@pytest.mark.slow
 def test_reports_of_two_datasets_of_one_name_go_to_two_files_and_never_replace_each_other(demo, tmp_path):
     first, second = tmp_path / "a" / "dataset", tmp_path / "b" / "dataset"
     shutil.copytree(demo[0] / "dataset", first)

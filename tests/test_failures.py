@@ -295,6 +295,7 @@ def test_two_builds_started_together_exactly_one_succeeds(clean, tmp_path):
     assert_same_dataset(out, clean_out)
 
 
+@pytest.mark.slow
 def test_expected_failures_are_one_line_with_their_exit_code(clean, tmp_path):
     root, clean_out, _ = clean
     a_file = tmp_path / "a_file"
@@ -365,6 +366,7 @@ def test_progress_is_quiet_in_a_pipe_unless_asked_and_ends_with_the_totals(clean
     assert lines[-1].startswith("[imagerecords] 41/41 images (100%)") and "1 rejected so far" in lines[-1], err
 
 
+@pytest.mark.slow
 def test_odd_inputs_are_rows_and_two_builds_give_identical_errors(clean, tmp_path):
     """A symlinked class folder is read; a dangling symlink, a FIFO, an oversize file, undecodable
     files and a README at the root each end as one errors.jsonl row; the build finishes."""
@@ -501,6 +503,7 @@ def test_one_class_folder_as_the_input_is_refused_before_the_build(clean, tmp_pa
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_mistyped_runner_is_one_line_and_leaves_no_output_folder(clean, tmp_path):
     root, _, _ = clean
     out = tmp_path / "a" / "out"
@@ -511,6 +514,7 @@ def test_a_mistyped_runner_is_one_line_and_leaves_no_output_folder(clean, tmp_pa
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.slow
 def test_a_pre_flight_failure_after_the_output_check_leaves_no_output_folder(clean, tmp_path):
     root, _, _ = clean
     cases = [

@@ -136,6 +136,7 @@ def test_manifest_records_the_spec(built):
     assert (out / "tags.labels.txt").read_text() == "car\nsky\ntree\n"
 
 
+@pytest.mark.slow
 def test_csv_manifest_and_flags_give_the_same_bytes_as_jsonl_and_config(detection, tmp_path):
     """The same values through CSV cells (JSON text) and --feature flags write the same records."""
     folder, rows = detection
@@ -158,6 +159,7 @@ def test_csv_manifest_and_flags_give_the_same_bytes_as_jsonl_and_config(detectio
     assert digests[0] == digests[1] and len(digests[0]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_direct_runner_writes_the_local_engines_bytes(detection, tmp_path):
     folder, _ = detection

@@ -61,6 +61,7 @@ def test_a_fetched_binary_is_reused_without_fetching(empty_cache, monkeypatch):
     assert gcs.ensure_emulator_binary() == str(binary)
 
 
+@pytest.mark.slow
 def test_a_second_run_waits_for_the_first_fetch_and_reuses_it(empty_cache, monkeypatch):
     lock, binary = empty_cache / "get_gcs_emulator.lock", empty_cache / "bin" / "fake-gcs-server"
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(lock), str(binary)], cwd=ROOT,

@@ -88,6 +88,7 @@ def flink_build(cluster, image_tree, tmp_path_factory):
                 marker=marker, launcher_cpu=launcher_cpu, workers_cpu=workers_cpu)
 
 
+@pytest.mark.slow
 def test_flink_build_is_byte_identical_to_direct_runner(flink_build, direct):
     assert flink_build["job"]["state"] == "FINISHED"
     out = flink_build["out"]
@@ -128,6 +129,7 @@ def _imagerecords(*args, timeout=JOB_TIMEOUT):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_detached_submit_returns_and_finish_publishes(cluster, image_tree, direct, tmp_path):
     cluster.restart_worker_pools()
     out = tmp_path / "out"
@@ -155,6 +157,7 @@ def test_detached_submit_returns_and_finish_publishes(cluster, image_tree, direc
 
 
 # Before the TaskManager-loss test: the cluster it leaves behind has lost a TaskManager's slot.
+@pytest.mark.slow
 def test_a_declared_features_build_on_flink_is_byte_identical(cluster, tmp_path):
     """Issue 17: boxes, class lists, a float, a caption and two image features, written by the SDK
     workers on the cluster, give the local engine's bytes."""
@@ -177,6 +180,7 @@ def test_a_declared_features_build_on_flink_is_byte_identical(cluster, tmp_path)
     assert manifest_without_time(tmp_path / "local") == manifest_without_time(tmp_path / "flink")
 
 
+@pytest.mark.slow
 def test_arrays_build_on_flink_is_byte_identical_to_direct_runner(cluster, tmp_path):
     """An .npz input (float32 28x28 raw, uint8 labels as classes, a float64 tensor) on the cluster's
     SDK workers writes the bytes DirectRunner writes."""
@@ -197,6 +201,7 @@ def test_arrays_build_on_flink_is_byte_identical_to_direct_runner(cluster, tmp_p
     assert json.loads((out / "manifest.json").read_text())["features"]["extra"]["dtype"] == "float64"
 
 
+@pytest.mark.slow
 def test_taskmanager_lost_mid_build(cluster, image_tree, direct, tmp_path):
     """Kills TaskManager 1 and its worker pool while a shard writer beside it is paused after its first
     shard (IMAGERECORDS_TEST_PAUSE=mid_shards, on that pool only). The other TaskManager has one slot

@@ -150,6 +150,7 @@ def test_compose_and_rewrite(emulator, bucket):
     assert emulator.download(f"gs://{bucket}/composed/copy.txt") == INPUTS["alpha.txt"]
 
 
+@pytest.mark.slow
 def test_tensorflow_gfile_and_tfrecords(emulator, bucket, tmp_path):
     tf = pytest.importorskip("tensorflow", reason="TensorFlow's own GCS filesystem is what this test checks")
 

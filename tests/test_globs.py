@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 
+import pytest
 
 from imagerecords.cli import main as cli
 from imagerecords.format.manifest import MANIFEST
@@ -99,6 +100,7 @@ def _inspect(capsys, out, *args):
     return capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_documented_globs_after_two_rebuilds(tmp_path, capsys):
     root, out = _tree(tmp_path / "in"), tmp_path / "out"
     common = ["build", "--input", str(root), "--output", str(out), "--no_progress", "--num_shards", "2",
@@ -131,6 +133,7 @@ def test_inspect_files_and_glob_refuse_an_unknown_split(tmp_path, capsys):
     assert cli.main(["inspect", str(tmp_path / "missing"), "--glob", "train"]) == 3
 
 
+@pytest.mark.slow
 def test_readme_arrays_example_reads_one_version_after_rebuilds(tmp_path, monkeypatch):
     """The README's arrays example after two --overwrite rebuilds: 1,000 records, not 2,000."""
     (_, make), (_, command), (_, read) = _readme_blocks()

@@ -179,6 +179,7 @@ def test_the_generated_input_is_the_pinned_one(workdir):
                          + "\n  ".join(changed))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inp", sorted(INPUTS))
 def test_local_engine_and_direct_runner_write_the_same_bytes(built, inp):
     changed = differences(built(inp, "direct"), built(inp, "local"))

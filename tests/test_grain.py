@@ -72,6 +72,7 @@ def _assert_as_dataset_values(path, split):
     return source
 
 
+@pytest.mark.slow
 def test_values_equal_as_dataset_for_every_record(built, declared):
     path, manifest = built["indexed"]
     source = _assert_as_dataset_values(path, "train")
@@ -140,6 +141,7 @@ def _run(path, role, k, state_file, env=None):
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [3, 9])  # 9: in the second epoch
 def test_a_checkpoint_restored_in_a_new_process_gives_the_rest_of_the_run(built, tmp_path, k):
     path, manifest = built["indexed"]
@@ -264,6 +266,7 @@ def test_a_damaged_shard_or_index_is_named(built, tmp_path):
         RecordSource(str(copy), "train")
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_gs_records_equal_the_local_ones(built, fake_gcs_server, tmp_path):
     from support import gcs

@@ -181,6 +181,7 @@ def test_16_bit_greyscale_keeps_its_16_bits(sixteen_bit, tmp_path, encoding):
         assert np.abs(image[..., 0] - want).max() < 1e-3, name
 
 
+@pytest.mark.slow
 def test_tfds_builder_from_directory_loads_png_datasets(mixed_tree, sixteen_bit, tmp_path):
     import tensorflow_datasets as tfds
 
@@ -206,6 +207,7 @@ def test_tfds_builder_from_directory_loads_png_datasets(mixed_tree, sixteen_bit,
     assert len(got) == len(arrays)
 
 
+@pytest.mark.slow
 def test_make_dataset_reads_a_greyscale_png_dataset(tmp_path):
     from imagerecords import reader
 
@@ -241,6 +243,7 @@ def test_make_dataset_reads_a_greyscale_png_dataset(tmp_path):
     assert a.shape == (4, 8, 8, 1) and np.array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_make_dataset_reads_a_keep_dataset_of_jpeg_and_png_with_alpha(mixed_tree, tmp_path):
     from imagerecords import reader
 
@@ -272,6 +275,7 @@ def test_channels_setting_is_checked():
         reader.ReadConfig(channels=1, normalization="imagenet")
 
 
+@pytest.mark.slow
 def test_quality_100_is_accepted_and_closer_than_95(tmp_path):
     yy, xx = np.mgrid[0:48, 0:64]
     pixels = np.stack([(xx * 4) % 256, (yy * 5) % 256, ((xx + yy) * 3) % 256], -1).astype(np.uint8)
@@ -418,6 +422,7 @@ def test_raw_datasets_load_in_tfds_as_flat_float32(float_tiffs, tmp_path):
     assert seen == len(pixels)
 
 
+@pytest.mark.slow
 def test_raw_is_the_same_on_direct_runner_and_refused_by_the_beam_writer(float_tiffs, tmp_path):
     import subprocess
     import sys

@@ -210,7 +210,7 @@ def test_verify_checks_index_files(indexed, tmp_path):
 
 def _results(index: bool, build_id: str):
     shards = []
-    for i, data in enumerate((b"shard0", b"shard1")):
+    for i, data in enumerate((b"shard0" * 3, b"shard1" * 3)):  # a record's frame takes 16 bytes at least
         name = f"images-train.tfrecord-{i:05d}-of-00002"
         idx = f"0 {len(data)}\n".encode()
         shards.append(ShardResult("train", Shard(i, name, 1, len(data), hashlib.sha256(data).hexdigest(), ((0, 1),), 0,
@@ -224,7 +224,7 @@ def _results(index: bool, build_id: str):
 def _stage(out, results):
     staging = out / STAGING / results.build_id
     for r in results.shards:
-        data = b"shard%d" % r.index
+        data = b"shard%d" % r.index * 3
         (staging / r.filename).parent.mkdir(parents=True, exist_ok=True)
         (staging / r.filename).write_bytes(data)
         if r.index_file:

@@ -173,6 +173,7 @@ def special_rows(root):
     ]
 
 
+@pytest.mark.slow
 def test_dangling_symlink_fifo_and_socket_are_rows_and_listing_finishes(special_tree):
     root, size = special_tree
     # Pure walk in a thread, then the whole Beam listing in a subprocess: a FIFO opened by
@@ -223,6 +224,7 @@ def test_unreadable_entries_are_rows_without_a_real_permission_error():
 # Root-level files -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_files_directly_under_the_root_are_skipped_rows(tmp_path):
     root = tmp_path / "in"
     size = write_image(str(root / "cls/a.jpg"))
@@ -355,6 +357,7 @@ def print_rejection_lines(folder):
     print("\n".join(rejection_lines(folder)))
 
 
+@pytest.mark.slow
 def test_reasons_are_deterministic_and_name_the_exception(tmp_path):
     first = rejection_lines(tmp_path / "a")
     rows = [json.loads(line) for line in first]
@@ -410,6 +413,7 @@ def test_control_character_and_list_labels_in_a_jsonl_manifest_are_rows(tmp_path
     assert rows["nl.jpg"]["uri"] == "img/nl.jpg"
 
 
+@pytest.mark.slow
 def test_a_class_folder_with_a_newline_in_its_name_is_rows(tmp_path):
     from conftest import build
 
@@ -428,6 +432,7 @@ def test_a_class_folder_with_a_newline_in_its_name_is_rows(tmp_path):
     assert (row["key"], row["stage"], row["reason"]) == ("two\nlines/c.jpg", "label", reason)
 
 
+@pytest.mark.slow
 def test_float_tiffs_of_values_0_to_1_are_rejected_rows_not_clipped_images(tmp_path):
     """Mode-F TIFFs holding 0..1 (what scientific and normalised images hold) became JPEGs of 0 and 1
     out of 255 with 'rejected 0'. Now each is a row naming the value range, counted against the

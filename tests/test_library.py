@@ -44,6 +44,7 @@ def _same_shards(a, b):
         assert filecmp.cmp(x, y, shallow=False), (x, y)
 
 
+@pytest.mark.slow
 def test_build_publishes_the_commands_bytes_without_argv_and_reports_progress(image_tree, tmp_path):
     root, _ = image_tree
     out = tmp_path / "lib"
@@ -68,6 +69,7 @@ print({_IMPORTED})
     _same_shards(out, tmp_path / "cli")
 
 
+@pytest.mark.slow
 def test_build_arrays_publishes_the_commands_bytes_without_argv(tmp_path, capsys):
     rng = np.random.default_rng(3)
     arrays = {"image": rng.integers(0, 256, (12, 8, 8, 3), dtype=np.uint8), "label": np.arange(12) % 3}

@@ -51,6 +51,7 @@ def assert_engines_agree(inp, tmp_path, *args):
     return ours
 
 
+@pytest.mark.slow
 def test_folder_build_with_splits_index_reencode_and_duplicates(image_tree, tmp_path, capsys):
     tree, circle = tree_with_twins(image_tree, tmp_path)
     (tree / "README.txt").write_text("a root-level file: a skipped row")
@@ -73,6 +74,7 @@ def test_folder_build_with_splits_index_reencode_and_duplicates(image_tree, tmp_
     assert cli.verify(str(tmp_path / "local"), records=True) == []
 
 
+@pytest.mark.slow
 def test_csv_manifest_with_split_column_sizes_bad_rows_and_repeated_keys(image_tree, tmp_path):
     root, files = image_tree
     man = tmp_path / "list.csv"
@@ -94,6 +96,7 @@ def test_csv_manifest_with_split_column_sizes_bad_rows_and_repeated_keys(image_t
     assert {s.name for s in manifest.splits} == {"train", "validation"}
 
 
+@pytest.mark.slow
 def test_jsonl_manifest_with_a_label_map_and_skip_stat(image_tree, tmp_path):
     root, files = image_tree
     man = tmp_path / "list.jsonl"
@@ -118,6 +121,7 @@ def test_jsonl_manifest_with_a_label_map_and_skip_stat(image_tree, tmp_path):
         f"{man}: bad manifest line: not UTF-8 (invalid continuation byte at byte 48)"]
 
 
+@pytest.mark.slow
 def test_one_file_under_many_keys_is_one_duplicate_group_on_every_engine(image_tree, tmp_path):
     root, files = image_tree
     circle, square = root / "circle" / files["circle"][0], root / "square" / files["square"][0]
@@ -133,6 +137,7 @@ def test_one_file_under_many_keys_is_one_duplicate_group_on_every_engine(image_t
     assert manifest.num_duplicate_groups == 2 and manifest.num_examples == len(rows) - 1
 
 
+@pytest.mark.slow
 def test_one_file_listed_under_two_labels_is_a_label_conflict_on_every_engine(image_tree, tmp_path, capsys):
     root, files = image_tree
     circle, square = root / "circle" / files["circle"][0], root / "square" / files["square"][0]
@@ -273,6 +278,7 @@ def test_a_signal_to_the_launcher_stops_the_build_and_leaves_no_process(noise_tr
     assert not staging.exists() or not [n for n in os.listdir(staging) if n.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_workers_die_with_a_launcher_killed_without_a_handler(noise_tree, tmp_path):
     """SIGKILL to the launcher alone (no handler runs): its worker processes end too (the kernel's
     parent-death signal), so none goes on writing into the output."""
@@ -291,6 +297,7 @@ def test_workers_die_with_a_launcher_killed_without_a_handler(noise_tree, tmp_pa
     assert not alive, f"worker processes alive 5 s after their launcher was killed: {alive}"
 
 
+@pytest.mark.slow
 def test_a_killed_worker_process_fails_the_build_in_one_line_and_a_rerun_publishes(noise_tree, tmp_path):
     """A worker SIGKILLed mid-shard (what the kernel's out-of-memory killer does): the build ends
     with one line saying so and exit 1, publishes nothing, releases the lock; a rerun builds."""
@@ -379,6 +386,7 @@ def test_forked_workers_never_run_the_destructors_of_what_they_inherit(tmp_path,
     assert min(frozen) > 0
 
 
+@pytest.mark.slow
 def test_the_worker_count_follows_the_input_size_unless_asked(image_tree, tmp_path, capsys, monkeypatch):
     """Below PROCESS_MIN_IMAGES images the shards are written by threads in this process (forked
     workers would cost more than they save); --local_workers N asks for processes whatever the size."""

@@ -45,6 +45,7 @@ def built(tmp_path_factory):
     return rows, columns
 
 
+@pytest.mark.slow
 def test_the_columnar_form_is_written_with_its_side_file(built):
     rows, columns = built
     assert _json(os.path.join(rows, "manifest.json"))["format_version"] == 2
@@ -79,6 +80,7 @@ def test_the_loader_gives_the_same_shards_as_the_row_form(built):
     assert json.loads(full.dumps())["format_version"] == 2
 
 
+@pytest.mark.slow
 def test_every_reader_reads_the_same_records(built):
     import numpy as np
 

@@ -38,6 +38,7 @@ def _batches(path, steps, **kwargs):
     return out
 
 
+@pytest.mark.slow
 def test_a_run_without_start_step_resumes_in_a_new_process(dataset):
     uninterrupted = _batches(dataset, STEPS)
     assert len(uninterrupted) == STEPS

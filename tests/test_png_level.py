@@ -67,6 +67,7 @@ def test_png_bytes_are_the_writers_at_the_level_asked():
     assert len(codec.png_bytes(img, 9)) < len(codec.png_bytes(img, 1)) < len(codec.png_bytes(img, 0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["png", "keep"])
 def test_the_level_is_honoured_and_every_level_decodes_to_the_source_pixels(flat_tree, tmp_path, encoding):
     root, pixels = flat_tree
@@ -104,6 +105,7 @@ def test_two_builds_and_both_engines_write_the_same_bytes(flat_tree, tmp_path):
         assert data == codec.png_bytes(img.convert(img.mode), codec.PNG_LEVEL)
 
 
+@pytest.mark.slow
 def test_uint8_arrays_are_stored_at_the_level(tmp_path):
     images = np.stack([_flat(i % 2, i % 3) for i in range(12)])
     np.savez(tmp_path / "a.npz", image=images, label=np.arange(12) % 2)
@@ -155,6 +157,7 @@ def _copy_with_a_delta(flat_tree, tmp_path):
     return root, lambda: Image.fromarray(_flat(1, 5)).save(root / "dog" / "new.png")
 
 
+@pytest.mark.slow
 def test_append_with_another_level_is_refused_in_one_line(flat_tree, tmp_path):
     root, add = _copy_with_a_delta(flat_tree, tmp_path)
     out = tmp_path / "out"
@@ -201,6 +204,7 @@ def test_append_to_a_dataset_of_pillows_pngs_is_refused_in_one_line(flat_tree, t
     assert (out / "manifest.json").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_append_to_a_dataset_written_before_the_setting_is_refused(flat_tree, tmp_path):
     """No level recorded: written at 6, by Pillow. An append without a level takes 6 and is refused
     for the writer; another level given is named first."""
@@ -219,6 +223,7 @@ def test_append_to_a_dataset_written_before_the_setting_is_refused(flat_tree, tm
         assert rc == 2 and "written by 'pillow'" in err and err.strip().count("\n") == 0, err
 
 
+@pytest.mark.slow
 def test_resume_with_another_level_rewrites_every_shard(flat_tree, tmp_path):
     root, _ = flat_tree
     out = tmp_path / "out"

@@ -322,6 +322,7 @@ def test_a_local_commit_reads_back_only_the_staged_files_written_since_their_wri
     assert len(reads) == (0 if change == "none" else 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", ["between close and rename", "while its index is written"])
 def test_a_byte_flipped_after_the_writer_closed_its_shard_is_never_published(tmp_path, monkeypatch, image_tree,
                                                                            window):

@@ -77,6 +77,7 @@ def _collect(ds):
     return names, labels, batches
 
 
+@pytest.mark.slow
 def test_load_info_matches_manifest(ds_path, tree):
     info = reader.load_info(ds_path)
     with open(os.path.join(ds_path, "manifest.json")) as f:
@@ -264,6 +265,7 @@ def test_input_context_selects_the_host(ds_path):
     assert a == b and a[0]
 
 
+@pytest.mark.slow
 def test_tf_models_preset_and_label_offset(models_path, tree):
     info = reader.load_info(models_path)
     assert info.schema == "tf-models" and info.label_offset == 1 and info.num_classes == 5
@@ -481,6 +483,7 @@ def test_numpy_batches(ds_path):
     assert sum(len(b[1]) for b in batches) == reader.load_info(ds_path).splits["validation"].num_examples
 
 
+@pytest.mark.slow
 def test_reader_imports_without_beam(ds_path):
     """In a fresh interpreter where apache_beam cannot be imported, the reader imports and reads."""
     code = textwrap.dedent(f"""
@@ -600,6 +603,7 @@ def test_tf_data_options_are_applied(ds_path):
         ReadConfig(private_threadpool_size=-1, autotune_ram_budget_mb=-5)
 
 
+@pytest.mark.slow
 def test_shuffle_buffer_is_capped_at_one_epoch(ds_path):
     """A buffer larger than the host's epoch gives the same order as one of exactly an epoch (it is capped)."""
     n = reader.load_info(ds_path).splits["train"].num_examples

@@ -10,6 +10,8 @@ import pytest
 
 from support import gcs
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

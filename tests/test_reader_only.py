@@ -117,6 +117,7 @@ def test_training_pipeline_is_seeded_and_numpy_batches_work(small):
     assert sorted(sum((b[1].tolist() for b in batches), [])) == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_reader_import_loads_only_the_format_and_the_reader(tmp_path):
     """The install boundary: `import imagerecords.reader` loads imagerecords.format and
     imagerecords.reader only (nothing of imagerecords.pipeline or imagerecords.cli), and no Beam or YAML."""

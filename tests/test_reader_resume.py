@@ -59,6 +59,7 @@ def _batches(path, n, batch_size, hosts=1, host=0, stats=None, **kwargs):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hosts,batch_size", [(1, 4), (3, 2)])
 def test_start_step_yields_the_uninterrupted_batches(indexed, hosts, batch_size):
     total = reader.load_info(indexed).split("train").num_examples
@@ -98,6 +99,7 @@ def test_epoch_order_does_not_depend_on_hosts_and_changes_per_epoch():
         assert merged == a.tolist(), hosts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remainder", ["pad", "drop"])
 def test_elastic_resume_on_other_host_counts(indexed, remainder):
     info = reader.load_info(indexed)
@@ -141,6 +143,7 @@ def test_elastic_resume_on_other_host_counts(indexed, remainder):
         assert [[b[2] for b in f] for f in fresh] == [[b[2] for b in a] for a in again]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["indexed", "plain"])
 def test_resume_reads_only_what_it_yields(request, which):
     path = request.getfixturevalue(which)
@@ -192,6 +195,7 @@ def test_the_remainder_log_line_counts_the_resumable_order(indexed, remainder, c
                                                                        f"{abs(total - per_host * hosts)} ")
 
 
+@pytest.mark.slow
 def test_a_corrupt_record_fails_or_becomes_padding_in_place(indexed, tmp_path, caplog):
     """A record whose checksum fails: 'fail' names its shard; 'skip' keeps every other record at its
     position and puts one padding element (label -1) where it was, so the hosts stay in step."""

@@ -55,6 +55,7 @@ def test_every_recipe_block_is_found_and_compiles():
         compile(code, f"docs/recipes.md[{name}]", "exec")
 
 
+@pytest.mark.slow
 def test_tfds_recipe_as_supervised(datasets):
     out, manifest = datasets["tfds"]
     scope = _run("tfds", out)
@@ -162,6 +163,7 @@ RESULT = [{"boxes": e["boxes"].tolist(), "tags": e["tags"], "score": e["score"],
 """
 
 
+@pytest.mark.slow
 def test_features_recipe_with_the_tfrecord_package(features_dataset):
     import numpy as np
     from PIL import Image

@@ -203,6 +203,7 @@ def page(run):
     return text, Page(text)
 
 
+@pytest.mark.slow
 def test_runs_without_tensorflow_or_beam_and_leaves_the_dataset_alone(run, dataset):
     proc, cwd, before = run
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -517,6 +518,7 @@ def test_thumbnail_fits_the_box_keeping_the_aspect_ratio():
         assert im.size == (96, 64) and max(abs(a - b) for a, b in zip(ImageStat.Stat(im).mean, (200, 30, 30))) < 6
 
 
+@pytest.mark.slow
 def test_renders_in_headless_chromium(page, run, tmp_path):
     browser = shutil.which("chromium")
     if browser is None:

@@ -20,6 +20,8 @@ from conftest import published_version, shard_files, without_version
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
 from imagerecords.cli import main as cli
 
+pytestmark = pytest.mark.slow
+
 ARGS = ["--num_shards", "4", "--max_reject_fraction", "0.05", "--no_progress"]
 
 

@@ -130,6 +130,7 @@ def test_commit_checks_the_name_again_and_retention_drops_named_versions(tmp_pat
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["three", "two"]  # 'one' fell out
 
 
+@pytest.mark.slow
 def test_a_named_and_an_unnamed_version_keep_each_other(tmp_path):
     root, out = _tree(tmp_path / "in", per_class=2), tmp_path / "out"
     assert _build(root, out, "--version_name", "named") == 0
@@ -151,6 +152,7 @@ def test_write_dataset_refuses_a_taken_name(tmp_path):
         WriteDataset(str(tmp_path / "o"), version_name="../up")
 
 
+@pytest.mark.slow
 def test_retention_never_removes_a_folder_that_holds_other_files(tmp_path):
     """A manifest naming a folder of the user's as a version (forged, or a name reused by hand):
     retention leaves that folder alone."""

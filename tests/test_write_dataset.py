@@ -138,6 +138,7 @@ def cli_build(rows, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_direct_runner_publishes_what_the_reader_reads_and_the_commands_bytes(rows, cli_build, tmp_path):
     out = tmp_path / "ds"
     code, err = _run(tmp_path, rows, out, OPTIONS, DIRECT)
@@ -159,6 +160,7 @@ def test_prism_publishes_the_same_bytes(rows, cli_build, tmp_path, prism_binary)
     assert _digests(out) == _digests(cli_build)
 
 
+@pytest.mark.slow
 def test_killed_mid_write_keeps_the_old_dataset_and_a_rerun_publishes(rows, tmp_path):
     out = tmp_path / "ds"
     first = rows[:60]
@@ -181,6 +183,7 @@ def test_killed_mid_write_keeps_the_old_dataset_and_a_rerun_publishes(rows, tmp_
     assert not (out / STAGING).exists()
 
 
+@pytest.mark.slow
 def test_finish_mends_a_commit_cut_short(rows, tmp_path):
     out = tmp_path / "ds"
     markers = tmp_path / "markers"
@@ -209,6 +212,7 @@ def _kill_when(proc, marker, timeout=300):
     proc.wait()
 
 
+@pytest.mark.slow
 def test_bad_rows_are_rejected_rows_with_their_reasons(rows, tmp_path):
     good = rows[:30]
     bad = [
@@ -280,6 +284,7 @@ def test_an_existing_file_as_output_is_refused_when_the_transform_is_made(tmp_pa
         WriteDataset(str(tmp_path / "f"))
 
 
+@pytest.mark.slow
 def test_a_negative_integer_label_is_a_rejected_row_and_every_other_id_is_kept(rows, tmp_path):
     # One -1 ('unknown') among integer labels once turned them all into class names: 0->1, 10->3.
     picked = [dict(rows[i], label=label, box=[]) for i, label in enumerate([0, 10, -1, 3, 10])]
@@ -294,6 +299,7 @@ def test_a_negative_integer_label_is_a_rejected_row_and_every_other_id_is_kept(r
         r["key"]: r["label"] for r in picked if r["label"] >= 0}
 
 
+@pytest.mark.slow
 def test_a_repeated_key_is_a_duplicate_row(rows, tmp_path):
     out = tmp_path / "ds"
     twice = rows[:20] + [dict(rows[5], image=rows[6]["image"])]
@@ -304,6 +310,7 @@ def test_a_repeated_key_is_a_duplicate_row(rows, tmp_path):
     assert len(_read_back(out)) == 20
 
 
+@pytest.mark.slow
 def test_rows_with_paths_move_as_references_and_write_the_same_bytes(rows, cli_build, tmp_path):
     folder = cli_build.parent  # the command's input: <key>.jpg beside m.jsonl
     by_path = [{"path": str(folder / f"{r['key']}.jpg"), **{k: r[k] for k in ("key", "label", "box")}} for r in rows]
@@ -313,6 +320,7 @@ def test_rows_with_paths_move_as_references_and_write_the_same_bytes(rows, cli_b
     assert _digests(out) == _digests(cli_build)
 
 
+@pytest.mark.slow
 def test_another_builds_lock_stops_the_pipeline_and_nothing_is_published(rows, tmp_path):
     from imagerecords.pipeline import publish
 
@@ -337,6 +345,7 @@ def test_the_default_key_is_the_bytes_digest_or_the_path_as_given(rows):
     assert (ref.key, ref.uri, ref.label, carried) == ("a/b.jpg", "/base/a/b.jpg", "3", None)
 
 
+@pytest.mark.slow
 def test_over_the_reject_budget_nothing_is_published_and_the_reasons_stay(rows, tmp_path):
     out = tmp_path / "ds"
     code, err = _run(tmp_path, rows[:10] + [{"key": f"bad{i}", "label": "cat"} for i in range(3)], out, OPTIONS,
