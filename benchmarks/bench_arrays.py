@@ -40,6 +40,26 @@ def seed_loop(x, y, path):
     return time.perf_counter() - started
 
 
+def pillow_png_loop(x, y, path):
+    """The loop a user writes to store uint8 images as PNG: Pillow encodes each row (its default
+    compression), then the seed's Example and TFRecordWriter."""
+    import io
+
+    import tensorflow as tf
+    from PIL import Image
+
+    started = time.perf_counter()
+    with tf.io.TFRecordWriter(path) as w:
+        for i in range(len(x)):
+            buf = io.BytesIO()
+            Image.fromarray(x[i]).save(buf, format="PNG")
+            ex = tf.train.Example(features=tf.train.Features(feature={
+                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[buf.getvalue()])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y[i])]))}))
+            w.write(ex.SerializeToString())
+    return time.perf_counter() - started
+
+
 def per_core_loop(npz, path, cores):
     """The seed loop in one process per core, each over its share of the rows into its own file,
     as the tutorials advise for more than one core: each process imports TensorFlow and loads the
@@ -57,10 +77,10 @@ def per_core_loop(npz, path, cores):
     return time.perf_counter() - started
 
 
-def ours(npz, out):
+def ours(npz, out, *extra):
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import sys; from imagerecords.cli.main import main; sys.exit(main())",
-                    "build", "--input", npz, "--output", out, "--no_progress"], check=True, cwd=REPO,
+                    "build", "--input", npz, "--output", out, "--no_progress", *extra], check=True, cwd=REPO,
                    env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.DEVNULL)
     return time.perf_counter() - started
 
@@ -128,6 +148,19 @@ def workload(name, x, y, work, decode_ours, decode_seed):
             "launcher_refs_s": launcher_refs_s, "launcher_rows_s": launcher_rows_s,
             "seed_read_per_s": n2 / seed_read, "ours_read_per_s": n1 / ours_read,
             "read_ratio": (n1 / ours_read) / (n2 / seed_read)}
+
+
+def storages(x, y, work):
+    """uint8 images stored each way against the loop a user writes for that storage, same run:
+    --image_encoding raw against the seed's tobytes() loop, the default PNG against a Pillow PNG loop."""
+    npz = os.path.join(work, "storages.npz")
+    np.savez(npz, image=x, label=y)
+    seed_s = seed_loop(x, y, os.path.join(work, "storages.seed.tfrecord"))
+    pillow_s = pillow_png_loop(x, y, os.path.join(work, "storages.pillow.tfrecord"))
+    raw_s = ours(npz, os.path.join(work, "storages-raw"), "--image_encoding", "raw")
+    png_s = ours(npz, os.path.join(work, "storages-png"))
+    return {"rows": len(x), "seed_raw_loop_s": seed_s, "ours_raw_s": raw_s, "raw_speedup": seed_s / raw_s,
+            "pillow_png_loop_s": pillow_s, "ours_png_s": png_s, "png_speedup": pillow_s / png_s}
 
 
 def main(argv=None):

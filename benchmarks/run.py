@@ -367,7 +367,8 @@ def _tree_mb(folder: str) -> float:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files) / 1e6
 
 
-def bench_arrays_group(res: Results, work: str, quick: bool, r: int, float_rows: int = 0, rgb_rows: int = 0):
+def bench_arrays_group(res: Results, work: str, quick: bool, r: int, float_rows: int = 0, rgb_rows: int = 0,
+                       storage_rows: int = 0):
     """NumPy input against the seed tutorial's serial loop (tf.train.Example + TFRecordWriter), and
     the records read back with plain tf.data + decode_raw / decode_png, same run."""
     import numpy as np
@@ -400,6 +401,16 @@ def bench_arrays_group(res: Results, work: str, quick: bool, r: int, float_rows:
                 baseline=f"arrays/{name}_launcher_refs")
         res.add("arrays", f"{name}_seed_read", w["seed_read_per_s"], "rows/s")
         res.add("arrays", f"{name}_read", w["ours_read_per_s"], "rows/s", baseline=f"arrays/{name}_seed_read")
+    # Each storage of uint8 images against the loop a user writes for it (200,000 rows: start-up no
+    # longer dominates): --image_encoding raw vs the seed's tobytes() loop, PNG vs a Pillow PNG loop.
+    x = rng.integers(0, 256, (storage_rows or (500 if quick else 200000), 32, 32, 3), dtype=np.uint8)
+    s = bench_arrays.storages(x, rng.integers(0, 10, len(x)), folder)
+    res.add("arrays", "uint8_32x32x3_seed_raw_loop_build", s["rows"] / s["seed_raw_loop_s"], "rows/s")
+    res.add("arrays", "uint8_32x32x3_raw_build", s["rows"] / s["ours_raw_s"], "rows/s",
+            baseline="arrays/uint8_32x32x3_seed_raw_loop_build")
+    res.add("arrays", "uint8_32x32x3_pillow_png_loop_build", s["rows"] / s["pillow_png_loop_s"], "rows/s")
+    res.add("arrays", "uint8_32x32x3_png_build", s["rows"] / s["ours_png_s"], "rows/s",
+            baseline="arrays/uint8_32x32x3_pillow_png_loop_build")
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -609,6 +620,8 @@ def main(argv=None) -> int:
                    help="engines of the memory builds: default (local engine) and DirectRunner modes")
     p.add_argument("--float_rows", type=int, help="rows of the arrays group's float32 28x28 build (default 200000)")
     p.add_argument("--rgb_rows", type=int, help="rows of the arrays group's uint8 32x32x3 build (default 50000)")
+    p.add_argument("--storage_rows", type=int, help="rows of the arrays group's raw and PNG storage builds against "
+                   "their users' loops (default 200000)")
     p.add_argument("--scale_rows", type=int, help="rows of the scale group's build (default 1000000; --quick: 2000)")
     p.add_argument("--plan_rows", type=int, help="rows of the scale group's planning pass (default 10000000; "
                                                  "--quick: 5000)")
@@ -675,7 +688,7 @@ def main(argv=None) -> int:
             if "encodings" not in skip:
                 bench_encodings(res, corpus.root, work, n, r)
             if "arrays" not in skip:
-                bench_arrays_group(res, work, a.quick, r, a.float_rows or 0, a.rgb_rows or 0)
+                bench_arrays_group(res, work, a.quick, r, a.float_rows or 0, a.rgb_rows or 0, a.storage_rows or 0)
             if "startup" not in skip:
                 bench_startup(res, tiny_root, work, r)
             if "memory" not in skip:

@@ -263,6 +263,9 @@ def inspect(output: str) -> Tuple[List[str], List[str]]:
     lines.append(f"  labels: {names_shown}")
     if features_lib.declared_only(manifest) and schema.keys(manifest.schema).image not in manifest.features:
         lines.append("  images: none (the records hold the features below only)")
+    elif features_lib.raw_pixels_shape(next((f for f in features_lib.stored(manifest)
+                                             if f.name == schema.keys(manifest.schema).image), None)):
+        lines.append("  images: --image_encoding raw (uint8 pixels as the arrays held them, no codec)")
     elif manifest.image_encoding != "jpeg":
         kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(manifest.image_kinds.items()))
         lines.append(f"  images: --image_encoding {manifest.image_encoding} ({kinds or 'no records'})")

@@ -325,6 +325,19 @@ def vocabulary_of(names: Sequence[str]) -> Dict[str, int]:
     return {name: i for i, name in enumerate(names)}
 
 
+def raw_pixels_shape(feature: Optional[Feature]) -> Optional[Tuple[int, int, int]]:
+    """(H, W, C) when `feature` holds an image's uint8 pixels as they are (an arrays build with
+    --image_encoding raw: a uint8 tensor [H, W] or [H, W, C], C 1 or 3, stored as bytes), else None."""
+    if feature is None or feature.dtype != "uint8" or feature.encoding != "bytes":
+        return None
+    shape = tuple(feature.shape or ())
+    if len(shape) == 2:
+        shape = shape + (1,)
+    if len(shape) != 3 or shape[2] not in (1, 3) or not all(isinstance(d, int) and d > 0 for d in shape):
+        return None
+    return shape
+
+
 def tfds_feature(feature: Feature) -> Dict[str, Any]:
     """TFDS's features.json entry for the feature (what tfds.builder_from_directory decodes by)."""
     prefix = "tensorflow_datasets.core.features."

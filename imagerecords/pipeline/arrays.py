@@ -8,7 +8,9 @@ Every array's first dimension is the row count N. `image` and `label` go under t
 image and label keys; every other array is a tensor feature of its own name (features.from_json's
 defaults: raw bytes for more than one dimension per row and for float64, a list otherwise).
 
-  image   uint8 (N, H, W), (N, H, W, 1) or (N, H, W, 3): PNG (lossless; --image_encoding jpeg for JPEG);
+  image   uint8 (N, H, W), (N, H, W, 1) or (N, H, W, 3): PNG (lossless; --image_encoding jpeg for JPEG,
+          --image_encoding raw for the pixels' own bytes: a uint8 tensor of their shape, which
+          make_dataset, as_dataset, torch, Grain and TFDS read back exactly, with no codec);
           any other dtype or shape: a raw tensor like any other array.
   label   an integer array (N,): the class label as given (int64); a string array (N,): class
           names (sorted vocabulary, int64 ids); anything else: a tensor.
@@ -196,6 +198,11 @@ def columns_of(headers: Mapping[str, Tuple[Tuple[int, ...], Any]], preset: str, 
         if name == "label" and kind == "f":
             raise UsageError(f"array 'label' is {dtype.name}: a class label is an integer id or a class name "
                              "(cast with .astype('int64')); to store float targets, save them under another name")
+        if name == "image" and dtype == "uint8" and image_encoding == "raw":
+            # --image_encoding raw: the pixels' own bytes with their shape, read back exactly (no codec)
+            feature = features.from_json(keys.image, {"dtype": "uint8", "shape": list(rows), "encoding": "bytes"})
+            out.append(Column(name, keys.image, "tensor", feature))
+            continue
         if name == "image" and dtype == "uint8" and (len(rows) == 2 or (len(rows) == 3 and rows[2] in (1, 3))):
             channels = 1 if len(rows) == 2 else rows[2]
             feature = features.from_json(keys.image, {"dtype": "image", "encoding": image_encoding

@@ -153,11 +153,11 @@ def make_dataset(
     start_step = None if start_step is None else int(start_step)
     start_example = None if start_example is None else int(start_example)
     info = load_info(path)
-    if info.manifest.image_encoding == "raw":
+    image = next((f for f in features_lib.stored(info.manifest) if f.name == schema.keys(info.schema).image), None)
+    if image is not None and image.dtype == "image" and image.encoding == "raw":
         raise ReadError(f"make_dataset: {info.path} was built with --image_encoding raw (float32 pixels, which "
                          "the classification pipeline does not crop or resize); read it with reader.as_dataset")
-    image = next((f for f in features_lib.stored(info.manifest) if f.name == schema.keys(info.schema).image), None)
-    if image is None or image.dtype != "image":
+    if image is None or (image.dtype != "image" and features_lib.raw_pixels_shape(image) is None):
         what = f"a {features_lib.describe(image)} tensor" if image is not None else "no image feature"
         raise ReadError(f"make_dataset: {info.path}'s records hold {what} (an arrays build), not an encoded "
                          "image; read them with reader.as_dataset")
@@ -380,8 +380,13 @@ def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_l
     channels = config.channels
     # A 'jpeg' build holds RGB JPEGs only: its graph is the JPEG one, with no per-record format test.
     lossless = info.manifest.image_encoding != "jpeg"
-    if lossless and isinstance(r.preprocess, str):
-        image_fn = formats_lib.image_fn(r.preprocess, channels, info.manifest.image_kinds,
+    raw_shape = features_lib.raw_pixels_shape(next(
+        (f for f in features_lib.stored(info.manifest) if f.name == keys.image), None))
+    if raw_shape is not None and not isinstance(r.preprocess, str):
+        def image_fn(encoded, size, seed):  # a user's preprocess gets the pixels as a PNG build's would
+            return r.preprocess(tf.image.encode_png(formats_lib.raw_pixels(encoded, raw_shape, channels)), size, seed)
+    elif lossless and isinstance(r.preprocess, str):
+        image_fn = formats_lib.image_fn(r.preprocess, channels, info.manifest.image_kinds, raw_shape=raw_shape,
                                         area_range=config.crop_area_range,
                                         aspect_ratio_range=config.crop_aspect_ratio_range,
                                         flip=config.random_flip and not flip_last, scaled_decode=config.scaled_decode,

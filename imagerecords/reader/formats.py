@@ -3,7 +3,7 @@ decoded by what its bytes are, PNG in full and cropped, JPEG through the crop-on
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Tuple
+from typing import Callable, Mapping, Optional, Tuple
 
 import tensorflow as tf
 
@@ -40,9 +40,20 @@ def _is_png(encoded: tf.Tensor) -> tf.Tensor:
     return tf.equal(tf.strings.substr(encoded, 0, len(_PNG_MAGIC)), _PNG_MAGIC)
 
 
+def raw_pixels(encoded: tf.Tensor, shape: Tuple[int, int, int], channels: int) -> tf.Tensor:
+    """A raw uint8 record ([H, W, C] pixels as bytes, features.raw_pixels_shape) as uint8 [H, W, channels]."""
+    image = tf.reshape(tf.io.decode_raw(encoded, tf.uint8), shape)
+    if shape[2] == channels:
+        return image
+    if channels == 3:
+        return tf.image.grayscale_to_rgb(image)
+    return tf.cast(tf.round(tf.image.rgb_to_grayscale(tf.cast(image, tf.float32))), tf.uint8)
+
+
 def image_fn(preprocess: str, channels: int, image_kinds: Mapping[str, int], *, area_range: Tuple[float, float],
              aspect_ratio_range: Tuple[float, float], flip: bool, scaled_decode: bool,
-             crop_fraction: float) -> Callable[[tf.Tensor, int, tf.Tensor], tf.Tensor]:
+             crop_fraction: float, raw_shape: Optional[Tuple[int, int, int]] = None
+             ) -> Callable[[tf.Tensor, int, tf.Tensor], tf.Tensor]:
     """The built-in 'train' or 'eval' preprocessing for a dataset holding these image kinds.
 
     A JPEG record takes preprocess.train_image / eval_image (crop decoded alone); a PNG record is
@@ -53,7 +64,10 @@ def image_fn(preprocess: str, channels: int, image_kinds: Mapping[str, int], *, 
     has_png = any(k.startswith("png:") for k in image_kinds)
 
     def png(encoded, image_size, seed):
-        image = decode_png(encoded, channels, image_kinds)
+        if raw_shape is not None:  # raw pixels take the PNG path from their decode on
+            image = tf.cast(raw_pixels(encoded, raw_shape, channels), tf.float32)
+        else:
+            image = decode_png(encoded, channels, image_kinds)
         shape = tf.shape(image)
         if preprocess == "train":
             begin, size = preprocess_lib.sample_crop(shape, seed, area_range, aspect_ratio_range)
@@ -73,7 +87,7 @@ def image_fn(preprocess: str, channels: int, image_kinds: Mapping[str, int], *, 
         return preprocess_lib.eval_image(encoded, image_size, crop_fraction, scaled_decode, channels)
 
     def fn(encoded, image_size, seed):
-        if not has_jpeg:
+        if raw_shape is not None or not has_jpeg:
             return png(encoded, image_size, seed)
         if not has_png:
             return jpeg(encoded, image_size, seed)

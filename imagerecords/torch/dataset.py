@@ -95,6 +95,7 @@ class RecordDataset(torch.utils.data.Dataset):
             raise ReadError(f"{self.path}: no feature(s) {', '.join(unknown)}; its records hold "
                              f"{', '.join(sorted(stored))}")
         self.features = tuple(stored[name] for name in features)
+        self._raw_shape = features_lib.raw_pixels_shape(stored.get(self.keys.image))  # pixels, not an encoding
         if transform is None and image_size is not None:
             transform = T.RandomResizedCrop(image_size) if training else T.CenterCrop(image_size)
         self.transform, self.layout, self.with_index, self.read_threads = transform, layout, with_index, read_threads
@@ -194,6 +195,8 @@ class RecordDataset(torch.utils.data.Dataset):
 
     def _image(self, data: bytes, ticket: Ticket) -> torch.Tensor:
         transform = self.transform
+        if self._raw_shape is not None:
+            data = T.from_pixels(data, self._raw_shape)
         if transform is None:
             image = T.decode(data)
         elif isinstance(transform, (T.RandomResizedCrop, T.CenterCrop)):

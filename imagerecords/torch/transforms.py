@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import numpy as np
 from PIL import Image
@@ -19,15 +19,27 @@ from imagerecords.format.errors import ReadError
 Box = Tuple[float, float, float, float]  # left, upper, right, lower, in source pixels
 
 
-def decode(data: bytes) -> Image.Image:
-    """Returns the encoded image `data` as an RGB Pillow image (decoded in full)."""
-    image = Image.open(io.BytesIO(data))
-    return image.convert("RGB")
+Source = Union[bytes, Image.Image]  # an encoded image, or pixels already in a Pillow image (raw builds)
 
 
-def _crop_resize(data: bytes, box_of, size: int) -> Image.Image:
+def _open(data: Source) -> Image.Image:
+    return data if isinstance(data, Image.Image) else Image.open(io.BytesIO(data))
+
+
+def decode(data: Source) -> Image.Image:
+    """Returns the encoded image `data` (or a Pillow image) as an RGB Pillow image (decoded in full)."""
+    return _open(data).convert("RGB")
+
+
+def from_pixels(data: bytes, shape: Tuple[int, int, int]) -> Image.Image:
+    """A raw build's uint8 pixels ([H, W, C] as bytes, C 1 or 3) as a Pillow image."""
+    pixels = np.frombuffer(data, np.uint8).reshape(shape)
+    return Image.fromarray(pixels[:, :, 0] if shape[2] == 1 else pixels)
+
+
+def _crop_resize(data: Source, box_of, size: int) -> Image.Image:
     """Opens `data`, picks the crop with `box_of(width, height)`, decodes it drafted, resizes it."""
-    image = Image.open(io.BytesIO(data))
+    image = _open(data)
     width, height = image.size
     left, upper, right, lower = box_of(width, height)
     if image.format == "JPEG":
@@ -82,7 +94,7 @@ class RandomResizedCrop:
         left, top = (width - w) // 2, (height - h) // 2
         return left, top, left + w, top + h
 
-    def __call__(self, data: bytes, rng: np.random.Generator) -> Image.Image:
+    def __call__(self, data: Source, rng: np.random.Generator) -> Image.Image:
         image = _crop_resize(data, lambda w, h: self.box(w, h, rng), self.size)
         if self.flip and rng.random() < 0.5:
             image = image.transpose(Image.FLIP_LEFT_RIGHT)
@@ -112,7 +124,7 @@ class CenterCrop:
         left, upper = (width - side) / 2, (height - side) / 2
         return left, upper, left + side, upper + side
 
-    def __call__(self, data: bytes, rng: Optional[np.random.Generator] = None) -> Image.Image:
+    def __call__(self, data: Source, rng: Optional[np.random.Generator] = None) -> Image.Image:
         return _crop_resize(data, self.box, self.size)
 
     def __repr__(self) -> str:
