@@ -105,6 +105,11 @@ print({_IMPORTED})
     # argument edges: negatives, unknown names, options that contradict each other
     ({"num_shards": 0}, "num_shards"),
     ({"num_shards": 10**9}, r"num_shards must be within 1\.\.99,999"),  # once a 20 GB plan for 40 images
+    ({"runner": "DirectRuner"}, r"^runner 'DirectRuner': no such Beam runner \(did you mean DirectRunner\?\)"),
+    ({"splits": [("train", 0.9)]}, r"^splits: fractions sum to 0\.9, not 1"),  # once built silently
+    ({"splits": {"train": "0.9", "validation": "0.1"}}, r"^splits: fraction of 'train' must be a number, got '0\.9'"),
+    ({"splits": {"train": True}}, r"^splits: fraction of 'train' must be a number, got True"),
+    ({"features": {"boxes": "float32[?"}}, r"^features: 'boxes': 'float32\[\?': expected"),
     ({"min_shards": 10**9}, r"min_shards must be within 1\.\.99,999"),
     ({"local_workers": -1}, "local_workers"),
     ({"max_reject_fraction": -0.1}, "max_reject_fraction"),
@@ -126,6 +131,29 @@ def test_input_and_output_must_be_paths(tmp_path, value):
         BuildOptions.make(value, str(tmp_path / "out"))
     with pytest.raises(ValueError, match="output"):
         BuildOptions.make(str(tmp_path), value)
+
+
+def test_a_feature_declared_as_text_is_the_flags_declaration(tmp_path):
+    # The README's features={"boxes": "float32[?,4]"} raised SpecError: only mappings were taken.
+    as_text = BuildOptions.make(str(tmp_path), str(tmp_path / "out"), features={"boxes": "float32[?,4]",
+                                                                                "tags": "class_list"})
+    as_maps = BuildOptions.make(str(tmp_path), str(tmp_path / "out"), features={
+        "boxes": {"dtype": "float32", "shape": [None, 4]}, "tags": {"dtype": "class_list"}})
+    assert as_text.config.features == as_maps.config.features and len(as_text.config.features) == 2
+
+
+@pytest.mark.skipif(tuple(int(p) for p in __import__("apache_beam").__version__.split(".")[:2]) >= (2, 68),
+                    reason="this Beam runs Prism")
+def test_prism_on_a_beam_that_predates_it_is_one_line_before_anything_runs(image_tree, tmp_path, capsys):
+    # It once failed inside the pipeline, trying to download a Prism binary.
+    root, _ = image_tree
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"^runner 'PrismRunner': needs apache-beam 2\.68 or newer"):
+        imagerecords.build(str(root), str(out), runner="PrismRunner")
+    code = cli.main(["build", "--input", str(root), "--output", str(out), "--runner", "PrismRunner", "--no_progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--runner PrismRunner: needs apache-beam 2.68" in err, err
+    assert not out.exists()
 
 
 def test_numpy_numbers_are_taken_as_numbers(tmp_path):

@@ -318,40 +318,15 @@ def check_beam_args(args: Sequence[str], where: str = "") -> None:
 
 
 def check_runner(args: Sequence[str]) -> None:
-    """Raises UsageError when --runner (the last one given) names no runner Beam knows.
-
-    Beam takes a known runner's name in any case, with or without the 'Runner' suffix, or the
-    dotted path of a PipelineRunner subclass (imported when the pipeline runs); a mistyped short
-    name would otherwise fail only once the build has started.
-    """
+    """Raises UsageError when --runner (the last one given) cannot run here (engines.beam.runner.runner_problem)."""
     if not any(a == "--runner" or a.startswith("--runner=") for a in args):
         return
-    from apache_beam.options.pipeline_options import StandardOptions
+    from imagerecords.pipeline.engines.beam.runner import runner_problem
 
     runner = getattr(_beam_parser().parse_known_args(list(args))[0], "runner", None)
-    if not isinstance(runner, str):
-        return
-    if "." in runner:
-        import importlib.util
-
-        module = runner.rsplit(".", 1)[0]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):  # a parent package is missing, or the name is malformed
-            found = False
-        if not found:
-            raise UsageError(f"--runner {runner}: no module {module} to import the runner from; give a runner "
-                             f"name ({', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}) or the dotted path of an "
-                             "installed PipelineRunner subclass")
-        return
-    known = {path.rsplit(".", 1)[-1].lower() for path in StandardOptions.ALL_KNOWN_RUNNERS} | {"pythonrpcdirectrunner"}
-    if runner.lower() in known or runner.lower() + "runner" in known:
-        return
-    names = list(StandardOptions.KNOWN_RUNNER_NAMES)
-    close = difflib.get_close_matches(runner, names, n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    raise UsageError(f"--runner {runner}: no such Beam runner{hint}; known runners: {', '.join(names)}, or the "
-                     "dotted path of a PipelineRunner subclass")
+    problem = runner_problem(runner) if isinstance(runner, str) else None
+    if problem:
+        raise UsageError(f"--runner {runner}: {problem}")
 
 
 def _preset_value(path: str, flag: _FieldFlag, value: Any) -> Any:

@@ -201,18 +201,22 @@ def parse_declarations(raw: Any, what: str = "features") -> Tuple[Feature, ...]:
         return ()
     if not isinstance(raw, Mapping):
         raise SpecError(f"{what}: expected a mapping of feature name to declaration")
-    return tuple(from_json(name, raw[name]) for name in sorted(raw))
+    # A declaration is a mapping, or the flag's text form ("float32[?,4]") as build() takes it.
+    return tuple(parse_flag(f"{name}={raw[name]}", f"{what}: {name!r}: {raw[name]!r}")
+                 if isinstance(raw[name], str) and isinstance(name, str) else from_json(name, raw[name])
+                 for name in sorted(raw))
 
 
 _FLAG_RE = re.compile(r"\s*([^=\s]+)\s*=\s*([a-z0-9_]+)\s*(?:\[([^\]]*)\])?\s*(?::\s*(\w+))?\s*")
 
 
-def parse_flag(text: str) -> Feature:
+def parse_flag(text: str, what: Optional[str] = None) -> Feature:
     """Reads `--feature NAME=DTYPE[DIMS][:ENCODING]`: `boxes=float32[?,4]`, `tags=class_list`,
     `score=float32`, `mask=image:png`, `x=float32[28,28]:bytes`; `?` is a variable dimension."""
     match = _FLAG_RE.fullmatch(text)
     if not match:
-        raise SpecError(f"--feature {text!r}: expected NAME=DTYPE[DIMS][:ENCODING], such as boxes=float32[?,4]")
+        raise SpecError(f"{what or f'--feature {text!r}'}: expected NAME=DTYPE[DIMS][:ENCODING], such as "
+                        "boxes=float32[?,4]")
     name, dtype, dims, encoding = match.groups()
     d: Dict[str, Any] = {"dtype": dtype}
     if dims is not None:
@@ -220,7 +224,7 @@ def parse_flag(text: str) -> Feature:
         try:
             d["shape"] = [None if p in ("?", "null", "None") else int(p) for p in parts]
         except ValueError:
-            raise SpecError(f"--feature {text!r}: dimension sizes are integers or ?") from None
+            raise SpecError(f"{what or f'--feature {text!r}'}: dimension sizes are integers or ?") from None
     if encoding:
         d["encoding"] = encoding
     return from_json(name, d)

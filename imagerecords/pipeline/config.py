@@ -53,22 +53,45 @@ def parse_splits(text: str) -> Tuple[Tuple[str, float], ...]:
         name, sep, frac = part.strip().partition("=")
         if not sep or not name:
             raise ValueError(f"--splits: {part!r} is not NAME=FRACTION")
-        problem = split_name_problem(name)
-        if problem:
-            raise ValueError(f"--splits: {problem}")
         try:
             value = float(frac)
         except ValueError:
             raise ValueError(f"--splits: {frac!r} in {part!r} is not a number") from None
-        if not 0 < value <= 1:
-            raise ValueError(f"--splits: fraction of {name!r} must be in (0, 1], got {value}")
         parts.append((name, value))
+    return checked_splits(parts, "--splits", repr(text))
+
+
+def checked_splits(pairs: Any, what: str = "splits", shown: Optional[str] = None) -> Tuple[Tuple[str, float], ...]:
+    """(name, fraction) pairs checked as one set of splits: names that can name a split, each once;
+    fractions that are numbers (not text, not bool) in (0, 1] summing to 1. `pairs` may be a
+    mapping {name: fraction} or a sequence of (name, fraction) pairs, as build() takes them.
+
+    Raises:
+      ValueError: starting with `what`, naming the bad pair or the sum.
+    """
+    items = list(pairs.items()) if isinstance(pairs, Mapping) else pairs
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError(f"{what}: expected {{name: fraction}} or [(name, fraction), ...], got {pairs!r:.80}")
+    parts = []
+    for item in items:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)):
+            raise ValueError(f"{what}: {item!r:.80} is not a (name, fraction) pair")
+        name, value = item
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{what}: fraction of {name!r} must be a number, got {value!r:.80}")
+        problem = split_name_problem(name)
+        if problem:
+            raise ValueError(f"{what}: {problem}")
+        if not 0 < value <= 1:
+            raise ValueError(f"{what}: fraction of {name!r} must be in (0, 1], got {value}")
+        parts.append((name, float(value)))
+    shown = shown or repr(pairs)
     names = [n for n, _ in parts]
     if len(set(names)) != len(names):
-        raise ValueError(f"--splits: a split name repeats in {text!r}")
+        raise ValueError(f"{what}: a split name repeats in {shown}")
     total = sum(v for _, v in parts)
     if abs(total - 1.0) > 1e-6:
-        raise ValueError(f"--splits: fractions sum to {total:g}, not 1, in {text!r}")
+        raise ValueError(f"{what}: fractions sum to {total:g}, not 1, in {shown}")
     return tuple(parts)
 
 
@@ -76,6 +99,7 @@ def parse_splits(text: str) -> Tuple[Tuple[str, float], ...]:
 # Shards of one split, at most: the five digits of the shard numbering. A plan holds a boundary per
 # shard and every shard is a file, so num_shards=10**9 on 40 images grew to 20 GB before this cap.
 MAX_SHARDS = 99_999
+
 
 @dataclasses.dataclass(frozen=True)
 class BuildConfig:
@@ -372,8 +396,8 @@ def make_config(*layers: Mapping[str, Any]) -> BuildConfig:
         merged["features"] = features_lib.parse_declarations(merged["features"])
     if isinstance(merged.get("splits"), str):
         merged["splits"] = parse_splits(merged["splits"])
-    elif isinstance(merged.get("splits"), Mapping):
-        merged["splits"] = parse_splits(",".join(f"{k}={v}" for k, v in merged["splits"].items()))
+    elif merged.get("splits") is not None:  # a mapping or pairs (build(), presets, the transforms)
+        merged["splits"] = checked_splits(merged["splits"])
     unknown = sorted(set(merged) - _BUILD_FIELDS)
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}")

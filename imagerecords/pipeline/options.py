@@ -92,6 +92,12 @@ class BuildOptions:
         given = runner_in(args)
         if given is not None and given != self.runner:
             raise ValueError(f"runner {self.runner!r} disagrees with --runner {given} in pipeline_options")
+        if self.runner is not None:
+            from imagerecords.pipeline.engines.beam.runner import runner_problem
+
+            problem = runner_problem(self.runner)
+            if problem:
+                raise ValueError(f"runner {self.runner!r}: {problem}")
         workers = self.local_workers
         if workers is not None:
             if isinstance(workers, bool) or not isinstance(workers, numbers.Integral):
