@@ -103,3 +103,26 @@ def test_a_manifest_count_no_file_of_its_size_can_hold_is_refused_before_any_rea
     assert f"{2**29} records cannot fit in {shard.num_bytes} bytes" in done.stderr
     with pytest.raises(imagerecords.Error, match="cannot fit"):
         reader.make_dataset(str(out), "train", batch_size=1, image_size=4)
+
+
+@pytest.mark.parametrize("spec,says", [
+    ({"dtype": "float99", "shape": []}, "dtype 'float99' is not one of"),
+    ({"dtype": "float32", "shape": [1000000000]}, "is more than a record can hold"),  # once a SIGSEGV in as_dataset
+], ids=["unknown-dtype", "huge-shape"])
+def test_a_feature_spec_no_reader_can_follow_is_refused_where_the_manifest_is_loaded(dataset, spec, says):
+    from imagerecords import reader
+
+    out, _ = dataset
+    path = os.path.join(out, "manifest.json")
+    with open(path) as f:
+        m = json.load(f)
+    m["features"]["label"] = spec
+    with open(path, "w") as f:
+        json.dump(m, f)
+    for command in (["verify", str(out)], ["verify", str(out), "--records"], ["inspect", str(out)]):
+        done = subprocess.run([sys.executable, "-m", "imagerecords", *command], capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+        assert done.returncode == 3 and done.stderr.count("\n") == 1, (command, done.stderr)
+        assert "its feature spec cannot be read" in done.stderr and says in done.stderr, done.stderr
+    with pytest.raises(imagerecords.Error, match=says):
+        reader.as_dataset(str(out), "train")

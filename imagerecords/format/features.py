@@ -132,6 +132,10 @@ def from_json(name: str, d: Mapping[str, Any]) -> Feature:
     shape = _shape(name, d.get("shape", []))
     if dtype not in NUMERIC and "shape" in d:
         raise SpecError(f"feature {name!r}: a {dtype} feature takes no shape")
+    if dtype in NUMERIC and math.prod(s for s in shape if s is not None) * _itemsize(dtype) > MAX_RECORD_BYTES:
+        # a reader would allocate it: [1000000000] float32 crashed as_dataset (SIGSEGV)
+        raise SpecError(f"feature {name!r}: shape {list(shape)} of {dtype} is more than a record can hold "
+                        f"({MAX_RECORD_BYTES:,} bytes, protobuf's limit on one message)")
     encoding = d.get("encoding", "")
     if dtype == "image":
         encoding = encoding or "png"
@@ -177,6 +181,14 @@ def from_json(name: str, d: Mapping[str, Any]) -> Feature:
     if independent not in (True, False) or (independent and dtype != "image"):
         raise SpecError(f"feature {name!r}: independent is true or false, and only for image features")
     return Feature(name, dtype, shape, encoding, column, tuple(names), channels, allow_nan, bits, independent)
+
+
+# The most one serialized Example can be (protobuf refuses messages of 2 GiB and more).
+MAX_RECORD_BYTES = 2**31 - 1
+
+
+def _itemsize(dtype: str) -> int:
+    return 1 if dtype in ("bool", "uint8") else int(_NUMPY[dtype][-1])
 
 
 def _shape(name: str, raw: Any) -> Tuple[Optional[int], ...]:
@@ -461,7 +473,7 @@ def stored_problem(feature: Feature, values: Optional[List[Any]]) -> Optional[st
         if len(values) != 1 or not isinstance(values[0], bytes):
             return f"feature {feature.name!r}: expected one bytes value"
         if feature.encoding == "bytes":
-            itemsize = 1 if feature.dtype in ("bool", "uint8") else int(_NUMPY[feature.dtype][-1])
+            itemsize = _itemsize(feature.dtype)
             fixed = math.prod(d for d in feature.shape if d is not None)
             if len(values[0]) % (itemsize * max(fixed, 1)) or (None not in feature.shape
                                                                and len(values[0]) != itemsize * fixed):

@@ -767,6 +767,14 @@ def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool
             problem = _count_problem(count, num_bytes)
             if problem:
                 raise ManifestError(f"{path}: shard {i} of split {split.name!r}: {problem}")
+    if manifest.features:  # every reader decodes by it: a bad one is refused here, not mid-read
+        from imagerecords.format import features as features_lib
+
+        try:
+            features_lib.specs_from_json(manifest.features)
+        except (ValueError, TypeError, KeyError, AttributeError) as e:  # SpecError is a ValueError
+            raise ManifestError(f"{path}: its feature spec cannot be read ({e}); manifest.json is not the one its "
+                                "build wrote") from None
     return manifest.with_details(folder, read) if details else manifest
 
 
