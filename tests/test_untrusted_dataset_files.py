@@ -126,3 +126,20 @@ def test_a_feature_spec_no_reader_can_follow_is_refused_where_the_manifest_is_lo
         assert "its feature spec cannot be read" in done.stderr and says in done.stderr, done.stderr
     with pytest.raises(imagerecords.Error, match=says):
         reader.as_dataset(str(out), "train")
+
+
+def test_a_frame_header_claiming_a_terabyte_ends_verify_records_at_the_files_end(dataset):
+    # A header of 2**40 bytes with a valid length checksum was an OverflowError/MemoryError traceback.
+    import struct
+
+    from imagerecords.format import records
+
+    out, shard = dataset
+    path = os.path.join(out, shard.filename)
+    with open(path, "r+b") as f:
+        length = struct.pack("<Q", 2**40)
+        f.write(length + struct.pack("<I", records.masked_crc32c(length)))
+    done = subprocess.run([sys.executable, "-m", "imagerecords", "verify", str(out), "--records"], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert f"{path}: truncated record at byte 0 (its header says 1,099,511,627,776 bytes" in done.stdout + done.stderr

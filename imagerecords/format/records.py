@@ -374,6 +374,24 @@ class CorruptRecordError(Error, ValueError):
 _MEND = "restore the file from a copy, or rebuild the dataset"
 
 
+_ONE_READ = 64 << 20  # a frame up to this size is read in one call; a larger one in steps, up to the file's end
+
+
+def _read_exactly(stream: BinaryIO, size: int) -> bytes:
+    """`size` bytes of `stream`, fewer at its end; never asks for more than _ONE_READ at once, so a
+    header claiming 2**40 bytes ends at the file's end instead of allocating them."""
+    if size <= _ONE_READ:
+        return stream.read(size)
+    parts, left = [], size
+    while left:
+        part = stream.read(min(left, _ONE_READ))
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
 def read_records(stream: BinaryIO, name: str = "<stream>") -> Iterator[bytes]:
     """Yields the records of a TFRecord stream, checking both checksums.
 
@@ -391,9 +409,10 @@ def read_records(stream: BinaryIO, name: str = "<stream>") -> Iterator[bytes]:
         if length is None:
             raise CorruptRecordError(f"{name}: record {index} at byte {offset}: bad length checksum (its header, bytes "
                                      f"{offset} to {offset + 11}, changed; later records cannot be found): {_MEND}")
-        body = stream.read(length + FRAME_FOOTER)
+        body = _read_exactly(stream, length + FRAME_FOOTER)
         if len(body) < length + FRAME_FOOTER:
-            raise CorruptRecordError(f"{name}: truncated record at byte {offset}")
+            raise CorruptRecordError(f"{name}: truncated record at byte {offset} (its header says {length:,} bytes; "
+                                     f"{max(len(body) - FRAME_FOOTER, 0):,} follow): {_MEND}")
         record = body[:length]
         if not data_ok(record, body[length:]):
             raise CorruptRecordError(f"{name}: record {index} at byte {offset}: bad data checksum (its data, bytes "
