@@ -20,6 +20,8 @@ from imagerecords.format import records
 from test_append import _delta_tree, _keys, _manifest, _run
 from test_failures import kill_at
 
+pytestmark = pytest.mark.slow
+
 ARGS = ["--splits", "train=0.7,validation=0.3", "--num_shards", "2", "--max_reject_fraction", "0.5",
         "--write_index"]
 

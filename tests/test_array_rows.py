@@ -131,6 +131,7 @@ def test_rows_path_gives_the_ref_paths_shards(tmp_path, labels, label_map):
     assert rejected or (labels is None and label_map is None)  # the other fixtures do reject rows
 
 
+@pytest.mark.slow
 def test_build_through_rows_equals_build_through_refs(tmp_path, monkeypatch):
     """A whole local build (worker processes) writes the same files either way."""
     rng = np.random.default_rng(5)

@@ -110,6 +110,7 @@ def test_keys_are_stable_and_splits_hash_them(float_build):
     assert {s.name: s.num_examples for s in manifest.splits} == want
 
 
+@pytest.mark.slow
 def test_uint8_rgb_is_a_lossless_png(rgb_build):
     import tensorflow as tf
 
@@ -194,6 +195,7 @@ def test_local_engine_and_direct_runner_write_the_same_bytes(rgb_build, tmp_path
     assert manifest_without_time(out) == manifest_without_time(direct)
 
 
+@pytest.mark.slow
 def test_npy_folder_is_memory_mapped_and_builds_the_same_records(float_build, tmp_path):
     from imagerecords.pipeline import arrays as arrays_lib
 
@@ -244,6 +246,7 @@ def test_mismatched_first_dimension_is_one_line_and_exit_2(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "o" / "manifest.json")
 
 
+@pytest.mark.slow
 def test_a_nan_row_is_rejected_naming_the_feature(tmp_path):
     arrays = _arrays(seed=3)
     arrays["image"][7, 3, 3] = np.nan
@@ -279,6 +282,7 @@ def _readme_blocks():
     return re.findall(r"```(\w+)\n(.*?)```", section, re.S)[:3]
 
 
+@pytest.mark.slow
 def test_readme_example_runs_against_a_build(tmp_path, monkeypatch):
     (lang1, make), (lang2, command), (lang3, read) = _readme_blocks()
     assert (lang1, lang2, lang3) == ("python", "bash", "python")

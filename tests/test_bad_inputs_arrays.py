@@ -191,6 +191,7 @@ def no_image(tmp_path_factory):
     return arrays, out, manifest
 
 
+@pytest.mark.slow
 def test_without_an_image_the_manifest_says_what_the_records_hold(no_image):
     from imagerecords import reader
 

@@ -74,6 +74,7 @@ def test_an_arrays_file_of_zero_rows_is_one_line_and_an_exit_code(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_reader_that_closed_the_pipe_gets_no_traceback(tmp_path):
     # `imagerecords inspect OUT | head -3` once ended in a BrokenPipeError traceback. The read end is
     # closed before the command starts, so its first write fails, whatever the timing.

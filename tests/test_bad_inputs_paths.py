@@ -223,6 +223,7 @@ def test_finish_refuses_staged_files_that_name_paths_outside_out(staged, capsys,
     assert sorted(os.listdir(out)) == before and MANIFEST not in before
 
 
+@pytest.mark.slow
 def test_resume_never_moves_a_file_a_staged_record_names_outside_out(tree, staged, capsys):
     out, staging, victim = staged
     (record_path,) = sorted(staging.glob("*-00000-of-00002.staged.json"))
@@ -291,6 +292,7 @@ def test_a_feature_named_with_dot_dot_is_refused_and_nothing_is_written_beside_o
 # 10. A split name is checked whole: "train\n" is no split name --------------------------------------
 
 
+@pytest.mark.slow
 def test_a_manifest_row_whose_split_is_300_characters_is_a_rejected_row(tree, tmp_path):
     # It once failed the whole build: "File name too long" from the first shard of that split.
     rows = [{"path": str(p), "label": p.parent.name, "split": "train"} for p in sorted(tree.glob("*/*.png"))]

@@ -100,6 +100,7 @@ def _two_staged(masked, tmp_path):
     return folder, manifest, config, out, staged, sorted(staged)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("column", ["mask", "path"])
 def test_resume_rewrites_a_shard_whose_image_or_mask_was_rewritten_at_the_same_size(masked, tmp_path, column):
     folder, manifest, config, out, staged, (changed, kept) = _two_staged(masked, tmp_path)
@@ -225,6 +226,7 @@ def test_the_resumable_reader_over_a_removed_version_names_the_rebuild(tree, tmp
     assert "Traceback" not in message
 
 
+@pytest.mark.slow
 def test_an_index_file_of_another_build_is_named_not_its_shard(tree, tmp_path):
     from imagerecords import reader
 

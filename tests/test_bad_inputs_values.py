@@ -208,6 +208,7 @@ max_reject_fraction: 0.9
 """
 
 
+@pytest.mark.slow
 def test_class_ids_past_the_names_and_bools_in_number_lists_are_rejected_rows(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()

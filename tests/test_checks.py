@@ -497,6 +497,7 @@ def gcs_bucket(fake_gcs_server):
             yield f"gs://{name}"
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_gcs_input_checks(gcs_bucket):
     assert preflight.check_input(_config(f"{gcs_bucket}/tree")).kind == "folder"

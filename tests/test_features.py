@@ -252,6 +252,7 @@ def test_inspect_spec_tf_is_the_readers_spec(built):
     assert eval(done.stdout, {"tf": tf}) == reader.feature_spec(str(built[0]))
 
 
+@pytest.mark.slow
 def test_inspect_spec_tfrecord_reads_with_the_tfrecord_package(built):
     """The description `inspect --spec tfrecord` prints reads every shard with the `tfrecord`
     package (in its own process: its protobuf module clashes with TensorFlow's in one process)."""

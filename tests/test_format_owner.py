@@ -137,6 +137,7 @@ def test_a_stale_index_is_refused_by_the_resumable_make_dataset(stale):
     assert (out / _shard(_manifest(out))["filename"]).read_bytes() == shard
 
 
+@pytest.mark.slow
 def test_a_stale_index_is_refused_by_the_torch_dataset(stale):
     irt = pytest.importorskip("imagerecords.torch")
     out, index, problem, _ = stale

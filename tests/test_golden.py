@@ -199,7 +199,9 @@ def test_local_engine_and_prism_runner_write_the_same_bytes(built, inp, prism_bi
     assert not changed, f"{inp} build: local engine (got) against PrismRunner (expected):\n  " + "\n  ".join(changed)
 
 
-@pytest.mark.parametrize("engine", sorted(ENGINES))
+# The local engine's pins are in the fast tier; DirectRunner's (a runner, seconds each) in the full one.
+@pytest.mark.parametrize("engine", [pytest.param(e, marks=pytest.mark.slow) if e != "local" else e
+                                    for e in sorted(ENGINES)])
 @pytest.mark.parametrize("inp", sorted(INPUTS))
 def test_build_writes_the_pinned_bytes(built, inp, engine):
     got = built(inp, engine)

@@ -63,6 +63,7 @@ for shard in ARGS["shards"]:
 """
 
 
+@pytest.mark.slow
 def test_index_files_are_tfrecord2idx_byte_for_byte_and_listed_with_their_sha256(indexed, tmp_path):
     out, manifest = indexed
     shards = _shards(manifest)
@@ -98,6 +99,7 @@ for data, index, count in ARGS["shards"]:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 3])
 def test_tfrecord_package_reads_every_record_with_our_index_also_split_among_workers(indexed, workers):
     out, manifest = indexed
@@ -125,6 +127,7 @@ for worker in range(2):
 """
 
 
+@pytest.mark.slow
 def test_multi_shard_loader_finds_each_index_from_the_shard_name(indexed):
     out, manifest = indexed
     train = manifest.split("train")
@@ -144,6 +147,7 @@ except IndexError as e:
 """
 
 
+@pytest.mark.slow
 def test_the_old_offsets_only_index_is_what_broke_the_tfrecord_package(indexed, tmp_path):
     # The format before this one (one offset per line) fails in the same loader that reads ours:
     # the comparisons above could not pass with a loader that takes anything.

@@ -102,6 +102,7 @@ def linked_tree(tmp_path):
     return root, sizes
 
 
+@pytest.mark.slow
 def test_symlinked_folder_and_file_are_listed_and_a_loop_is_one_row(linked_tree):
     root, sizes = linked_tree
     want_refs = [(k, f"{root}/{k}", k.split("/")[0], n) for k, n in sizes.items()]
@@ -242,6 +243,7 @@ def test_files_directly_under_the_root_are_skipped_rows(tmp_path):
 # Oversize files ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_oversize_file_is_a_row_at_listing(tmp_path):
     root = tmp_path / "in"
     small = write_image(str(root / "cls/small.jpg"))
@@ -252,6 +254,7 @@ def test_oversize_file_is_a_row_at_listing(tmp_path):
                   [(f"{root}/cls/big.bin", "cls/big.bin", "read", reason, "", False)], max_file_bytes=2_000_000)
 
 
+@pytest.mark.slow
 def test_oversize_file_in_a_manifest_is_a_row_at_listing(tmp_path):
     with open(tmp_path / "big.jpg", "wb") as f:
         f.truncate(3_000_000)

@@ -363,6 +363,7 @@ class _Garbage:
             f.write(f"{os.getpid()}\n")
 
 
+@pytest.mark.slow
 def test_forked_workers_never_run_the_destructors_of_what_they_inherit(tmp_path, monkeypatch):
     import gc
 

@@ -121,7 +121,7 @@ def test_verify_inspect_and_the_report_work_on_the_columnar_form(built, tmp_path
     counts = [[line for line in found if "records in" in line] for found in lines]
     assert counts[0] == counts[1] and len(counts[0]) == 2
     page = tmp_path / "report.html"
-    report.write_report(columns, str(page), load_manifest=inspection.load)
+    report.write_report(columns, str(page), load_manifest=inspection.load_for_report)
     assert "validation" in page.read_text()
 
 

@@ -144,6 +144,7 @@ def _train_order(path, seed, **config):
     return [(f.numpy().tolist(), i.numpy().tobytes(), l.numpy().tolist()) for i, l, f in ds]
 
 
+@pytest.mark.slow
 def test_same_seed_same_batches_other_seed_other_order(ds_path):
     first, again, other = _train_order(ds_path, 7), _train_order(ds_path, 7), _train_order(ds_path, 8)
     assert first == again  # names, labels and the augmented pixels, two epochs
@@ -210,6 +211,7 @@ def test_user_preprocess_function(ds_path):
     assert all(len(np.unique(img)) == 1 for img in images.numpy())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_hosts", [1, 2, 3, 5])
 def test_hosts_eval_pad_disjoint_complete_equal(ds_path, num_hosts):
     info = reader.load_info(ds_path)
@@ -235,6 +237,7 @@ def test_hosts_eval_pad_disjoint_complete_equal(ds_path, num_hosts):
     assert len({e for _, _, e in per_host}) == 1  # equal element counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_hosts", [1, 2, 3, 5])
 def test_hosts_train_drop_disjoint_equal(ds_path, num_hosts):
     n = reader.load_info(ds_path).splits["train"].num_examples

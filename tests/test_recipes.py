@@ -233,6 +233,7 @@ for images, labels in scope["loader"]:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["tfds", "tf-models"])
 def test_pytorch_recipe_with_the_tfrecord_package(datasets, preset):
     out, manifest = datasets[preset]
@@ -244,6 +245,7 @@ def test_pytorch_recipe_with_the_tfrecord_package(datasets, preset):
     assert {worker for worker, _, _ in rows} == {0, 1}  # both workers read, from their own slices
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["tfds", "tf-models"])
 def test_pytorch_dataloader_recipe(datasets, preset):
     if importlib.util.find_spec("torch") is None:

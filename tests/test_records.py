@@ -63,6 +63,7 @@ def test_hashing_reader_hashes_what_is_parsed_and_the_rest():
     assert stream.num_bytes == len(data) and stream.sha256() == hashlib.sha256(data).hexdigest()
 
 
+@pytest.mark.slow
 def test_index_is_what_tfrecord2idx_writes_for_a_tensorflow_file(tmp_path):
     from test_index import without_tensorflow
 

@@ -35,7 +35,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def write_report(folder, html_path, **kwargs):
     """report.write_report with the manifest loader the command line passes it."""
-    return report.write_report(str(folder), str(html_path), load_manifest=inspection.load, **kwargs)
+    return report.write_report(str(folder), str(html_path), load_manifest=inspection.load_for_report, **kwargs)
 
 
 class Page(HTMLParser):
@@ -451,6 +451,7 @@ def test_declared_features_are_listed(page, dataset, tmp_path, capsys):
     assert not os.path.exists(tmp_path / "r.html")
 
 
+@pytest.mark.slow
 def test_label_conflicts_section_lists_the_same_image_under_two_classes(image_tree, page, tmp_path):
     _, p = page
     assert p.one("data-conflicts")["data-conflicts"] == "0" and not p.rows["conflicts"]
@@ -588,6 +589,7 @@ def _picture(src):
         return np.asarray(im.convert("RGB"))
 
 
+@pytest.mark.slow
 def test_feature_values_count_the_records_read(detection):
     _, rows, _, p = detection
     assert p.one("data-sample")["data-sample"] == "12"

@@ -25,6 +25,8 @@ if importlib.util.find_spec("torch") is None:
 
 import torch  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the optional torch extra's integration tests: DataLoader workers, resumes
+
 from imagerecords import torch as irt  # noqa: E402
 from imagerecords.format.records import CorruptRecordError, read_records  # noqa: E402
 

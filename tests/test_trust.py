@@ -90,6 +90,7 @@ except stages.BuildAbandoned as e:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rerun", [["--overwrite"], ["--overwrite", "--resume"]])
 def test_a_writer_that_outlived_its_launcher_never_reaches_the_next_build(tree, tmp_path, rerun):
     """The orphan race of a SIGTERM'd launcher, in a fixed order: build A's writer (its launcher
@@ -129,6 +130,7 @@ def test_a_writer_that_outlived_its_launcher_never_reaches_the_next_build(tree, 
     assert not (out / STAGING).exists()
 
 
+@pytest.mark.slow
 def test_a_reader_during_ten_rebuilds_reads_one_build_or_fails(tree, tmp_path):
     """A trainer loads manifest.json and reads every shard it lists, pass after pass, while 10
     --overwrite rebuilds alternate two seeds: each pass reads exactly one build's records in that
@@ -205,6 +207,7 @@ def _kill_at_half(root, out, tmp_path, *extra):
     return {json.load(open(p))["staged"]["result"]["filename"]: p[:-len(".staged.json")] for p in staged()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", [["--local_workers", "0"], ["--runner", "DirectRunner",
                                                                 "--direct_num_workers=1"]])
 def test_resume_moves_the_complete_shards_and_gives_a_clean_builds_bytes(tree, tmp_path, engine):
@@ -259,6 +262,7 @@ def test_resume_rewrites_exactly_the_shard_of_a_changed_input(tree, tmp_path):
         assert open(a, "rb").read() == open(b, "rb").read(), a
 
 
+@pytest.mark.slow
 def test_a_reader_whose_version_was_removed_fails_naming_the_rebuild(tree, tmp_path):
     """make_dataset holds the manifest it loaded: after one rebuild it still reads its own version
     (kept); after a second, that version is gone and the read fails saying so, never reading the

@@ -39,6 +39,7 @@ def _replace_with_fifo(path):
     os.mkfifo(path)
 
 
+@pytest.mark.slow
 def test_a_fifo_in_a_shards_place_is_named_by_verify_and_every_reader(dataset):
     from imagerecords import reader
     from imagerecords.format.files import Files

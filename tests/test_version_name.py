@@ -37,6 +37,7 @@ def _count(pattern):
     return len(files), sum(1 for _ in tf.data.TFRecordDataset(files))
 
 
+@pytest.mark.slow
 def test_named_version_is_read_by_a_model_garden_glob(tmp_path, capsys):
     root, out = _tree(tmp_path / "in"), tmp_path / "out"
     assert _build(root, out, "--version_name", "2024-06", "--splits", "train=0.5,validation=0.5") == 0

@@ -49,8 +49,8 @@ def _present(output: str, manifest: Manifest) -> set:
     return names
 
 
-def load(output: str) -> Manifest:
-    """Reads `output`'s manifest for the command line.
+def load(output: str, check_features: bool = True) -> Manifest:
+    """Reads `output`'s manifest for the command line (manifest.load; `check_features`: see there).
 
     Raises:
       errors.UnfinishedBuild: no manifest, but a staging area (says how to finish or clear it).
@@ -65,11 +65,18 @@ def load(output: str) -> Manifest:
 
     try:
         # The side files too (a columnar split's histograms): verify checks them, the report uses them.
-        return manifest_lib.load(output, read, lambda _: STAGING in names, details=True)
+        return manifest_lib.load(output, read, lambda _: STAGING in names, details=True,
+                                 check_features=check_features)
     except manifest_lib.NotPublished as e:
         raise (errors.UnfinishedBuild if e.unfinished else errors.InputError)(str(e)) from None
     except (ManifestError, NotRegularFile) as e:
         raise errors.InputError(str(e)) from None
+
+
+def load_for_report(output: str) -> Manifest:
+    """load for the report, which shows each feature's problem on its page: a feature spec the
+    readers refuse is read, not refused."""
+    return load(output, check_features=False)
 
 
 def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[str]]:

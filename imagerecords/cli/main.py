@@ -167,7 +167,7 @@ def _command(command: str, rest: Sequence[str]) -> int:
         from imagerecords.cli import report
         from imagerecords.cli import inspection
 
-        return report.main(rest, load_manifest=inspection.load)
+        return report.main(rest, load_manifest=inspection.load_for_report)
     if command == "demo":
         return _demo(rest)
     print(f"imagerecords: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)

@@ -735,7 +735,8 @@ class Manifest:
         return cls.from_json(parsed, source)
 
 
-def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool], details: bool = False) -> Manifest:
+def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool], details: bool = False,
+         check_features: bool = True) -> Manifest:
     """Reads `folder`/manifest.json: the one loader behind every reader, verify and the report.
 
     Each caller brings its own file access (plain files, TensorFlow's gfile, Beam's filesystems,
@@ -746,6 +747,8 @@ def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool
       read: returns a file's bytes; raises FileNotFoundError when it is not there.
       exists: whether a path exists (asked of the staging area only when there is no manifest).
       details: also read the columnar splits' side files into their shards (Manifest.with_details).
+      check_features: refuse a feature spec no reader can follow (off only for the report, which
+        shows each feature's problem on its page).
 
     Raises:
       NotPublished: when there is no manifest.json (the message says whether an unfinished build
@@ -767,7 +770,7 @@ def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool
             problem = _count_problem(count, num_bytes)
             if problem:
                 raise ManifestError(f"{path}: shard {i} of split {split.name!r}: {problem}")
-    if manifest.features:  # every reader decodes by it: a bad one is refused here, not mid-read
+    if manifest.features and check_features:  # every reader decodes by it: refused here, not mid-read
         from imagerecords.format import features as features_lib
 
         try:
