@@ -155,9 +155,15 @@ def storages(x, y, work):
     --image_encoding raw against the seed's tobytes() loop, the default PNG against a Pillow PNG loop."""
     npz = os.path.join(work, "storages.npz")
     np.savez(npz, image=x, label=y)
+    # Each timing starts with no dirty pages from the one before (600 MB a storage): the kernel's
+    # write-back of an earlier output would otherwise be billed to whichever runs next.
+    os.sync()
     seed_s = seed_loop(x, y, os.path.join(work, "storages.seed.tfrecord"))
+    os.sync()
     pillow_s = pillow_png_loop(x, y, os.path.join(work, "storages.pillow.tfrecord"))
+    os.sync()
     raw_s = ours(npz, os.path.join(work, "storages-raw"), "--image_encoding", "raw")
+    os.sync()
     png_s = ours(npz, os.path.join(work, "storages-png"))
     return {"rows": len(x), "seed_raw_loop_s": seed_s, "ours_raw_s": raw_s, "raw_speedup": seed_s / raw_s,
             "pillow_png_loop_s": pillow_s, "ours_png_s": png_s, "png_speedup": pillow_s / png_s}
