@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import List, Optional, Tuple
 
@@ -232,16 +231,16 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
 def _keys_notes(output: str, shard) -> List[str]:
     """A shard's keys file that is missing or not the one its build wrote: no reader uses it, but the
     next --append reads the shard instead (a note, not a problem)."""
-    folder, _, plain = shard.filename.rpartition("/")
-    keys = dataset_files.keys_name(plain)
-    path = join(output, folder, keys) if folder else join(output, keys)
+    path = dataset_files.keys_path(output, shard.filename)
+    if path is None:
+        return []
     try:
         data = _read_bytes(path)
     except NotRegularFile as e:
         return [str(e)]
     except OSError:
         return [f"{path}: missing (the next --append reads {shard.filename} instead)"]
-    if hashlib.sha256(data).hexdigest() != shard.keys_sha256:
+    if not dataset_files.keys_file_is_the_builds(data, shard):
         return [f"{path}: sha256 differs from the manifest (the next --append reads {shard.filename} instead)"]
     return []
 
@@ -270,8 +269,7 @@ def inspect(output: str) -> Tuple[List[str], List[str]]:
     lines.append(f"  labels: {names_shown}")
     if features_lib.declared_only(manifest) and schema.keys(manifest.schema).image not in manifest.features:
         lines.append("  images: none (the records hold the features below only)")
-    elif features_lib.raw_pixels_shape(next((f for f in features_lib.stored(manifest)
-                                             if f.name == schema.keys(manifest.schema).image), None)):
+    elif features_lib.raw_pixels_shape(features_lib.stored_image(manifest)):
         lines.append("  images: --image_encoding raw (uint8 pixels as the arrays held them, no codec)")
     elif manifest.image_encoding != "jpeg":
         kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(manifest.image_kinds.items()))

@@ -84,7 +84,7 @@ def check_shards(dataset: str, shards: Sequence[Tuple[str, int]], size_of: Calla
     missing = [path for path, got in zip(paths, sizes) if got is None]
     if missing:
         raise FilesMissing(f"{len(missing)} of {len(shards)} shard(s) of {dataset} listed in manifest.json are "
-                                f"missing: {', '.join(missing)}")
+                           f"missing: {', '.join(missing)}")
     differ = [(path, got, listed) for (path, listed), got in zip(shards, sizes) if got != listed]
     if differ and policy == "fail":
         others = f" ({len(differ) - 1} more shard(s) differ too)" if len(differ) > 1 else ""

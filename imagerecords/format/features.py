@@ -407,6 +407,15 @@ def stored(manifest) -> Tuple[Feature, ...]:
     return tuple(sorted([*implied, *declared], key=lambda f: f.name))
 
 
+def stored_image(manifest) -> Optional[Feature]:
+    """The stored feature under the schema preset's image key (an encoded image, an arrays build's
+    raw pixels or other tensor), or None when the records hold none."""
+    from imagerecords.format import schema
+
+    key = schema.keys(manifest.schema).image
+    return next((f for f in stored(manifest) if f.name == key), None)
+
+
 def declared_only(manifest) -> bool:
     """Whether the records hold the declared features and nothing else: an arrays build's (older
     manifests say so only by declaring the preset's image or label, which no other build may)."""

@@ -68,7 +68,7 @@ class RecordSource:
         unknown = [name for name in wanted if name not in stored]
         if unknown:
             raise ReadError(f"{self.path}: no feature(s) {', '.join(map(str, unknown))}; its records hold "
-                             f"{', '.join(sorted(stored))}")
+                            f"{', '.join(sorted(stored))}")
         self.features = tuple(stored[name] for name in wanted)
         keys = schema.keys(self.manifest.schema)
         # A raw image's shape is in the record's height and width.
@@ -140,7 +140,7 @@ class RecordSource:
         """
         if not isinstance(state, Mapping) or not {"dataset", "split", "iterator"} <= set(state):
             raise ReadError("not a RecordSource.get_state() state: expected a dict with 'dataset', 'split' and "
-                             f"'iterator', got {type(state).__name__}")
+                            f"'iterator', got {type(state).__name__}")
         if state["dataset"] != self.digest or state["split"] != self.split:
             raise ReadError(
                 f"this state was saved over another build (split {state['split']!r}, dataset {state['dataset']!r}; "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 from typing import Any, Collection, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -230,14 +229,13 @@ def _keys_file(output: str, shard) -> Optional[List[Tuple[str, str, int, bytes]]
     count is not the shard's); then its records are read instead."""
     from imagerecords.pipeline import dataset_files
 
-    folder, _, plain = shard.filename.rpartition("/")
-    path = storage.join(output, folder, dataset_files.keys_name(plain)) if folder else ""
-    data = storage.open_if_exists(path) if folder else None
+    path = dataset_files.keys_path(output, shard.filename)
+    data = storage.open_if_exists(path) if path else None
     if data is None:
         return None
     with data:
         content = data.read()
-    if shard.keys_sha256 and hashlib.sha256(content).hexdigest() != shard.keys_sha256:
+    if not dataset_files.keys_file_is_the_builds(content, shard):
         log.warning("%s is not the keys file its build wrote (sha256 differs from the manifest's); reading %s "
                     "instead", path, shard.filename)
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -351,20 +352,28 @@ def _is_arrays(path: Any) -> bool:
     return isinstance(path, str) and arrays.is_arrays_input(path)
 
 
+@functools.lru_cache(maxsize=None)
+def _setting_types() -> Dict[str, Any]:
+    """{setting: its type, Optional unwrapped} of BuildConfig's and ImageOptions' fields, read once."""
+    import typing
+
+    hints = {**typing.get_type_hints(BuildConfig), **typing.get_type_hints(ImageOptions)}
+    for name, tp in hints.items():
+        if typing.get_origin(tp) is typing.Union:
+            hints[name] = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
+    return hints
+
+
 def check_setting_types(settings: Dict[str, Any]) -> None:
     """Refuses a value whose type cannot be the setting's (a string or True for a number, 1.0 for an
     integer seed), in place turning integral and real numbers (np.int64) into int and float; before
     BuildConfig compares them (the wrong types would raise TypeError there, or build other bytes
     than the manifest records). The one check of build(), the flags, presets and the transforms."""
-    import typing
-
-    hints = {**typing.get_type_hints(BuildConfig), **typing.get_type_hints(ImageOptions)}
+    hints = _setting_types()
     for name, value in settings.items():
         if value is None or name not in hints:
             continue  # unset, or unknown: make_config names an unknown setting
         tp = hints[name]
-        if typing.get_origin(tp) is typing.Union:
-            tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
         if tp is bool:
             ok = isinstance(value, bool)
         elif tp is int:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from imagerecords.format import features as features_lib
 from imagerecords.format.manifest import INDEX_DIR, INDEX_SUFFIX, MANIFEST, Manifest, Shard, Split, dumps
+from imagerecords.format.paths import join
 
 DATASET_INFO = "dataset_info.json"
 FEATURES = "features.json"
@@ -86,6 +88,24 @@ class ShardResult:
 def keys_name(shard_filename: str) -> str:
     """The keys file of a shard, relative to its version folder ('/' separated on every filesystem)."""
     return f"{KEYS_DIR}/{shard_filename}{KEYS_SUFFIX}"
+
+
+def keys_path(output: str, shard_filename: str) -> Optional[str]:
+    """The keys file of the shard a manifest names `shard_filename`, or None for a shard in the
+    dataset folder itself (written before keys files: it has none)."""
+    folder, _, plain = shard_filename.rpartition("/")
+    return join(output, folder, keys_name(plain)) if folder else None
+
+
+def keys_digest(data: bytes) -> str:
+    """A keys file's digest, as the manifest records it (Shard.keys_sha256)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def keys_file_is_the_builds(data: bytes, shard: Shard) -> bool:
+    """Whether `data` is the keys file `shard`'s build wrote: its digest is the manifest's. A shard
+    whose build recorded none passes here (its row count is then all that can be checked)."""
+    return not shard.keys_sha256 or keys_digest(data) == shard.keys_sha256
 
 
 def format_keys(rows: Sequence[Tuple[str, str, int, bytes]]) -> bytes:

@@ -325,7 +325,7 @@ class ShardWriter:
         publish.write_bytes(storage.join(staging, dataset_files.keys_name(filename)), keys)
         # Its digest goes to the manifest with the shard: --append trusts no other keys file.
         out.result = dataclasses.replace(out.result, shard=dataclasses.replace(
-            out.result.shard, keys_sha256=hashlib.sha256(keys).hexdigest()))
+            out.result.shard, keys_sha256=dataset_files.keys_digest(keys)))
         publish.write_bytes(storage.join(staging, filename + publish.STAGED_RECORD), _staged_record_bytes(
             fingerprint, out, spelled))
         _hooks.pause("mid_shards")

@@ -228,7 +228,7 @@ def normalization_constants(
                  "imagenet": ((0.485 * 255, 0.456 * 255, 0.406 * 255), (0.229 * 255, 0.224 * 255, 0.225 * 255))}
         if normalization not in table:
             raise ReadError(f"normalization must be one of {', '.join(NORMALIZATIONS)} or (mean, std), "
-                             f"got {normalization!r}")
+                            f"got {normalization!r}")
         return table[normalization]
     mean, std = normalization
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)

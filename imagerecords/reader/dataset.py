@@ -153,20 +153,20 @@ def make_dataset(
     start_step = None if start_step is None else int(start_step)
     start_example = None if start_example is None else int(start_example)
     info = load_info(path)
-    image = next((f for f in features_lib.stored(info.manifest) if f.name == schema.keys(info.schema).image), None)
+    image = features_lib.stored_image(info.manifest)
     if image is not None and image.dtype == "image" and image.encoding == "raw":
         raise ReadError(f"make_dataset: {info.path} was built with --image_encoding raw (float32 pixels, which "
-                         "the classification pipeline does not crop or resize); read it with reader.as_dataset")
+                        "the classification pipeline does not crop or resize); read it with reader.as_dataset")
     if image is None or (image.dtype != "image" and features_lib.raw_pixels_shape(image) is None):
         what = f"a {features_lib.describe(image)} tensor" if image is not None else "no image feature"
         raise ReadError(f"make_dataset: {info.path}'s records hold {what} (an arrays build), not an encoded "
-                         "image; read them with reader.as_dataset")
+                        "image; read them with reader.as_dataset")
     split_info = info.split(split)
     if config.check_files:
         missing = missing_files(split_info)
         if missing:
             raise FilesMissing(f"{len(missing)} of {len(split_info.shards)} shard(s) of split {split!r} "
-                                    f"listed in manifest.json are missing: {', '.join(missing)}")
+                               f"listed in manifest.json are missing: {', '.join(missing)}")
     plan = _plan(split_info, input_context, num_hosts, host_index, r)
     n_hosts, host = plan.num_hosts, plan.host_index
     if stats is None:
@@ -275,8 +275,8 @@ def _resumable_records(split_info, seed: int, n_hosts: int, host: int, r: config
     if (start.epoch + 1) * total >= 2**63:  # the stream index (epoch * total + position) is an int64
         given = f"start_step={start_step}" if start_step is not None else f"start_example={start_example}"
         raise ReadError(f"make_dataset: {given} is epoch {start.epoch} of split {split_info.name!r} ({total} "
-                         "examples), past the int64 range of the resumable order's example count; pass the step "
-                         "or example count of the run you resume")
+                        "examples), past the int64 range of the resumable order's example count; pass the step "
+                        "or example count of the run you resume")
     # Offsets are looked up once here (index files, or a scan of the frame headers).
     table = resume_lib.RecordTable(split_info.files, counts, split_info.shards, config.corrupt_records, stats,
                                    dataset)
@@ -380,8 +380,7 @@ def _decoder(info: DatasetInfo, image_size: int, config: ReadConfig, r: config_l
     channels = config.channels
     # A 'jpeg' build holds RGB JPEGs only: its graph is the JPEG one, with no per-record format test.
     lossless = info.manifest.image_encoding != "jpeg"
-    raw_shape = features_lib.raw_pixels_shape(next(
-        (f for f in features_lib.stored(info.manifest) if f.name == keys.image), None))
+    raw_shape = features_lib.raw_pixels_shape(features_lib.stored_image(info.manifest))
     if raw_shape is not None and not isinstance(r.preprocess, str):
         def image_fn(encoded, size, seed):  # a user's preprocess gets the pixels as a PNG build's would
             return r.preprocess(tf.image.encode_png(formats_lib.raw_pixels(encoded, raw_shape, channels)), size, seed)

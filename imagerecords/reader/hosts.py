@@ -142,7 +142,7 @@ def plan(files: Sequence[str], counts: Sequence[int], num_hosts: int, host_index
     per_epoch = min(host_counts) if remainder == "drop" else max(host_counts)
     if per_epoch == 0 and sum(counts) > 0:
         raise ReadError(f"{sum(counts)} records cannot be split over {num_hosts} hosts with "
-                         "remainder='drop' (some host would get none); use remainder='pad'")
+                        "remainder='drop' (some host would get none); use remainder='pad'")
     return HostPlan(num_hosts, host_index, tuple(hosts[host_index]), host_counts[host_index], per_epoch,
                     remainder, host_counts)
 

@@ -168,7 +168,7 @@ class DatasetInfo:
             return self.splits[name]
         except KeyError:
             raise ReadError(f"{self.path} has no split {name!r}; its splits are "
-                             f"{', '.join(sorted(self.splits)) or '(none)'}") from None
+                            f"{', '.join(sorted(self.splits)) or '(none)'}") from None
 
     def __str__(self) -> str:
         lines = [f"{self.name} at {self.path}: schema {self.schema}, {len(self.label_names)} labels "

@@ -93,7 +93,7 @@ class RecordDataset(torch.utils.data.Dataset):
         unknown = [name for name in features if name not in stored]
         if unknown:
             raise ReadError(f"{self.path}: no feature(s) {', '.join(unknown)}; its records hold "
-                             f"{', '.join(sorted(stored))}")
+                            f"{', '.join(sorted(stored))}")
         self.features = tuple(stored[name] for name in features)
         self._raw_shape = features_lib.raw_pixels_shape(stored.get(self.keys.image))  # pixels, not an encoding
         if transform is None and image_size is not None:

@@ -45,7 +45,7 @@ class Loader(torch.utils.data.DataLoader):
         taken = sorted(set(kwargs) & set(_OURS))
         if taken:
             raise ReadError(f"Loader sets {', '.join(taken)} itself (batch_size is per rank; the order is "
-                             "imagerecords.torch.order's)")
+                            "imagerecords.torch.order's)")
         sampler = GlobalBatchSampler(len(dataset), batch_size, seed=seed, shuffle=shuffle, rank=rank,
                                      world_size=world_size, remainder=remainder, dataset=dataset.digest)
         super().__init__(dataset, batch_sampler=sampler, **kwargs)

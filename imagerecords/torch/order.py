@@ -191,11 +191,11 @@ class GlobalBatchSampler:
             raise ReadError("; ".join(problems))
         if int(state["num_examples"]) != self.num_examples:
             raise ReadError(f"the state is of a split of {state['num_examples']} records; this one has "
-                             f"{self.num_examples} (another split, or the dataset was rebuilt)")
+                            f"{self.num_examples} (another split, or the dataset was rebuilt)")
         if state["dataset"] != self.dataset:
             raise ReadError(f"the state was taken on another build of this split (dataset {state['dataset']!r}, "
-                             f"this one {self.dataset!r}): its positions name other records; load the dataset it "
-                             "was taken on, or start an epoch over with set_epoch")
+                            f"this one {self.dataset!r}): its positions name other records; load the dataset it "
+                            "was taken on, or start an epoch over with set_epoch")
         if not 0 <= int(state["consumed"]) <= self.num_examples:
             raise ReadError(f"consumed must be in [0, {self.num_examples}], got {state['consumed']}")
         self.seed, self.epoch, self.consumed = int(state["seed"]), int(state["epoch"]), int(state["consumed"])
