@@ -162,7 +162,7 @@ def test_wheel_installs_in_a_fresh_venv_and_builds_the_same_bytes(image_tree, tm
     subprocess.run([py, "-m", "pip", "check"], check=True)
     where = subprocess.run([py, "-c", "import imagerecords; print(imagerecords.__file__)"], cwd=tmp_path,
                            capture_output=True, text=True, check=True).stdout.strip()
-    assert "site-packages" in where and not where.startswith(REPO)
+    assert "site-packages" in where and not where.startswith(os.path.join(REPO, ""))  # REPO/, not a sibling such as REPO + "tmp"
     installed_out = tmp_path / "installed"
     args = ["build", "--input", str(root), "--output", str(installed_out), "--num_shards", "2",
             "--max_reject_fraction", "0.05", "--no_progress", "--direct_num_workers=1"]
