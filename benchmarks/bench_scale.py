@@ -26,7 +26,7 @@ def _rss_mb() -> float:
 
 def plan_only(manifest: str) -> dict:
     """Lists, assigns and plans `manifest` with the local engine's own functions; returns the figures."""
-    from imagerecords.pipeline import arrays, stages
+    from imagerecords.pipeline import arrays, sources, stages
     from imagerecords.pipeline import refs as refs_lib
     from imagerecords.pipeline.config import BuildConfig
     from imagerecords.pipeline.engines import local
@@ -41,7 +41,8 @@ def plan_only(manifest: str) -> dict:
     workers = local._auto_workers()
     # The engine lists a manifest's byte ranges in its forked workers; so does this pass.
     pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-    for pair in local.list_inputs(config, header, pool, workers):
+    info = sources.InputInfo("csv", tuple(header.split(",")), header)
+    for pair in local.list_inputs(config, info, pool, workers):
         if isinstance(pair[1], Rejected):
             rejected += 1
         else:

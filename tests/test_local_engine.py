@@ -15,6 +15,7 @@ from conftest import published_version, build, manifest_without_time, shard_file
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
 from imagerecords.cli import main as cli
 from imagerecords.pipeline.engines import uses_local_engine
+from imagerecords.pipeline.sources import manifests
 
 SPLITS = "train=0.7,validation=0.3"
 
@@ -343,12 +344,12 @@ def test_manifest_parts_hold_every_line_once_in_order(tmp_path, csv, ending):
                                                        for line in lines) + ending
     path = tmp_path / ("m.csv" if csv else "m.jsonl")
     path.write_bytes(body)
-    serial = list(local._manifest_lines(str(path), csv))
+    serial = list(manifests._manifest_lines(str(path), csv))
     assert len(serial) == 40 and serial[0] == b"row0,"
     for parts in (1, 2, 3, 7, 40, 500):
-        ranges = local._line_ranges(str(path), csv, parts)
+        ranges = manifests._line_ranges(str(path), csv, parts)
         assert 1 <= len(ranges) <= parts
-        assert [line for r in ranges for line in local._manifest_lines(str(path), csv, *r)] == serial, parts
+        assert [line for r in ranges for line in manifests._manifest_lines(str(path), csv, *r)] == serial, parts
 
 
 class _Garbage:

@@ -13,7 +13,7 @@ import uuid
 import numpy as np
 import pytest
 
-from imagerecords.pipeline import array_rows, arrays, publish, stages, storage
+from imagerecords.pipeline import array_rows, arrays, publish, sources, stages, storage
 from imagerecords.pipeline.engines import local
 from imagerecords.pipeline.options import BuildOptions
 from imagerecords.pipeline.refs import LabelMap
@@ -65,7 +65,7 @@ def _stage_both_ways(tmp_path, monkeypatch, arrays_in, name, label_map=None, **o
     for way in ("refs", "rows"):
         build_id = f"{way}-{uuid.uuid4().hex[:6]}"
         os.makedirs(publish.staging_dir(str(out), build_id))
-        writer = stages.ShardWriter.of(config, build_id)
+        writer = stages.ShardWriter.of(config, build_id, sources.of(config.input))
         for key, shard in shards.items():
             members = shard.refs() if way == "refs" else shard
             result = writer.write(key, members, label_map, read_bytes=None)
@@ -124,10 +124,10 @@ def test_a_resumed_row_shard_reuses_the_staged_one(tmp_path, monkeypatch):
     first = "first-build"
     os.makedirs(publish.staging_dir(out, first))
     for key, shard in shards.items():
-        stages.ShardWriter.of(config, first).write(key, shard.refs(), label_map, read_bytes=None)
+        stages.ShardWriter.of(config, first, sources.of(config.input)).write(key, shard.refs(), label_map, read_bytes=None)
     second = "second-build"
     os.makedirs(publish.staging_dir(out, second))
-    writer = stages.ShardWriter(**{**stages.ShardWriter.of(config, second).__dict__, "resume_from": (first,)})
+    writer = stages.ShardWriter(**{**stages.ShardWriter.of(config, second, sources.of(config.input)).__dict__, "resume_from": (first,)})
     reads, real_read = [], publish.sha256_and_size
     monkeypatch.setattr(publish, "sha256_and_size", lambda path: reads.append(path) or real_read(path))
     for key, shard in shards.items():

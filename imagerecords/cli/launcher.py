@@ -121,12 +121,12 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
         errors.Interrupted for SIGINT, SIGTERM and SIGHUP.
     """
     from imagerecords.cli import flags
-    from imagerecords.pipeline import arrays
+    from imagerecords.pipeline import sources
 
     parsed = flags.parse_args(sys.argv[1:] if argv is None else argv)
     launcher = parsed.launcher
     options = parsed.options
-    unit = "rows" if arrays.is_arrays_input(options.config.input) else "images"
+    unit = sources.of(options.config.input).unit
     # Progress is for people: shown when stderr is a terminal, in logs and pipes only if asked.
     on_terminal = sys.stderr.isatty()
     printer = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import errno
 import os
 import re
@@ -281,6 +282,13 @@ def _read_whole(f: BinaryIO, size: int, max_bytes: Optional[int]) -> bytes:
         parts.append(chunk)
         total += len(chunk)
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def limited_reader(options) -> Callable[[str], bytes]:
+    """Returns the `read_bytes` of a build's file inputs: read_limited under `options.max_file_bytes`
+    (codec.ImageOptions; local non-regular and oversize files are refused unopened; remote reads stop
+    past the limit)."""
+    return functools.partial(read_limited, max_bytes=options.max_file_bytes)
 
 
 def read_limited(uri: str, max_bytes: Optional[int] = None,

@@ -261,7 +261,7 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
                 notify(f"resuming: {reusable} staged shards of earlier builds can be reused if their fingerprints "
                        "match")
             stage.now = "engine"
-            _run_engine(engine, options, build_id=build_id, label_map=label_map, csv_header=input_info.header,
+            _run_engine(engine, options, build_id=build_id, label_map=label_map, input_info=input_info,
                         log_path=log_path, engine_context=engine_context)
             handed_off = engine.handoff(lock)
             if handed_off:
@@ -283,7 +283,7 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
                    ignored_columns=tuple(checks.ignored_columns(config, input_info)))
 
 
-def _run_engine(engine: engines.Engine, options: BuildOptions, *, build_id: str, label_map, csv_header,
+def _run_engine(engine: engines.Engine, options: BuildOptions, *, build_id: str, label_map, input_info,
                 log_path: Optional[str], engine_context) -> None:
     """Runs the engine inside the caller's context (the command's log redirection), reporting
     progress for the local engine; a runner's error becomes one line, a signal stays a signal."""
@@ -294,7 +294,7 @@ def _run_engine(engine: engines.Engine, options: BuildOptions, *, build_id: str,
             progress = _ProgressPoller(progress_dir, report) if report else contextlib.nullcontext()
             try:
                 with progress:
-                    engine.run(build_id=build_id, versions=versions(), label_map=label_map, csv_header=csv_header,
+                    engine.run(build_id=build_id, versions=versions(), label_map=label_map, input_info=input_info,
                                progress_dir=progress_dir)
             except KeyboardInterrupt:
                 engine.stop()

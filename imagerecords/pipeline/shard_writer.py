@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import functools
 import hashlib
 from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -35,10 +34,7 @@ class Encoded:
     kind: str = ""
 
 
-def limited_reader(options: codec.ImageOptions) -> Callable[[str], bytes]:
-    """Returns the `read_bytes` for encode_ref: input_files.read_limited under `options.max_file_bytes`
-    (local non-regular and oversize files are refused unopened; remote reads stop past the limit)."""
-    return functools.partial(input_files.read_limited, max_bytes=options.max_file_bytes)
+limited_reader = input_files.limited_reader  # the reader of file inputs (a source may read its own way)
 
 
 def encode_ref(

@@ -209,19 +209,23 @@ class ShardWriter:
     contents: bool = True
     resume_from: Tuple[str, ...] = ()
     features: Tuple[Any, ...] = ()  # imagerecords.format.features.Feature
-    source: str = ""  # an arrays input's files (arrays.input_identity), in the resume fingerprint
+    source: str = ""  # the input's identity beyond its refs (Source.identity), in the resume fingerprint
+    input: Any = None  # the sources.Source the refs come from (it reads them); None: files
 
     @classmethod
-    def of(cls, config, build_id: str) -> "ShardWriter":
-        """The writer of `config` (a BuildConfig) for build `build_id`."""
+    def of(cls, config, build_id: str, source=None) -> "ShardWriter":
+        """The writer of `config` (a BuildConfig) for build `build_id`, reading its refs with
+        `source` (a sources.Source; None: refs that name files)."""
         earlier = tuple(b for b in reversed(publish.staged_builds(config.output)) if b != build_id) if config.resume \
             else ()
-        from imagerecords.pipeline import arrays
-
-        source = arrays.input_identity(config.input) if arrays.is_arrays_input(config.input) else ""
         return cls(output=config.output, build_id=build_id, name=config.name, preset=config.schema,
                    options=config.image, write_index=config.write_index, contents=not config.skip_duplicate_check,
-                   resume_from=earlier, features=tuple(config.features), source=source)
+                   resume_from=earlier, features=tuple(config.features),
+                   source=source.identity(config.input) if source is not None else "", input=source)
+
+    def reader(self) -> Callable[[str], bytes]:
+        """The `read_bytes` of this writer's refs: its source's, one per worker."""
+        return self.input.reader(self.options) if self.input is not None else input_files.limited_reader(self.options)
 
     def write(self, shard: Tuple[str, int, int], refs: Union[Sequence[ImageRef], "array_rows.RowShard"],
               labels: LabelMap, *, read_bytes: Callable[[str], bytes],
@@ -236,7 +240,7 @@ class ShardWriter:
           shard: (split, shard index, number of shards of the split).
           refs: the refs, or an arrays build's RowShard (the same shard written from its columns,
             row_writer; its StagedShard's contents are then an array_rows.RowContents).
-          read_bytes: reads an input file (shard_writer.limited_reader), one per worker.
+          read_bytes: reads an input (ShardWriter.reader), one per worker.
           executor, window: where images are read and prepared, and how many at once (bounded memory).
           observe: called as images are done; may raise KeyboardInterrupt to stop the write.
         """

@@ -22,12 +22,14 @@ __all__ = ["WriteWithBeamSink"]
 
 
 class _EncodeFn(beam.DoFn):
-    def __init__(self, preset: str, options: codec.ImageOptions):
+    def __init__(self, preset: str, options: codec.ImageOptions, source=None):
         self._preset = preset
         self._options = options
+        self._source = source
 
     def setup(self):
-        self._read = shard_writer.limited_reader(self._options)
+        self._read = (self._source.reader(self._options) if self._source is not None
+                      else shard_writer.limited_reader(self._options))
 
     def process(self, ref: ImageRef, labels: LabelMap) -> Iterable[Union[tuple, beam.pvalue.TaggedOutput]]:
         result = shard_writer.encode_ref(ref, self._read, self._preset, labels, self._options)
@@ -64,11 +66,11 @@ class WriteWithBeamSink(beam.PTransform):
     """Writes refs with beam.io.WriteToTFRecord, one write per split in `split_names`.
 
     Outputs: main (ShardResult, read back from the files) and REJECTED. `staging` is the build's
-    staging folder (publish.staging_dir).
+    staging folder (publish.staging_dir); `source`, the sources.Source that reads the refs (None: files).
     """
 
     def __init__(self, staging: str, name: str, labels, split_names: Sequence[str], num_shards: int,
-                 preset: str = "tfds", options: codec.ImageOptions = codec.ImageOptions()):
+                 preset: str = "tfds", options: codec.ImageOptions = codec.ImageOptions(), source=None):
         super().__init__()
         if not split_names:
             raise ValueError("WriteWithBeamSink needs the split names before the pipeline runs")
@@ -81,6 +83,7 @@ class WriteWithBeamSink(beam.PTransform):
         self._num_shards = num_shards
         self._preset = preset
         self._options = options
+        self._source = source
 
     def expand(self, refs):
         splits = set(self._splits)
@@ -96,7 +99,7 @@ class WriteWithBeamSink(beam.PTransform):
         encoded = (
             checked.refs
             | "Reshuffle" >> beam.Reshuffle()
-            | "Encode" >> beam.ParDo(_EncodeFn(self._preset, self._options), beam.pvalue.AsSingleton(self._labels))
+            | "Encode" >> beam.ParDo(_EncodeFn(self._preset, self._options, self._source), beam.pvalue.AsSingleton(self._labels))
             .with_outputs(REJECTED, main="records")
         )
         results = []

@@ -15,7 +15,7 @@ from imagerecords.pipeline import input_files, stages
 from imagerecords.pipeline.refs import ImageRef, ManifestColumns, Rejected, is_manifest
 from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
 
-__all__ = ["ReadImages", "ReadManifest", "is_manifest"]
+__all__ = ["ListSource", "ReadImages", "ReadManifest", "is_manifest"]
 
 
 def _check_max_file_bytes(owner: str, max_file_bytes: Optional[int]) -> None:
@@ -214,3 +214,39 @@ class ReadManifest(beam.PTransform):
             | "ToRef" >> beam.ParDo(_ManifestRowFn(self._manifest, header, self._columns, self._max_file_bytes, self._stat))
             .with_output_types(ImageRef).with_outputs(REJECTED, main="refs")
         )
+
+
+class _ListPartFn(beam.DoFn):
+    """Lists one of a source's parts (Source.list_part) on a Beam worker."""
+
+    def __init__(self, source, config, info):
+        self._source = source
+        self._config = config
+        self._info = info
+        self._listed = Metrics.counter(METRICS_NAMESPACE, "listed")
+
+    def process(self, part) -> Iterable[Union[ImageRef, beam.pvalue.TaggedOutput]]:
+        for item in self._source.list_part(self._config, self._info, part):
+            self._listed.inc()
+            yield _tagged(item)
+
+
+class ListSource(beam.PTransform):
+    """Lists any sources.Source inside the pipeline: its parts (Source.parts, as many as the
+    launcher's cores would share) spread over the workers, each listed by Source.list_part. The
+    build graph's listing for a source that brings no Beam transform of its own.
+    Input: the pipeline's begin. Outputs: 'refs' (ImageRef) and REJECTED (Rejected).
+    """
+
+    def __init__(self, source, config, info):
+        super().__init__()
+        self._source = source
+        self._config = config
+        self._info = info
+
+    def expand(self, pbegin):
+        parts = list(self._source.parts(self._config, self._info, 0))
+        return (pbegin
+                | "Parts" >> beam.Create(parts, reshuffle=len(parts) > 1)
+                | "List" >> beam.ParDo(_ListPartFn(self._source, self._config, self._info))
+                .with_output_types(ImageRef).with_outputs(REJECTED, main="refs"))

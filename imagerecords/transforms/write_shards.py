@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from imagerecords.pipeline import publish, shard_writer, stages, storage
+from imagerecords.pipeline import publish, stages, storage
 from imagerecords.pipeline.config import BuildConfig, make_config
 from imagerecords.pipeline.dataset_files import ShardResult
 from imagerecords.pipeline.refs import ImageRef, LabelMap
@@ -51,7 +51,7 @@ class _WriteShardFn(beam.DoFn):
         self._bytes = Metrics.counter(METRICS_NAMESPACE, "bytes_written")
 
     def setup(self):
-        self._read = shard_writer.limited_reader(self._writer.options)
+        self._read = self._writer.reader()
         self._executor = concurrent.futures.ThreadPoolExecutor(self._threads) if self._threads > 1 else None
 
     def teardown(self):
@@ -101,6 +101,7 @@ class WriteShards(beam.PTransform):
       labels: a singleton PCollection of LabelMap (AssignLabels' 'labels').
       build_id: names the staging area; None for a new one (publish.new_build_id()).
       config: a whole BuildConfig instead of `options` (the build graph's own use).
+      source: the sources.Source the refs come from, which reads them; None: refs that name files.
       **options: BuildConfig's field names (name, schema, write_index, features, threads, ...) and
         ImageOptions' (quality, resize, image_encoding, max_file_mb, ...).
 
@@ -109,7 +110,7 @@ class WriteShards(beam.PTransform):
     """
 
     def __init__(self, output: str, labels, *, build_id: Optional[str] = None, config: Optional[BuildConfig] = None,
-                 build_ids=None, **options):
+                 build_ids=None, source=None, **options):
         super().__init__()
         if config is not None and options:
             raise ValueError(f"WriteShards: pass a config or options, not both (got {', '.join(sorted(options))})")
@@ -118,7 +119,7 @@ class WriteShards(beam.PTransform):
         elif config.output != output:
             raise ValueError(f"WriteShards: output {output!r} differs from the config's {config.output!r}")
         self.build_id = build_id or publish.new_build_id()
-        self._fn = _WriteShardFn(stages.ShardWriter.of(config, self.build_id), config.threads)
+        self._fn = _WriteShardFn(stages.ShardWriter.of(config, self.build_id, source), config.threads)
         self._labels = labels
         self._build_ids = build_ids  # a singleton PCollection naming the build when it runs (WriteDataset)
 

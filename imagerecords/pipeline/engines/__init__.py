@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Protocol, Sequence
 
-from imagerecords.pipeline import storage
+from imagerecords.pipeline import sources, storage
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.errors import UsageError
 from imagerecords.pipeline.refs import LabelMap
+from imagerecords.pipeline.sources import InputInfo
 
 
 class Engine(Protocol):
@@ -30,7 +31,7 @@ class Engine(Protocol):
         """Names the job after the build, where the runner has job names."""
 
     def run(self, *, build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap],
-            csv_header: Optional[str], progress_dir: Optional[str]) -> None:
+            input_info: InputInfo, progress_dir: Optional[str]) -> None:
         """Runs the stages into the build's staging area; raises what the runner raised."""
 
     def stop(self) -> None:
@@ -49,7 +50,7 @@ def uses_local_engine(config: BuildConfig, runner: Optional[str], detached: bool
     own sink). Both engines write the same bytes.
     """
     return (runner is None and not detached and config.writer == "shards"
-            and storage.is_local(config.input) and storage.is_local(config.output))
+            and sources.of(config.input).local(config.input) and storage.is_local(config.output))
 
 
 def choose(config: BuildConfig, runner: Optional[str], pipeline_options: Sequence[str] = (), *,

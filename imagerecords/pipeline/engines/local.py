@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from imagerecords.pipeline import appending, array_rows, arrays, input_files, planning, publish, shard_writer, stages, storage
+from imagerecords.pipeline import appending, array_rows, planning, publish, sources, stages
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
@@ -45,107 +45,36 @@ from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejec
 ShardKey = Tuple[str, int, int]
 
 
-def _manifest_lines(path: str, csv: bool, start: int = 0, end: Optional[int] = None) -> Iterator[bytes]:
-    """The manifest's lines as Beam's ReadFromText gives them with a bytes coder: split at '\\n',
-    one trailing '\\r' dropped, a CSV's header line skipped (stages.manifest_row decodes them).
-    With `start`/`end` (byte offsets at line starts, from _line_ranges), only the lines that start
-    in [start, end)."""
-    with storage.open_read(path) as f:
-        if start:
-            f.seek(start)
-        elif csv:
-            f.readline()
-        position = f.tell()
-        for raw in f:
-            if end is not None and position >= end:
-                return
-            position += len(raw)
-            line = raw[:-1] if raw.endswith(b"\n") else raw
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            yield line
-
-
-# A manifest is listed in parts of about this many bytes (some 15,000 rows), one per task.
-MANIFEST_PART_BYTES = 1 << 20
-
-
-def _line_ranges(path: str, csv: bool, parts: int) -> List[Tuple[int, Optional[int]]]:
-    """Cuts the manifest into at most `parts` byte ranges that begin at line starts (after a CSV's
-    header): together they hold every line once, in order."""
-    size = os.path.getsize(path)
-    with storage.open_read(path) as f:
-        first = len(f.readline()) if csv else 0
-        starts = [first]
-        for i in range(1, parts):
-            target = first + (size - first) * i // parts
-            if target <= starts[-1]:
-                continue
-            f.seek(target - 1)
-            f.readline()  # on to the start of the next line (target - 1: a line starting at target stays)
-            if f.tell() >= size:
-                break
-            if f.tell() > starts[-1]:
-                starts.append(f.tell())
-    return [(a, b) for a, b in zip(starts, starts[1:] + [None])]
-
-
 # (shuffle hash, ref), or (0, row) for an input that is not a ref: the launcher keeps a ref's pair
 # as it comes, the pair the shard plan and the writers take.
 Listed = Tuple[int, Union[ImageRef, Rejected]]
 
 
-def _list_part(config: BuildConfig, csv_header: Optional[str], part: Union[str, Tuple[int, Optional[int]]]
-               ) -> List[Listed]:
-    """One listing task: a class folder's walk, or one byte range of the manifest; each ref comes
-    with its shuffle hash (a function of the key alone), so the launcher does not compute them all."""
-    max_bytes = config.image.max_file_bytes
-    if isinstance(part, str):
-        items: Iterator[Union[ImageRef, Rejected]] = input_files.walk_class_folder(config.input.rstrip("/") or "/",
-                                                                              part, max_bytes)
-    else:
-        columns = config.manifest_columns()
-        parse = refs_lib.csv_row_parser(csv_header) if csv_header is not None else refs_lib.parse_jsonl_line
-        rows = (stages.manifest_row(line, parse, config.input, columns, max_bytes, stat=not config.skip_stat)
-                for line in _manifest_lines(config.input, csv_header is not None, *part))
-        items = (row for row in rows if row is not None)
+def _list_part(source: sources.Source, config: BuildConfig, info: sources.InputInfo, part) -> List[Listed]:
+    """One listing task (Source.list_part): each ref comes with its shuffle hash (a function of the
+    key alone), so the launcher does not compute them all."""
     seed = config.seed
-    return [(0 if isinstance(item, Rejected) else refs_lib.shuffle_hash(seed, item.key), item) for item in items]
+    return [(0 if isinstance(item, Rejected) else refs_lib.shuffle_hash(seed, item.key), item)
+            for item in source.list_part(config, info, part)]
 
 
-def list_inputs(config: BuildConfig, csv_header: Optional[str], pool=None, workers: int = 0) -> Iterator[Listed]:
-    """Every listed input as a ref, or as a row saying why it cannot be one (ReadImages, ReadManifest),
-    as (shuffle hash, ref) or (0, row).
-
-    With a process pool the work is shared by its workers: class folders are walked one per task,
-    a manifest is parsed (and its files stat-ed) in byte ranges. Results come back in the serial
-    order, so both ways list the same rows in the same order.
+def list_inputs(config: BuildConfig, info: Optional[sources.InputInfo], pool=None, workers: int = 0
+                ) -> Iterator[Listed]:
+    """Every listed input as a ref, or as a row saying why it cannot be one, as (shuffle hash, ref)
+    or (0, row): the source's parts listed here, or shared by a process pool's workers (class
+    folders one per task, a manifest in byte ranges). Results come back in the serial order, so
+    both ways list the same rows in the same order.
     """
-    if arrays.is_arrays_input(config.input):
-        rows = arrays.list_refs(config.input, config.schema, config.image.image_encoding)
-        yield from ((0, r) if isinstance(r, Rejected) else (refs_lib.shuffle_hash(config.seed, r.key), r) for r in rows)
+    source = sources.of(config.input)
+    info = info if info is not None else sources.InputInfo(source.kind)  # the checks learned nothing it needs
+    parts = source.parts(config, info, workers if pool is not None else 0)
+    if pool is None:
+        for part in parts:
+            yield from _list_part(source, config, info, part)
         return
-    if refs_lib.is_manifest(config.input):
-        csv = csv_header is not None
-        if pool is None:
-            yield from _list_part(config, csv_header, (0, None))
-            return
-        parts = max(4 * workers, os.path.getsize(config.input) // MANIFEST_PART_BYTES)
-        tasks = [pool.submit(_list_part, config, csv_header, r) for r in _line_ranges(config.input, csv, parts)]
-        for task in tasks:
-            yield from task.result()
-        return
-    root = config.input.rstrip("/") or "/"
-    items = list(input_files.list_root(root))
-    tasks = ({name: pool.submit(_list_part, config, None, name) for name in items if isinstance(name, str)}
-             if pool else {})
-    for item in items:
-        if isinstance(item, Rejected):
-            yield 0, item
-        elif pool is None:
-            yield from _list_part(config, None, item)
-        else:
-            yield from tasks.pop(item).result()
+    tasks = [pool.submit(_list_part, source, config, info, part) for part in parts]
+    for task in tasks:
+        yield from task.result()
 
 
 class _Shards:
@@ -289,7 +218,7 @@ class _Writer:
         self._writer = writer
         self._threads = threads
         self._progress = progress
-        self._read = shard_writer.limited_reader(writer.options)
+        self._read = writer.reader()
         self._images = (concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="imagerecords-image")
                         if threads > 1 else None)
 
@@ -401,7 +330,7 @@ def _fork_workers(workers: int, writer: stages.ShardWriter, progress_dir: Option
 
 
 def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap],
-          csv_header: Optional[str], progress_dir: Optional[str], workers: Optional[int] = None
+          input_info: sources.InputInfo, progress_dir: Optional[str], workers: Optional[int] = None
           ) -> Tuple[publish.BuildResults, int]:
     """Runs the whole build into `config.output`'s staging area and writes staging/results.json,
     as build_pipeline's graph does. Nothing is published here (see imagerecords.pipeline.publish).
@@ -415,15 +344,14 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
     """
     asked = workers is not None  # before `workers` names the pool's processes below
     forked = workers if asked else _auto_workers()
-    if arrays.is_arrays_input(config.input):
-        arrays.forget_if_changed(config.input)
-        arrays.open_arrays(config.input)  # before the fork: the workers share the launcher's copy of an .npz
-    writer = stages.ShardWriter.of(config, build_id)
+    source = sources.of(config.input)
+    source.prepare(config)  # before the fork: what the workers share
+    writer = stages.ShardWriter.of(config, build_id, source)
     pool, cancel = _fork_workers(forked, writer, progress_dir) if forked else (None, None)
     workers = list(getattr(pool, "_processes", {}).values())  # the pool forgets a dead worker
     try:
         return _build(config, writer, pool, cancel, forked, build_id=build_id, versions=versions, label_map=label_map,
-                      csv_header=csv_header, progress_dir=progress_dir, asked=asked)
+                      input_info=input_info, progress_dir=progress_dir, asked=asked)
     except BaseException as e:
         if pool is not None:
             if isinstance(e, concurrent.futures.BrokenExecutor):
@@ -437,13 +365,13 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _plan_refs(config: BuildConfig, csv_header: Optional[str], process_pool, forked: int,
+def _plan_refs(config: BuildConfig, input_info: sources.InputInfo, process_pool, forked: int,
                label_map: Optional[LabelMap]):
     """Lists, labels, assigns and plans a build ref by ref: (rejected rows, label map, shards, images
     planned, known duplicate groups (an append's), the published dataset appended to or None)."""
     rejected: List[Rejected] = []
     refs: List[Tuple[int, ImageRef]] = []
-    for pair in list_inputs(config, csv_header, process_pool, forked):
+    for pair in list_inputs(config, input_info, process_pool, forked):
         if isinstance(pair[1], Rejected):
             rejected.append(pair[1])
         else:
@@ -456,7 +384,7 @@ def _plan_refs(config: BuildConfig, csv_header: Optional[str], process_pool, for
     if base is not None:
         label_map = appending.grow_labels(base.labels, {r.label for _, r in refs}, label_map)
     elif label_map is None:
-        label_map = refs_lib.vocabulary(sorted({r.label for _, r in refs}), arrays.label_type(config),
+        label_map = refs_lib.vocabulary(sorted({r.label for _, r in refs}), sources.of(config.input).label_type(config),
                                         config.label_offset)
     if any(f.dtype == "class_list" for f in config.features):
         pairs = [pair for _, r in refs for pair in refs_lib.list_names(r.extras, config.features)]
@@ -484,7 +412,7 @@ def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap], pool=None
     hashes are shared by `pool`'s workers when there is one."""
     listed = array_rows.list_rows(config.input, config.schema, config.image.image_encoding)
     if label_map is None:
-        label_map = refs_lib.vocabulary(listed.texts, arrays.label_type(config), config.label_offset)
+        label_map = refs_lib.vocabulary(listed.texts, sources.of(config.input).label_type(config), config.label_offset)
     assigned = array_rows.assign(listed, label_map, tuple(config.splits) if config.splits else None,
                                  config.split_seed, config.seed, pool)
     plans, members = array_rows.plan(assigned, config.input, listed.row_bytes, config)
@@ -495,13 +423,13 @@ def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap], pool=None
 
 
 def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, process_cancel, forked: int, *, build_id: str,
-           versions: Mapping[str, str], label_map: Optional[LabelMap], csv_header: Optional[str],
+           versions: Mapping[str, str], label_map: Optional[LabelMap], input_info: sources.InputInfo,
            progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
     if array_rows.applies(config):
         rejected, label_map, shards, count, contents = _plan_rows(config, label_map, process_pool)
         known, base = [], None
     else:
-        rejected, label_map, shards, count, known, base = _plan_refs(config, csv_header, process_pool, forked, label_map)
+        rejected, label_map, shards, count, known, base = _plan_refs(config, input_info, process_pool, forked, label_map)
         contents = _Contents()
     workers = forked if asked or count >= PROCESS_MIN_IMAGES else 0
     planned = _Progress(progress_dir, lambda: False)
@@ -557,7 +485,7 @@ def _against(config: BuildConfig, base, refs: List[Tuple[int, ImageRef]], reject
              ) -> Tuple[List[Tuple[int, ImageRef]], List[DuplicateGroup]]:
     """The refs whose keys the published dataset does not hold; the others become duplicates.jsonl
     rows (same content) or errors.jsonl rows (changed), as appending.against says."""
-    read = shard_writer.limited_reader(config.image)
+    read = sources.of(config.input).reader(config.image)
     splits = tuple(config.splits) if config.splits else None
     kept, known = [], []
     for h, ref in refs:
@@ -585,8 +513,8 @@ class LocalEngine:
         pass
 
     def run(self, *, build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap],
-            csv_header: Optional[str], progress_dir: Optional[str]) -> None:
-        _, used = build(self.config, build_id=build_id, versions=versions, label_map=label_map, csv_header=csv_header,
+            input_info: sources.InputInfo, progress_dir: Optional[str]) -> None:
+        _, used = build(self.config, build_id=build_id, versions=versions, label_map=label_map, input_info=input_info,
                         progress_dir=progress_dir, workers=self.workers)
         self.description = f"local engine, {used} worker processes" if used else "local engine, in-process"
 

@@ -7,12 +7,13 @@ from typing import Iterable, Mapping, Optional, Union
 import apache_beam as beam
 
 from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline import appending, arrays, publish, shard_writer
+from imagerecords.pipeline import appending, publish, sources
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, Rejected
 from imagerecords.pipeline.config import BuildConfig
-from imagerecords.transforms import (AssignLabels, FindDuplicates, GlobalShuffle, ReadImages, ReadManifest,
-                                     RecordResults, WriteShards, WriteWithBeamSink)
-from imagerecords.transforms.array_rows import ReadArrays
+from imagerecords.pipeline.sources import InputInfo
+from imagerecords.transforms import (AssignLabels, FindDuplicates, GlobalShuffle, RecordResults, WriteShards,
+                                     WriteWithBeamSink)
+from imagerecords.transforms.listing import ListSource
 from imagerecords.transforms.common import CONTENTS, REJECTED
 
 
@@ -24,14 +25,15 @@ class _AgainstBaseFn(beam.DoFn):
     """--append: keeps a ref whose key is new; a key the dataset holds becomes a duplicates.jsonl row
     (same content) or a rejected row (changed file), as appending.against decides for the local engine."""
 
-    def __init__(self, base: appending.Base, config: BuildConfig):
+    def __init__(self, base: appending.Base, config: BuildConfig, source: sources.Source):
         self._base = base
+        self._source = source
         self._options = config.image
         self._splits = tuple(config.splits) if config.splits else None
         self._split_seed = config.split_seed
 
     def setup(self) -> None:
-        self._read = shard_writer.limited_reader(self._options)
+        self._read = self._source.reader(self._options)
 
     def process(self, ref: ImageRef) -> Iterable[Union[ImageRef, beam.pvalue.TaggedOutput]]:
         out = appending.against(ref, self._base, self._read, self._options, self._splits, self._split_seed)
@@ -44,7 +46,7 @@ class _AgainstBaseFn(beam.DoFn):
 
 
 def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, versions: Mapping[str, str],
-                   label_map: Optional[refs_lib.LabelMap] = None, csv_header: Optional[str] = None,
+                   label_map: Optional[refs_lib.LabelMap] = None, input_info: Optional[InputInfo] = None,
                    base: Optional[appending.Base] = None):
     """Adds the whole build to pipeline `p`: every shard lands in the output's staging area, and the
     last step writes staging/results.json. Nothing is published here (see imagerecords.pipeline.publish).
@@ -55,31 +57,29 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
       build_id: the launcher's build id, recorded in the results.
       versions: library versions, recorded in the manifest.
       label_map: the ids of `config.label_map`, read by the launcher; None for the vocabulary seen.
-      csv_header: a CSV manifest's header line, read by the launcher's checks.
+      input_info: what the launcher's checks learned of the input (a CSV manifest's header line).
       base: with --append, the published dataset (appending.load_base): refs of keys it holds are
         dropped, its class ids grown, and its manifest recorded for the commit to merge.
 
     Returns:
       A PCollection holding the single publish.BuildResults written.
     """
-    if arrays.is_arrays_input(config.input):
-        listed = p | "ReadArrays" >> ReadArrays(config.input, config.schema, config.image.image_encoding)
-    elif refs_lib.is_manifest(config.input):
-        columns = config.manifest_columns()
-        listed = p | "ReadManifest" >> ReadManifest(config.input, columns, config.image.max_file_bytes, csv_header,
-                                                    stat=not config.skip_stat)
-    else:
-        listed = p | "ReadImages" >> ReadImages(config.input, config.image.max_file_bytes)
+    source = sources.of(config.input)
+    info = input_info if input_info is not None else InputInfo(source.kind)
+    listing = source.beam_listing(config, info)
+    if listing is None:
+        listing = ListSource(source, config, info)
+    listed = p | listing.label >> listing
     refs = listed.refs
     rejected = [listed[REJECTED]]
     known = None
     if base is not None:
-        checked = refs | "AgainstBase" >> beam.ParDo(_AgainstBaseFn(base, config)).with_outputs(
+        checked = refs | "AgainstBase" >> beam.ParDo(_AgainstBaseFn(base, config, source)).with_outputs(
             REJECTED, _KNOWN, main="refs")
         refs, known = checked.refs, checked[_KNOWN]  # known: DuplicateGroup per key the dataset holds unchanged
         rejected.append(checked[REJECTED])
     labelled = refs | "AssignLabels" >> AssignLabels(
-        label_map, arrays.label_type(config), config.label_offset, config.splits, config.split_seed, config.features,
+        label_map, source.label_type(config), config.label_offset, config.splits, config.split_seed, config.features,
         base_labels=base.labels if base is not None else None)
     # ImageRef with split and label_id set
     if config.writer == "shards":
@@ -87,12 +87,12 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
             config.seed, config.num_shards, config.target_shard_mb, config.min_shards)
         # ((split, shard index, num shards), [ImageRef sorted by hash])
         written = shuffled["shards"] | "WriteShards" >> WriteShards(
-            config.output, labelled["labels"], build_id=build_id, config=config)
+            config.output, labelled["labels"], build_id=build_id, config=config, source=source)
     else:
         split_names = [n for n, _ in config.splits] if config.splits else list(config.split_names or ["train"])
         written = labelled["refs"] | "WriteWithBeamSink" >> WriteWithBeamSink(
             publish.staging_dir(config.output, build_id), config.name, labelled["labels"], split_names,
-            config.num_shards or config.min_shards, config.schema, config.image)
+            config.num_shards or config.min_shards, config.schema, config.image, source)
     rejected = (*rejected, labelled[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten()
     outcome = {"results": written["results"], "rejected": rejected, "labels": labelled["labels"]}
     if config.writer == "shards" and (not config.skip_duplicate_check or known is not None):

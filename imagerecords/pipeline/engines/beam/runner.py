@@ -11,6 +11,7 @@ from typing import List, Mapping, Optional, Sequence
 
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.errors import PipelineFailed, UsageError
+from imagerecords.pipeline.sources import InputInfo
 
 
 class BeamEngine:
@@ -39,7 +40,7 @@ class BeamEngine:
             if not cloud.job_name:
                 cloud.job_name = f"imagerecords-{build_id.lower()}"
 
-    def run(self, *, build_id: str, versions: Mapping[str, str], label_map, csv_header: Optional[str],
+    def run(self, *, build_id: str, versions: Mapping[str, str], label_map, input_info: InputInfo,
             progress_dir: Optional[str] = None) -> None:
         import apache_beam as beam
 
@@ -53,7 +54,7 @@ class BeamEngine:
             base = appending.load_base(self.config)  # read once per manifest: the launcher's checks read it
         p = beam.Pipeline(options=self.options)
         build_pipeline(p, self.config, build_id=build_id, versions=versions, label_map=label_map,
-                       csv_header=csv_header, base=base)
+                       input_info=input_info, base=base)
         result = p.run()
         if self.detached:
             self.flink_job = _wait_until_on_flink(self.options, result)

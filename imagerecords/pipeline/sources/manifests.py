@@ -1,0 +1,250 @@
+"""Manifest inputs (.csv, .jsonl): the check of the manifest's head, and its listing in byte ranges
+(one per worker task; Beam reads it with ReadManifest), each row parsed by stages.manifest_row."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+from typing import IO, TYPE_CHECKING, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from imagerecords.format.paths import has_scheme
+from imagerecords.pipeline import stages, storage
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.errors import InputError, UsageError
+from imagerecords.pipeline.sources.base import InputInfo, Listed, Source, first_line as _first_line
+
+if TYPE_CHECKING:
+    from imagerecords.pipeline.config import BuildConfig
+
+_MAX_HEAD_LINES = 1000  # lines read to find a manifest's first row (blank lines are skipped)
+# A manifest is listed in parts of about this many bytes (some 15,000 rows), one per task.
+MANIFEST_PART_BYTES = 1 << 20
+
+Part = Tuple[int, Optional[int]]  # a byte range [start, end) of whole lines
+
+
+class ManifestSource(Source):
+    """A .csv or .jsonl file listing each image's path and label (and any declared feature)."""
+
+    kind = "manifest"
+
+    def claims(self, path: str) -> bool:
+        return _manifest_kind(path) is not None
+
+    def check(self, config, *, ignore_split_column: bool = False) -> InputInfo:
+        path = config.input
+        info = read_manifest_head(path)
+        if info.kind == "csv":
+            _check_csv_columns(config, info)
+        if config.splits and config.split_column in info.columns and not ignore_split_column:
+            raise UsageError(f"--splits would replace the '{config.split_column}' column of {path}: drop --splits "
+                             "to keep the manifest's splits, or add --ignore_split_column to reassign every row by hash")
+        return info
+
+    def parts(self, config, info: InputInfo, workers: int) -> Sequence[Part]:
+        if not workers:
+            return [(0, None)]
+        parts = max(4 * workers, os.path.getsize(config.input) // MANIFEST_PART_BYTES)
+        return _line_ranges(config.input, info.header is not None, parts)
+
+    def list_part(self, config, info: InputInfo, part: Part) -> Iterable[Listed]:
+        header = info.header
+        columns = config.manifest_columns()
+        parse = refs_lib.csv_row_parser(header) if header is not None else refs_lib.parse_jsonl_line
+        rows = (stages.manifest_row(line, parse, config.input, columns, config.image.max_file_bytes,
+                                    stat=not config.skip_stat)
+                for line in _manifest_lines(config.input, header is not None, *part))
+        return (row for row in rows if row is not None)
+
+    def beam_listing(self, config, info: InputInfo):
+        from imagerecords.transforms.listing import ReadManifest
+
+        return ReadManifest(config.input, config.manifest_columns(), config.image.max_file_bytes, info.header,
+                            stat=not config.skip_stat)
+
+
+def _manifest_lines(path: str, csv: bool, start: int = 0, end: Optional[int] = None) -> Iterator[bytes]:
+    """The manifest's lines as Beam's ReadFromText gives them with a bytes coder: split at '\\n',
+    one trailing '\\r' dropped, a CSV's header line skipped (stages.manifest_row decodes them).
+    With `start`/`end` (byte offsets at line starts, from _line_ranges), only the lines that start
+    in [start, end)."""
+    with storage.open_read(path) as f:
+        if start:
+            f.seek(start)
+        elif csv:
+            f.readline()
+        position = f.tell()
+        for raw in f:
+            if end is not None and position >= end:
+                return
+            position += len(raw)
+            line = raw[:-1] if raw.endswith(b"\n") else raw
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            yield line
+
+
+def _line_ranges(path: str, csv: bool, parts: int) -> List[Part]:
+    """Cuts the manifest into at most `parts` byte ranges that begin at line starts (after a CSV's
+    header): together they hold every line once, in order."""
+    size = os.path.getsize(path)
+    with storage.open_read(path) as f:
+        first = len(f.readline()) if csv else 0
+        starts = [first]
+        for i in range(1, parts):
+            target = first + (size - first) * i // parts
+            if target <= starts[-1]:
+                continue
+            f.seek(target - 1)
+            f.readline()  # on to the start of the next line (target - 1: a line starting at target stays)
+            if f.tell() >= size:
+                break
+            if f.tell() > starts[-1]:
+                starts.append(f.tell())
+    return [(a, b) for a, b in zip(starts, starts[1:] + [None])]
+
+
+def _manifest_kind(path: str) -> Optional[str]:
+    lower = path.lower()
+    if lower.endswith(".csv"):
+        return "csv"
+    if lower.endswith((".jsonl", ".ndjson")):
+        return "jsonl"
+    return None
+
+
+
+@contextlib.contextmanager
+def _open_input(path: str) -> Iterator[IO[bytes]]:
+    """Opens a manifest for reading, turning every failure into an InputError naming it."""
+    if has_scheme(path):
+        from apache_beam.io.filesystem import BeamIOError
+        from apache_beam.io.filesystems import FileSystems
+
+        try:
+            found = FileSystems.match([path], limits=[1])[0].metadata_list
+        except BeamIOError as e:
+            raise InputError(f"--input {path}: cannot read it ({_first_line(e)})") from None
+        if not found or found[0].path.rstrip("/") != path.rstrip("/"):
+            raise InputError(f"--input {path}: no such file")
+        try:
+            f = storage.open_read(path)
+        except (BeamIOError, OSError) as e:
+            raise InputError(f"--input {path}: cannot read it ({_first_line(e)})") from None
+    else:
+        if os.path.isdir(path):
+            raise InputError(f"--input {path}: is a folder named like a manifest; give the .csv/.jsonl file, "
+                             "or rename the folder")
+        try:
+            f = storage.open_read(path)
+        except FileNotFoundError:
+            raise InputError(f"--input {path}: no such file") from None
+        except OSError as e:
+            raise InputError(f"--input {path}: cannot read it ({e.strerror or e})") from None
+    with f:
+        yield f
+
+
+def _non_blank_lines(path: str, f: IO[bytes], wanted: int, strict: Optional[int] = None,
+                     limit: Optional[int] = None) -> List[str]:
+    """Up to `wanted` non-blank lines from the start of `f`, decoded, line breaks removed. A line that
+    is not UTF-8 among the first `strict` (default: all wanted) is an InputError; a later one is
+    passed over (the build rejects it as a row). At most `limit` lines are read."""
+    lines: List[str] = []
+    strict = wanted if strict is None else strict
+    for i in range(max(limit or 0, _MAX_HEAD_LINES)):
+        raw = f.readline()
+        if not raw:
+            break
+        try:
+            text = raw.decode("utf-8-sig" if i == 0 else "utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            if len(lines) >= strict:
+                continue
+            raise InputError(f"--input {path}: line {i + 1} is not UTF-8 text ({e.reason}); "
+                             "save the manifest as UTF-8") from None
+        if text.strip():
+            lines.append(text)
+            if len(lines) == wanted:
+                break
+    return lines
+
+
+def read_manifest_head(path: str) -> InputInfo:
+    """Reads only the start of a manifest: the CSV header and one data line, or the first JSONL row.
+
+    Raises:
+      InputError: the file is missing, unreadable, not UTF-8, empty, has a header but no rows, or
+        (JSONL) its first row is not a JSON object.
+    """
+    kind = _manifest_kind(path)
+    if kind is None:
+        raise ValueError(f"{path} is not a .csv or .jsonl manifest")
+    with _open_input(path) as f:
+        lines = (_non_blank_lines(path, f, 2) if kind == "csv"
+                 else _non_blank_lines(path, f, JSONL_COLUMN_ROWS, strict=1, limit=JSONL_COLUMN_ROWS * 2))
+    if not lines:
+        raise InputError(f"--input {path}: the manifest is empty; it needs "
+                         + ("a header line (path,label) and one line per image" if kind == "csv"
+                            else "one JSON object per line, such as {\"path\": ..., \"label\": ...}"))
+    if kind == "csv":
+        header = lines[0]
+        try:
+            columns = tuple(c.strip() for c in next(csv.reader([header])))
+        except csv.Error as e:
+            raise InputError(f"--input {path}: the CSV header is not a CSV line ({e})") from None
+        if len(lines) < 2:
+            raise InputError(f"--input {path}: the CSV manifest has a header ({header}) but no rows")
+        return InputInfo("csv", columns, header)
+    while True:
+        try:
+            row = json.loads(lines[0])
+            break
+        except RecursionError:  # a row too deep to parse: the build rejects it; the next rows name the columns
+            lines = lines[1:]
+            if not lines:
+                raise InputError(f"--input {path}: no row of the manifest's start can be read: each holds "
+                                 "a JSON value nested deeper than the parser's limit") from None
+        except ValueError as e:
+            raise InputError(f"--input {path}: the first row is not JSON ({e})") from None
+    if not isinstance(row, dict):
+        raise InputError(f"--input {path}: the first row is not a JSON object; each line must be one, "
+                         "such as {\"path\": ..., \"label\": ...}")
+    columns = dict.fromkeys(_printable(k) for k in row)
+    for line in lines[1:]:  # rows may differ in their keys: the columns seen in the first rows
+        try:
+            later = json.loads(line)
+        except (ValueError, RecursionError):
+            continue  # the build rejects that row, naming the line
+        if isinstance(later, dict):
+            columns.update(dict.fromkeys(_printable(k) for k in later))
+    return InputInfo("jsonl", tuple(columns))
+
+
+def _printable(name: str) -> str:
+    """A JSONL key as the summary prints it: a lone surrogate (a \\ud800 escape) as its escape."""
+    return str(name).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+JSONL_COLUMN_ROWS = 1000  # the rows whose keys name a JSONL manifest's columns (see ignored_columns)
+
+
+def ignored_columns(config: BuildConfig, info: InputInfo) -> Tuple[str, ...]:
+    """The manifest's columns that no setting or feature reads (JSONL: of its first rows)."""
+    used = set(config.manifest_columns().used())
+    return tuple(c for c in info.columns if c not in used)
+
+
+def _check_csv_columns(config: BuildConfig, info: InputInfo) -> None:
+    columns = set(info.columns)
+    listed = ", ".join(info.columns)
+    path_ok = config.path_column in columns or (config.path_column == "path" and "uri" in columns)
+    if not path_ok:
+        also = " (or 'uri')" if config.path_column == "path" else ""
+        raise InputError(f"--input {config.input}: the CSV header has no '{config.path_column}'{also} column "
+                         f"(columns: {listed}); name the image path column with --path_column")
+    if config.label_column not in columns:
+        raise InputError(f"--input {config.input}: the CSV header has no '{config.label_column}' column "
+                         f"(columns: {listed}); name the label column with --label_column")
