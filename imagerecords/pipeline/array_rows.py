@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -52,14 +51,10 @@ class Listed:
     row_bytes: int
 
     def key(self, i: int) -> str:
-        return f"{_base(self.path)}:{i:09d}"
+        return arrays.row_key(self.path, i)
 
     def uri(self, i: int) -> str:
-        return f"{self.path}{arrays.ROW_MARK}{i}"
-
-
-def _base(path: str) -> str:
-    return os.path.basename(path.rstrip("/"))
+        return arrays.row_uri(self.path, i)
 
 
 def list_rows(path: str, preset: str, image_encoding: str) -> Listed:
@@ -134,7 +129,7 @@ def hashes(salt: str, path: str, rows, pool=None) -> Any:
         chunks = [rows[i:i + HASH_CHUNK] for i in range(0, len(rows), HASH_CHUNK)]
         return np.concatenate(list(pool.map(hashes, [salt] * len(chunks), [path] * len(chunks), chunks)))
 
-    prefix = f"{_base(path)}:".encode("utf-8")
+    prefix = arrays.key_prefix(path).encode("utf-8")
     start = hashlib.blake2b(digest_size=8, person=refs_lib._person(salt))
     out = bytearray()
     for i in rows.tolist():
@@ -236,16 +231,16 @@ class RowShard:
     def ref(self, k: int) -> ImageRef:
         """The ref of the shard's row at position `k` (refs()[k])."""
         i, (text, label_id) = int(self.rows[k]), self.labels[int(self.codes[k])]
-        return ImageRef(f"{_base(self.path)}:{i:09d}", f"{self.path}{arrays.ROW_MARK}{i}", text, self.split, self.size,
+        return ImageRef(arrays.row_key(self.path, i), arrays.row_uri(self.path, i), text, self.split, self.size,
                         label_id)
 
     def refs(self) -> List[ImageRef]:
         """The shard's refs in shard order: those stages.shard_order gives from the ref path's pairs."""
-        prefix, uri = f"{_base(self.path)}:", f"{self.path}{arrays.ROW_MARK}"
+        key, uri = arrays.key_prefix(self.path).replace("%", "%%") + arrays.ROW_NUMBER, arrays.uri_prefix(self.path)
         texts = [sys.intern(t) for t, _ in self.labels]
         ids = [i for _, i in self.labels]
         split, size = self.split, self.size
-        return [ImageRef(f"{prefix}{i:09d}", f"{uri}{i}", texts[c], split, size, ids[c])
+        return [ImageRef(key % i, f"{uri}{i}", texts[c], split, size, ids[c])
                 for i, c in zip(self.rows.tolist(), self.codes.tolist())]
 
 
@@ -302,7 +297,7 @@ class RowContents:
             return contents
         if shard is not None and len(contents) == len(shard):
             return cls(b"".join([d for d, _ in contents]), shard.rows)
-        rows = np.fromiter((int(m[2].rpartition(arrays.ROW_MARK)[2]) for _, m in contents), np.int64, len(contents))
+        rows = np.fromiter((arrays.row_of(m[2])[1] for _, m in contents), np.int64, len(contents))
         return cls(b"".join(d for d, _ in contents), rows)
 
 
@@ -353,8 +348,7 @@ class Contents:
         for start, end in zip(bounds[repeated].tolist(), bounds[repeated + 1].tolist()):
             members = []
             for i in rows[order[start:end]].tolist():
-                uri = f"{self._path}{arrays.ROW_MARK}{i}"
-                members.append((f"{_base(self._path)}:{i:09d}", self._names[self._split[i]], uri,
+                members.append((arrays.row_key(self._path, i), self._names[self._split[i]], arrays.row_uri(self._path, i),
                                 self._label[self._code[i]]))
             group = stages.duplicate_group(ordered[start].astype(">u8").tobytes(), members)
             if group is not None:

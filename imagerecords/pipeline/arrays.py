@@ -36,7 +36,33 @@ from imagerecords.pipeline.errors import InputError, UsageError
 from imagerecords.pipeline.refs import MAX_INT_LABELS, ImageRef, LabelMap, Rejected, label_problem
 from imagerecords.format import features, schema
 
+# A row's key and uri: "<file or folder name>:<row, 9 digits>" and "<path>#row=<row>". Spelled here
+# alone; the columnar writers (array_rows, row_writer) format many rows at once from these prefixes.
 ROW_MARK = "#row="
+ROW_NUMBER = "%09d"  # the row number in a key
+
+
+def key_prefix(path: str) -> str:
+    return os.path.basename(path.rstrip("/")) + ":"
+
+
+def uri_prefix(path: str) -> str:
+    return path + ROW_MARK
+
+
+def row_key(path: str, i: int) -> str:
+    return key_prefix(path) + ROW_NUMBER % i
+
+
+def row_uri(path: str, i: int) -> str:
+    return f"{path}{ROW_MARK}{i}"
+
+
+def row_of(uri: str) -> Tuple[str, int]:
+    """(arrays path, row number) of a row's uri."""
+    path, _, row = uri.rpartition(ROW_MARK)
+    return path, int(row)
+
 # The numpy dtypes stored as they are; others must be cast first (the message says to which).
 _DTYPES = {"uint8": "uint8", "int32": "int32", "int64": "int64", "float16": "float16", "float32": "float32",
            "float64": "float64", "bool": "bool"}
@@ -331,10 +357,9 @@ def list_refs(path: str, preset: str, image_encoding: str) -> Iterator[Union[Ima
     arrays, n, columns = _source(path, preset, image_encoding)
     label = next((c for c in columns if c.role in ("class", "names")), None)
     values = arrays[label.array] if label is not None else None
-    base = os.path.basename(path.rstrip("/"))
     row_bytes = sum(a.itemsize * (int(a.size // a.shape[0]) if a.shape[0] else 0) for a in arrays.values())
     for i in range(n):
-        key, uri = f"{base}:{i:09d}", f"{path}{ROW_MARK}{i}"
+        key, uri = row_key(path, i), row_uri(path, i)
         text = ""
         if values is not None:
             v = values[i]
@@ -391,8 +416,7 @@ def encode_ref(ref: ImageRef, preset: str, labels: LabelMap, options):
     naming the feature whose value does not fit."""
     from imagerecords.pipeline.shard_writer import Encoded
 
-    path, _, row = ref.uri.rpartition(ROW_MARK)
-    i = int(row)
+    path, i = row_of(ref.uri)
     arrays, _, columns = _source(path, preset, options.image_encoding)
     small: Dict[str, bytes] = {}
     large_key: Optional[str] = None
@@ -510,8 +534,8 @@ def encode_rows(refs: Sequence[ImageRef], preset: str, labels: LabelMap, options
 
     if not refs:
         return
-    path = refs[0].uri.rpartition(ROW_MARK)[0]
-    idx = np.fromiter((int(r.uri.rpartition(ROW_MARK)[2]) for r in refs), np.int64, len(refs))
+    path = row_of(refs[0].uri)[0]
+    idx = np.fromiter((row_of(r.uri)[1] for r in refs), np.int64, len(refs))
     label_ids = np.fromiter((r.label_id for r in refs), np.int64, len(refs))
     for item in encode_positions(path, idx, label_ids, refs.__getitem__, preset, labels, options):
         if isinstance(item, Run):

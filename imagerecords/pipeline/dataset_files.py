@@ -108,6 +108,18 @@ def keys_file_is_the_builds(data: bytes, shard: Shard) -> bool:
     return not shard.keys_sha256 or keys_digest(data) == shard.keys_sha256
 
 
+def keys_line(digest: str, key: str, label: str, size: str) -> str:
+    """One keys-file line from its values already spelled as JSON (key and label quoted); the
+    columnar writer (row_writer) passes %-format slots instead, to spell many rows at once."""
+    return f'{{"digest": "{digest}", "key": {key}, "label": {label}, "size": {size}}}'
+
+
+def contents_entry(digest: str, key: str, split: str, uri: str, label: str) -> str:
+    """One entry of a staged shard record's "contents" (stages.StagedShard.contents), its values
+    spelled as JSON like keys_line's: ["digest hex",[key,split,uri,label name]]."""
+    return f'["{digest}",[{key},{split},{uri},{label}]]'
+
+
 def format_keys(rows: Sequence[Tuple[str, str, int, bytes]]) -> bytes:
     """The keys file of a shard: one line per record in shard order, {key, label, size, digest}
     (digest: shard_writer.content_digest of the source file's bytes, hex; size: -1 when not listed)."""
@@ -120,7 +132,7 @@ def format_keys(rows: Sequence[Tuple[str, str, int, bytes]]) -> bytes:
             lines.append(json.dumps({"key": k, "label": label, "size": size, "digest": digest.hex()}, sort_keys=True,
                                     ensure_ascii=False))
             continue
-        lines.append(f'{{"digest": "{digest.hex()}", "key": {text(k)}, "label": {text(label)}, "size": {size!r}}}')
+        lines.append(keys_line(digest.hex(), text(k), text(label), repr(size)))
     return ("\n".join(lines) + "\n").encode("utf-8") if lines else b""
 
 

@@ -12,7 +12,7 @@ import json
 from typing import Any, BinaryIO, Callable, List, Optional, Tuple
 
 from imagerecords.format.records import RecordWriter
-from imagerecords.pipeline import array_rows, arrays, codec
+from imagerecords.pipeline import array_rows, arrays, codec, dataset_files
 from imagerecords.pipeline.refs import LabelMap, Rejected
 
 _ascii = json.encoder.encode_basestring_ascii  # json.dumps' spelling of a str (the fingerprint's)
@@ -30,10 +30,10 @@ def _whole(quoted: str) -> str:
 
 def fingerprint_text(shard: array_rows.RowShard) -> str:
     """stages._fingerprint_line of each of the shard's refs, in shard order, joined."""
-    key = _open(_ascii(f"{array_rows._base(shard.path)}:"))
-    uri = _open(_ascii(f"{shard.path}{arrays.ROW_MARK}"))
+    key = _open(_ascii(arrays.key_prefix(shard.path))) + arrays.ROW_NUMBER
+    uri = _open(_ascii(arrays.uri_prefix(shard.path)))
     tail = f"{_whole(_ascii(shard.split))}, {shard.size}]\n"
-    formats = [f'[{key}%09d", {uri}%d", {_whole(_ascii(text))}, {label_id}, {tail}' for text, label_id in shard.labels]
+    formats = [f'[{key}", {uri}%d", {_whole(_ascii(text))}, {label_id}, {tail}' for text, label_id in shard.labels]
     return "".join([formats[c] % (i, i) for i, c in zip(shard.rows.tolist(), shard.codes.tolist())])
 
 
@@ -58,13 +58,13 @@ def written_lines(shard: array_rows.RowShard, positions, digests: bytes, labels:
     hexed = digests.hex()
     digest_of = [hexed[k:k + 32] for k in range(0, len(hexed), 32)]
     rows, codes = shard.rows[positions].tolist(), shard.codes[positions].tolist()
-    key = _open(_utf8(f"{array_rows._base(shard.path)}:"))
-    formats = [f'{{"digest": "%s", "key": {key}%09d", "label": {name}, "size": {shard.size}}}' for name in names]
+    key = _open(_utf8(arrays.key_prefix(shard.path))) + arrays.ROW_NUMBER
+    formats = [dataset_files.keys_line("%s", key + '"', name, str(shard.size)) for name in names]
     keys = ("\n".join([formats[c] % (d, i) for d, i, c in zip(digest_of, rows, codes)]) + "\n").encode("utf-8")
     if not contents:
         return keys, ""
-    uri, split = _open(_utf8(f"{shard.path}{arrays.ROW_MARK}")), _whole(_utf8(shard.split))
-    formats = [f'["%s",[{key}%09d",{split},{uri}%d",{name}]]' for name in names]
+    uri, split = _open(_utf8(arrays.uri_prefix(shard.path))), _whole(_utf8(shard.split))
+    formats = [dataset_files.contents_entry("%s", key + '"', split, uri + '%d"', name) for name in names]
     return keys, ",".join([formats[c] % (d, i, i) for d, i, c in zip(digest_of, rows, codes)])
 
 

@@ -250,7 +250,7 @@ class ShardWriter:
         if self.source and len(refs):  # an arrays build: this process's cached arrays must be this input's
             from imagerecords.pipeline import arrays
 
-            arrays.forget_if_changed(refs.path if rows else refs[0].uri.rpartition(arrays.ROW_MARK)[0], self.source)
+            arrays.forget_if_changed(refs.path if rows else arrays.row_of(refs[0].uri)[0], self.source)
         filename = planning.shard_name(self.name, split, index, num_shards)
         staging = publish.staging_dir(self.output, self.build_id)
         fingerprint = shard_fingerprint(shard, () if rows else refs, name=self.name, preset=self.preset,
@@ -351,8 +351,8 @@ def _staged_record_bytes(fingerprint: str, staged: StagedShard, contents: Option
     text = _utf8_string
     if contents is None:
         try:
-            contents = ",".join([f'["{d.hex()}",[{text(k)},{text(s)},{text(u)},{text(n)}]]' for d, (k, s, u, n)
-                                 in staged.contents])
+            contents = ",".join([dataset_files.contents_entry(d.hex(), text(k), text(s), text(u), text(n))
+                                 for d, (k, s, u, n) in staged.contents])
         except (AttributeError, TypeError, ValueError):  # not (bytes, four strings): the encoder spells it
             return _record_bytes({"fingerprint": fingerprint, "staged": staged.to_json()})
     rest = _record_bytes({"passthrough": staged.passthrough, "rejected": [dataclasses.asdict(r) for r in staged.rejected],
