@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import build
-from imagerecords.pipeline import array_rows, arrays, dataset_files, planning, stages
+from imagerecords.pipeline import array_rows, arrays, dataset_files, fingerprint, planning, stages
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.engines import local
 from imagerecords.pipeline.options import BuildOptions
@@ -170,8 +170,8 @@ def test_fingerprint_lines_are_json_dumps():
     for a in TEXTS:
         for b in TEXTS:
             row = [a, b, b, 5, a, -1, 12345678901234, "123:456"]
-            assert stages._json_list(row) == json.dumps(row) + "\n"
-    assert stages._json_list(["a", None, 1.5, True, [1]]) == json.dumps(["a", None, 1.5, True, [1]]) + "\n"
+            assert fingerprint._json_list(row) == json.dumps(row) + "\n"
+    assert fingerprint._json_list(["a", None, 1.5, True, [1]]) == json.dumps(["a", None, 1.5, True, [1]]) + "\n"
 
 
 def test_keys_file_is_json_dumps_per_row():
@@ -194,8 +194,8 @@ def test_fingerprint_line_is_json_dumps(tmp_path):
     for r in refs:
         for images in ((), ("mask",)):
             expected = json.dumps([r.key, r.uri, r.label, r.label_id, r.split, r.size,
-                                   *([r.extras] if r.extras else []), *stages._read_files(r, images)]) + "\n"
-            assert stages._fingerprint_line(r, images, arrays.is_row) == expected
+                                   *([r.extras] if r.extras else []), *fingerprint._read_files(r, images)]) + "\n"
+            assert fingerprint._fingerprint_line(r, images, arrays.is_row) == expected
 
 
 @pytest.mark.parametrize("save", [np.savez, np.savez_compressed])

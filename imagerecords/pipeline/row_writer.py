@@ -12,7 +12,7 @@ import json
 from typing import Any, BinaryIO, Callable, List, Optional, Tuple
 
 from imagerecords.format.records import RecordWriter
-from imagerecords.pipeline import array_rows, arrays, codec, dataset_files
+from imagerecords.pipeline import array_rows, arrays, codec, dataset_files, fingerprint
 from imagerecords.pipeline.refs import LabelMap, Rejected
 
 _ascii = json.encoder.encode_basestring_ascii  # json.dumps' spelling of a str (the fingerprint's)
@@ -29,11 +29,12 @@ def _whole(quoted: str) -> str:
 
 
 def fingerprint_text(shard: array_rows.RowShard) -> str:
-    """stages._fingerprint_line of each of the shard's refs, in shard order, joined."""
-    key = _open(_ascii(arrays.key_prefix(shard.path))) + arrays.ROW_NUMBER
-    uri = _open(_ascii(arrays.uri_prefix(shard.path)))
-    tail = f"{_whole(_ascii(shard.split))}, {shard.size}]\n"
-    formats = [f'[{key}", {uri}%d", {_whole(_ascii(text))}, {label_id}, {tail}' for text, label_id in shard.labels]
+    """fingerprint._fingerprint_line of each of the shard's refs, in shard order, joined."""
+    key = _open(_ascii(arrays.key_prefix(shard.path))) + arrays.ROW_NUMBER + '"'
+    uri = _open(_ascii(arrays.uri_prefix(shard.path))) + '%d"'
+    split = _whole(_ascii(shard.split))
+    formats = [fingerprint.ref_line(key, uri, _whole(_ascii(text)), label_id, split, shard.size)
+               for text, label_id in shard.labels]
     return "".join([formats[c] % (i, i) for i, c in zip(shard.rows.tolist(), shard.codes.tolist())])
 
 

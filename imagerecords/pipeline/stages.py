@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, S
 
 from imagerecords.pipeline import (_hooks, array_rows, codec, dataset_files, input_files, planning, publish, row_writer,
                                    shard_writer, storage)
+from imagerecords.pipeline import fingerprint as fingerprint_lib
 from imagerecords.format import records
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.format.manifest import DUPLICATES, ERRORS, Shard
@@ -253,7 +254,7 @@ class ShardWriter:
             arrays.forget_if_changed(refs.path if rows else arrays.row_of(refs[0].uri)[0], self.source)
         filename = planning.shard_name(self.name, split, index, num_shards)
         staging = publish.staging_dir(self.output, self.build_id)
-        fingerprint = shard_fingerprint(shard, () if rows else refs, name=self.name, preset=self.preset,
+        fingerprint = fingerprint_lib.shard_fingerprint(shard, () if rows else refs, name=self.name, preset=self.preset,
                                         labels=labels, options=self.options, write_index=self.write_index,
                                         contents=self.contents, features=self.features, source=self.source,
                                         lines=row_writer.fingerprint_text(refs) if rows else None)
@@ -363,90 +364,6 @@ def _staged_record_bytes(fingerprint: str, staged: StagedShard, contents: Option
 
 
 _utf8_string = json.encoder.encode_basestring  # what json.dumps(ensure_ascii=False) writes for a str
-
-
-def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, name: str, preset: str,
-                      labels: LabelMap, options: codec.ImageOptions, write_index: bool, contents: bool,
-                      features: Sequence[Any] = (), source: str = "", lines: Optional[str] = None) -> str:
-    """sha256 of everything a shard's bytes depend on: its place, its refs in order (key, path,
-    label, size), the size and modification time of every local file a ref reads (its image and
-    each image feature's file), the label map, the encoding settings and the code version. A
-    remote file counts by its listed size only (a stat per object would cost a request each).
-    `lines`: the refs' lines already spelled (row_writer.fingerprint_text of a row shard)."""
-    from imagerecords import __version__
-
-    h = hashlib.sha256()
-    h.update(json.dumps({"shard": list(shard), "name": name, "preset": preset, "labels": labels.to_json(),
-                         "options": dataclasses.asdict(options), "write_index": write_index, "contents": contents,
-                         "code": __version__, "pillow": _version("pillow"),
-                         "png_writer": [codec.PNG_WRITER, _version("deflate")],
-                         **({"features": [f.to_json() | {"name": f.name} for f in features]} if features else {}),
-                         **({"source": source} if source else {})},
-                        sort_keys=True, default=str).encode())
-    images = [f.name for f in features if f.dtype == "image"]
-    from imagerecords.pipeline.arrays import is_row  # once per shard, not per ref
-
-    # One update of the joined lines hashes the same bytes as one per line, without a call and an encode per ref.
-    h.update((lines if lines is not None else "".join([_fingerprint_line(r, images, is_row) for r in refs])).encode())
-    return h.hexdigest()
-
-
-def _fingerprint_line(r: ImageRef, images: Sequence[str], is_row: Callable[[str], bool]) -> str:
-    """json.dumps([key, uri, label, label id, split, size, extras if any, each file read's stat]) + newline."""
-    if not r.extras and type(r.label) is str:  # the common line, spelled as json.dumps spells it
-        text = _ascii_string
-        tail = "" if is_row(r.uri) else ", " + text(_stat(r.uri))
-        return f"[{text(r.key)}, {text(r.uri)}, {text(r.label)}, {r.label_id}, {text(r.split)}, {r.size}{tail}]\n"
-    return _json_list([r.key, r.uri, r.label, r.label_id, r.split, r.size, *([r.extras] if r.extras else []),
-                       *_read_files(r, images)])
-
-
-_ascii_string = json.encoder.encode_basestring_ascii
-
-
-def _json_list(values: Sequence[Any]) -> str:
-    """json.dumps(values) + newline, for a list of str and int (a ref's fingerprint line) written
-    without the encoder's per-call set-up, which cost more than the line; other values go to json.dumps."""
-    parts = []
-    for v in values:
-        if type(v) is str:
-            parts.append(_ascii_string(v))
-        elif type(v) is int:
-            parts.append(int.__repr__(v))
-        else:
-            return json.dumps(list(values)) + "\n"
-    return "[" + ", ".join(parts) + "]\n"
-
-
-def _read_files(ref: ImageRef, images: Sequence[str]) -> List[str]:
-    """'size:mtime' of each local file `ref` reads (an arrays row's files are in the writer's source)."""
-    from imagerecords.pipeline.arrays import is_row  # imported once: sys.modules holds it after the first ref
-
-    paths = [] if is_row(ref.uri) else [ref.uri]
-    if images and ref.extras:
-        values = json.loads(ref.extras)
-        paths += [values[n] for n in images if isinstance(values.get(n), str)]
-    return [_stat(p) for p in paths]
-
-
-def _stat(path: str) -> str:
-    if not storage.is_local(path):
-        return ""
-    try:
-        st = os.stat(path)
-    except OSError:  # read (and rejected) at write time; a file that appears later changes this
-        return "missing"
-    return f"{st.st_size}:{st.st_mtime_ns}"
-
-
-@functools.lru_cache(maxsize=4)
-def _version(distribution: str) -> str:
-    from importlib import metadata as importlib_metadata
-
-    try:
-        return importlib_metadata.version(distribution)
-    except importlib_metadata.PackageNotFoundError:
-        return ""
 
 
 def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: str, fingerprint: str
