@@ -75,22 +75,17 @@ def list_rows(path: str, preset: str, image_encoding: str) -> Listed:
     if label.role == "class":
         negative = np.flatnonzero(values < 0)
         above = np.flatnonzero(values > arrays.MAX_CLASS_ID)
-        for i in negative.tolist():
-            bad[i] = f"label {int(values[i])} is negative: class labels are ids 0, 1, ..."
-        for i in above.tolist():
-            bad[i] = (f"label {int(values[i])} is above the largest class id {arrays.MAX_CLASS_ID}: integer labels "
-                      "are ids 0, 1, ... (the vocabulary holds one name per id); give class names "
-                      "as a string array instead")
+        for i in negative.tolist() + above.tolist():
+            bad[i] = arrays.class_id_problem(int(values[i]))
         distinct, inverse = np.unique(values, return_inverse=True)
         texts = [str(int(v)) for v in distinct.tolist()]
     else:
         distinct, inverse = np.unique(values, return_inverse=True)
         texts, problems = [], {}
         for k, v in enumerate(distinct.tolist()):
-            text = v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
+            text = arrays.label_text(v)
             texts.append(text)
-            problem = "label is an empty string: give every row a class name" if not text else \
-                refs_lib.label_problem(text)
+            problem = arrays.class_name_problem(text)
             if problem is not None:
                 problems[k] = problem
         inverse = inverse.reshape(-1)
@@ -170,13 +165,9 @@ def assign(listed: Listed, labels: LabelMap, splits: Optional[Sequence[Tuple[str
     rows, codes = listed.rows, listed.codes
     if splits:
         names = [name for name, _ in splits]
-        u = hashes(f"split:{split_seed}", listed.path, rows, pool).astype(np.float64) / 2.0**64
-        cumulative, bounds = 0.0, []
-        for _, fraction in splits:  # summed in order, as refs.assign_split does
-            cumulative += fraction
-            bounds.append(cumulative)
-        # assign_split: the first split whose running sum exceeds u, else the last.
-        split_of = np.minimum(np.searchsorted(np.array(bounds), u, side="right"), len(names) - 1)
+        u = hashes(refs_lib.split_salt(split_seed), listed.path, rows, pool).astype(np.float64) / 2.0**64
+        # refs.assign_split on NumPy: the first split whose running sum exceeds u, else the last.
+        split_of = np.minimum(np.searchsorted(np.array(refs_lib.split_bounds(splits)), u, side="right"), len(names) - 1)
     else:
         names = ["train"]
         split_of = np.zeros(len(rows), np.int64)
@@ -194,14 +185,13 @@ def assign(listed: Listed, labels: LabelMap, splits: Optional[Sequence[Tuple[str
         label_id = labels.label_id(text)
         label_ids.append(-1 if label_id is None else label_id)
         if label_id is None:
-            reason = ((labels.integer and refs_lib.int_label_problem(text))
-                      or f"label {text!r} is not in the label map")
+            reason = refs_lib.unknown_label_reason(labels, text)
             for k in np.flatnonzero(keep & (codes == c)).tolist():
                 i = int(rows[k])
                 rejected.append(Rejected(listed.uri(i), reason, listed.key(i), names[split_of[k]], stage="label"))
             keep &= codes != c
     rows, codes, split_of = rows[keep], codes[keep], split_of[keep]
-    return Assigned(rows, codes, hashes(f"shuffle:{seed}", listed.path, rows, pool), listed.texts, split_of, names,
+    return Assigned(rows, codes, hashes(refs_lib.shuffle_salt(seed), listed.path, rows, pool), listed.texts, split_of, names,
                     label_ids, rejected)
 
 

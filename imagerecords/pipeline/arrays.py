@@ -351,6 +351,26 @@ def _map_member(np, path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo):
 # Listing -----------------------------------------------------------------------------------------
 
 
+def class_id_problem(v: int) -> Optional[str]:
+    """Why integer label `v` cannot be a class id, or None."""
+    if v < 0:
+        return f"label {v} is negative: class labels are ids 0, 1, ..."
+    if v > MAX_CLASS_ID:
+        return (f"label {v} is above the largest class id {MAX_CLASS_ID}: integer labels are ids 0, 1, ... (the "
+                "vocabulary holds one name per id); give class names as a string array instead")
+    return None
+
+
+def class_name_problem(text: str) -> Optional[str]:
+    """Why a string label (decoded) cannot be a class name, or None."""
+    return "label is an empty string: give every row a class name" if not text else label_problem(text)
+
+
+def label_text(v) -> str:
+    """A string array's label as text (bytes decoded, an undecodable byte as its escape)."""
+    return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
+
+
 def list_refs(path: str, preset: str, image_encoding: str) -> Iterator[Union[ImageRef, Rejected]]:
     """One ref per row, in row order; a row whose class label cannot be one is a rejected row."""
     forget_if_changed(path)
@@ -364,25 +384,13 @@ def list_refs(path: str, preset: str, image_encoding: str) -> Iterator[Union[Ima
         if values is not None:
             v = values[i]
             if label.role == "class":
-                if int(v) < 0:
-                    yield Rejected(uri, f"label {int(v)} is negative: class labels are ids 0, 1, ...", key,
-                                   stage="label")
-                    continue
-                if int(v) > MAX_CLASS_ID:
-                    yield Rejected(uri, f"label {int(v)} is above the largest class id {MAX_CLASS_ID}: integer labels "
-                                        "are ids 0, 1, ... (the vocabulary holds one name per id); give class names "
-                                        "as a string array instead", key, stage="label")
-                    continue
-                text = str(int(v))
+                problem, text = class_id_problem(int(v)), str(int(v))
             else:
-                text = v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
-                if not text:
-                    yield Rejected(uri, "label is an empty string: give every row a class name", key, stage="label")
-                    continue
-                problem = label_problem(text)
-                if problem is not None:
-                    yield Rejected(uri, problem, key, stage="label")
-                    continue
+                text = label_text(v)
+                problem = class_name_problem(text)
+            if problem is not None:
+                yield Rejected(uri, problem, key, stage="label")
+                continue
         yield ImageRef(key=key, uri=uri, label=sys.intern(text), split="", size=row_bytes)
 
 

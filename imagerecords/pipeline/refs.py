@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import csv
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import posixpath
 import re
@@ -155,21 +157,30 @@ def _person(salt: str) -> bytes:
     return hashlib.sha256(salt.encode("utf-8")).digest()[:16]
 
 
+def shuffle_salt(seed: int) -> str:
+    return f"shuffle:{seed}"
+
+
+def split_salt(split_seed: int) -> str:
+    return f"split:{split_seed}"
+
+
 def shuffle_hash(seed: int, key: str) -> int:
     """The position of `key` in the global order: ascending hash, key as tie-break."""
-    return hash64(f"shuffle:{seed}", key)
+    return hash64(shuffle_salt(seed), key)
+
+
+def split_bounds(splits: Sequence[Tuple[str, float]]) -> List[float]:
+    """The running sums of the split fractions, in order: split k takes hashes in [bound k-1, bound k)."""
+    return list(itertools.accumulate(fraction for _, fraction in splits))
 
 
 def assign_split(splits: Sequence[Tuple[str, float]], split_seed: int, key: str) -> str:
-    """Returns the split of `key` for fractions `splits`; depends on nothing but the key and seed,
-    so adding images never moves an existing image to another split."""
-    u = hash64(f"split:{split_seed}", key) / 2.0**64
-    cumulative = 0.0
-    for name, fraction in splits:
-        cumulative += fraction
-        if u < cumulative:
-            return name
-    return splits[-1][0]
+    """Returns the split of `key` for fractions `splits`: the first whose running sum exceeds the
+    key's hash in [0, 1), else the last. Depends on nothing but the key and seed, so adding images
+    never moves an existing image to another split."""
+    u = hash64(split_salt(split_seed), key) / 2.0**64
+    return splits[min(bisect.bisect_right(split_bounds(splits), u), len(splits) - 1)][0]
 
 
 # The reason of a file directly under a class-folder root (its row is skipped, not rejected).
@@ -394,6 +405,11 @@ def int_label_problem(label: str) -> Optional[str]:
     return (f"label {shown} is past the largest integer class id {MAX_INT_LABELS - 1}: integer labels name ids "
             f"0..the largest one, so they are capped at {MAX_INT_LABELS:,} classes; give class names "
             "(--label_type name) instead")
+
+
+def unknown_label_reason(labels: "LabelMap", label: str) -> str:
+    """Why `label` has no id in `labels` (an errors.jsonl reason)."""
+    return (labels.integer and int_label_problem(label)) or f"label {label!r} is not in the label map"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -127,8 +127,7 @@ def assign(ref: ImageRef, labels: LabelMap, splits: Optional[Sequence[Tuple[str,
         return Rejected(ref.uri, problem, ref.key, split, stage="label")
     label_id = labels.label_id(ref.label)
     if label_id is None:
-        reason = ((labels.integer and refs_lib.int_label_problem(ref.label))
-                  or f"label {ref.label!r} is not in the label map")
+        reason = refs_lib.unknown_label_reason(labels, ref.label)
         return Rejected(ref.uri, reason, ref.key, split, stage="label")
     return ImageRef(ref.key, ref.uri, ref.label, split, ref.size, label_id, ref.extras)  # not replace(): 1.6x dearer
 
