@@ -45,6 +45,8 @@ BUILD = [
     # libdeflate for the PNGs the builder writes (codec.png_bytes); their bytes depend on its build,
     # so byte-identical rebuilds use constraints.txt's.
     "deflate>=0.9.0",
+    # Downloads of http(s) manifest rows (pipeline/download.py): pooled keep-alive connections, read1.
+    "urllib3>=2.0",
 ]
 # imagerecords.torch: a PyTorch dataset and loader decoding with Pillow; no TensorFlow. The floor is
 # not run by CI (it runs constraints.txt's torch). gs:// needs google-cloud-storage too (in `gcp`).

@@ -9,7 +9,7 @@ from typing import Any, Collection, Dict, FrozenSet, Iterable, List, Mapping, Op
 
 from imagerecords.format import records, schema
 from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError
-from imagerecords.pipeline import codec, errors, refs as refs_lib, storage
+from imagerecords.pipeline import codec, download, errors, refs as refs_lib, storage
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
 
 log = logging.getLogger(__name__)
@@ -363,6 +363,8 @@ def against(ref: ImageRef, base: Base, read_bytes, options: codec.ImageOptions,
     if known.size >= 0 and ref.size >= 0 and known.size != ref.size:
         return _changed(ref, known, split, f"its size is {ref.size} bytes, {known.size} when it was stored")
     if _untouched_since(ref.uri, known.since_ns):  # the file the build read: no need to read it again
+        return _repeated(ref, known, split)
+    if download.is_url(ref.uri):  # a URL the dataset holds is not fetched again (by the launcher, at that)
         return _repeated(ref, known, split)
     try:
         data = read_bytes(ref.uri)

@@ -146,6 +146,16 @@ class BuildConfig:
       max_reject_fraction: the build fails (nothing published) when more than this fraction of
         listed inputs is rejected; every reject is in errors.jsonl either way.
       threads: decode threads inside each shard writer.
+      http_workers: downloads at once per worker process, for manifest rows that are http(s) URLs.
+      http_per_host: connections at once to one host per worker process.
+      http_timeout: seconds to connect to a server, and to wait for its next byte.
+      http_deadline: seconds one URL may take in all (retries and redirects included); a server that
+        drips its body is cut off then.
+      http_retries: further tries of a URL after a connection error, a timeout, a 5xx or a 429, with
+        exponential backoff and jitter (a Retry-After is honoured up to 60 s).
+      user_agent: the User-Agent of downloads (default imagerecords/VERSION).
+      http_headers: a file of request headers for downloads, one `Name: value` per line (a token);
+        never logged, and written into no file of the output.
       overwrite: allow replacing a dataset this tool wrote earlier in `output`.
       write_index: also write `index/<shard>.idx` (tfrecord2idx: offset and frame length per
         record) for DALI and the PyTorch tfrecord package.
@@ -188,6 +198,13 @@ class BuildConfig:
     skip_duplicate_check: bool = False
     max_reject_fraction: float = 0.01
     threads: int = 4
+    http_workers: int = 16
+    http_per_host: int = 4
+    http_timeout: float = 30.0
+    http_deadline: float = 120.0
+    http_retries: int = 4
+    user_agent: str = ""
+    http_headers: Optional[str] = None
     overwrite: bool = False
     write_index: bool = False
     keep_versions: int = 2
@@ -241,6 +258,14 @@ class BuildConfig:
             problems.append(f"keep_versions must be >= 1, got {self.keep_versions}")
         if self.threads < 1:
             problems.append(f"threads must be >= 1, got {self.threads}")
+        for name in ("http_workers", "http_per_host"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("http_timeout", "http_deadline"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.http_retries < 0:
+            problems.append(f"http_retries must be >= 0, got {self.http_retries}")
         if self.append and self.overwrite:
             problems.append("append and overwrite exclude each other: --append adds to the published dataset, "
                             "--overwrite replaces it")
@@ -259,8 +284,9 @@ class BuildConfig:
     def to_json(self) -> Dict[str, Any]:
         """Returns the parameters recorded in manifest.json (paths excluded: they vary by machine)."""
         d = dataclasses.asdict(self)
+        # How inputs are fetched shapes no byte (and the headers file may name a secret): not recorded.
         for k in ("input", "output", "overwrite", "keep_versions", "resume", "features", "append",
-                  "version_name"):
+                  "version_name", *HTTP_FIELDS):
             d.pop(k)
         if self.features:  # manifest.json's "features" is the spec; here only what feeds it
             d["features"] = features_lib.specs_to_json(self.features)
@@ -277,6 +303,10 @@ class BuildConfig:
         if "png_level" in d["image"]:
             d["image"]["png_writer"] = codec.PNG_WRITER  # the level's bytes depend on the writer too
         return d
+
+
+HTTP_FIELDS = ("http_workers", "http_per_host", "http_timeout", "http_deadline", "http_retries", "user_agent",
+               "http_headers")
 
 
 def field_docs(cls: type) -> Dict[str, str]:

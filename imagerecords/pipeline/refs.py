@@ -43,7 +43,7 @@ class ImageRef:
 
 
 # Where in the build an input was turned away (the `stage` of an errors.jsonl row).
-STAGES = ("list", "read", "decode", "label", "duplicate", "write")
+STAGES = ("list", "read", "download", "decode", "label", "duplicate", "write")
 
 
 @dataclasses.dataclass(frozen=True)

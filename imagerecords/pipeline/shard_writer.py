@@ -8,7 +8,7 @@ import dataclasses
 import hashlib
 from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
-from imagerecords.pipeline import arrays, codec, feature_encoder, input_files
+from imagerecords.pipeline import arrays, codec, download, feature_encoder, input_files
 from imagerecords.format.features import Feature, ValueProblem
 from imagerecords.format import schema
 from imagerecords.format.records import RecordWriter
@@ -56,6 +56,8 @@ def encode_ref(
         return arrays.encode_ref(ref, preset, labels, options)
     try:
         data = read_bytes(ref.uri)
+    except download.Failed as e:  # a URL that gave no image bytes: its status, timeout, size...
+        return Rejected(ref.uri, str(e), ref.key, ref.split, stage="download", error=e.error)
     except input_files.Refused as e:  # turned away by policy: no exception type to report
         return Rejected(ref.uri, str(e), ref.key, ref.split, stage="read")
     except OSError as e:  # FileSystems raises BeamIOError, an IOError

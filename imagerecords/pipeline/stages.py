@@ -25,7 +25,7 @@ import uuid
 from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 
-from imagerecords.pipeline import (_hooks, array_rows, codec, dataset_files, input_files, planning, publish, row_writer,
+from imagerecords.pipeline import (_hooks, array_rows, codec, dataset_files, download, input_files, planning, publish, row_writer,
                                    shard_writer, storage)
 from imagerecords.pipeline import fingerprint as fingerprint_lib
 from imagerecords.format import records
@@ -73,7 +73,7 @@ def manifest_row(line: bytes, parse: Callable[[str], Mapping[str, Any]], manifes
                         error="RecursionError")
     if rejected is not None:
         return rejected
-    if ref.size >= 0 or not stat:  # the manifest gave the size, or the user skips the lookup
+    if ref.size >= 0 or not stat or download.is_url(ref.uri):  # given, skipped, or fetched only by its shard's writer
         size, problem = ref.size, None
     else:
         size, problem = _size(ref)

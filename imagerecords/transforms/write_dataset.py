@@ -11,9 +11,10 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from imagerecords.format.manifest import MANIFEST
-from imagerecords.pipeline import input_files, publish, session, shard_writer, stages, storage
+from imagerecords.pipeline import download, input_files, publish, session, shard_writer, stages, storage
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline.sources.manifests import ManifestSource
 from imagerecords.pipeline.refs import ImageRef, LabelMap, ManifestColumns, Rejected
 from imagerecords.transforms.coders import ShardKey
 from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, REJECTED
@@ -102,7 +103,7 @@ def row_to_ref(row: Any, base: str, columns: ManifestColumns, max_file_bytes: Op
         return rejected
     if data is not None:
         ref = dataclasses.replace(ref, uri=uri)  # parse_manifest_row resolved it as a path
-    elif ref.size < 0 and stat:
+    elif ref.size < 0 and stat and not download.is_url(ref.uri):  # a URL is fetched by its shard's writer alone
         size, problem = stages._size(ref)  # the manifest rows' own lookup: a missing file is a row here
         if problem is not None:
             return Rejected(ref.uri, problem[0], ref.key, ref.split, stage="list", error=problem[1])
@@ -245,8 +246,9 @@ class WriteDataset(beam.PTransform):
                   | "JoinBytes" >> beam.CoGroupByKey()
                   | "WithBytes" >> beam.Map(_with_bytes))
         # (ShardKey, [ImageRef], {uri: bytes})
+        # Rows read as a manifest's: paths, FileSystems URIs, and http(s) URLs downloaded by the writers.
         written = joined | "WriteShards" >> WriteShards(config.output, labelled["labels"], config=config,
-                                                        build_ids=build_ids)
+                                                        build_ids=build_ids, source=ManifestSource().bind(config))
         rejected = ((checked[REJECTED], labelled[REJECTED], written[REJECTED])
                     | "AllRejected" >> beam.Flatten())
         outcome = {"results": written["results"], "rejected": rejected, "labels": labelled["labels"],

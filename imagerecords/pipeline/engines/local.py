@@ -344,7 +344,7 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
     """
     asked = workers is not None  # before `workers` names the pool's processes below
     forked = workers if asked else _auto_workers()
-    source = sources.of(config.input)
+    source = sources.for_build(config)
     source.prepare(config)  # before the fork: what the workers share
     writer = stages.ShardWriter.of(config, build_id, source)
     pool, cancel = _fork_workers(forked, writer, progress_dir) if forked else (None, None)
@@ -485,7 +485,7 @@ def _against(config: BuildConfig, base, refs: List[Tuple[int, ImageRef]], reject
              ) -> Tuple[List[Tuple[int, ImageRef]], List[DuplicateGroup]]:
     """The refs whose keys the published dataset does not hold; the others become duplicates.jsonl
     rows (same content) or errors.jsonl rows (changed), as appending.against says."""
-    read = sources.of(config.input).reader(config.image)
+    read = sources.for_build(config).reader(config.image)
     splits = tuple(config.splits) if config.splits else None
     kept, known = [], []
     for h, ref in refs:

@@ -8,7 +8,7 @@ from imagerecords.pipeline.sources.base import InputInfo, Listed, Source, regist
 from imagerecords.pipeline.sources.folders import FolderSource
 from imagerecords.pipeline.sources.manifests import ManifestSource
 
-__all__ = ["InputInfo", "Listed", "Source", "check_input", "of", "register", "unregister"]
+__all__ = ["InputInfo", "Listed", "Source", "check_input", "for_build", "of", "register", "unregister"]
 
 # Asked after every registered source, in this order; the folder source claims whatever is left.
 _BUILT_IN = (ArraysSource(), ManifestSource(), FolderSource())
@@ -17,6 +17,11 @@ _BUILT_IN = (ArraysSource(), ManifestSource(), FolderSource())
 def of(path: str) -> Source:
     """The source that reads `path`: the newest registered source that claims it, else a built-in one."""
     return next(s for s in (*registered(), *_BUILT_IN) if s.claims(path))
+
+
+def for_build(config) -> Source:
+    """The source of `config.input`, set up for this build (Source.bind): the one the engines read with."""
+    return of(config.input).bind(config)
 
 
 def check_input(config, *, ignore_split_column: bool = False) -> InputInfo:

@@ -53,6 +53,11 @@ class Source:
         possible; raises errors.InputError naming the input and the problem."""
         return InputInfo(self.kind)
 
+    def bind(self, config) -> "Source":
+        """This source set up for one build (settings its reader needs); made in the launcher, then
+        pickled to the workers. Default: itself."""
+        return self
+
     def local(self, path: str) -> bool:
         """Whether the local engine can list and read this input (else the build runs on Beam)."""
         return storage.is_local(path)

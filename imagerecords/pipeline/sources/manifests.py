@@ -10,7 +10,7 @@ import os
 from typing import IO, TYPE_CHECKING, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from imagerecords.format.paths import has_scheme
-from imagerecords.pipeline import stages, storage
+from imagerecords.pipeline import download, input_files, stages, storage
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.errors import InputError, UsageError
 from imagerecords.pipeline.sources.base import InputInfo, Listed, Source, first_line as _first_line
@@ -30,11 +30,31 @@ class ManifestSource(Source):
 
     kind = "manifest"
 
+    def __init__(self, http: download.HttpSettings = download.HttpSettings()):
+        self._http = http  # how rows that are http(s) URLs are downloaded (by the shard writers)
+
     def claims(self, path: str) -> bool:
         return _manifest_kind(path) is not None
 
+    def bind(self, config) -> "ManifestSource":
+        headers = download.read_headers(config.http_headers) if config.http_headers else ()
+        return ManifestSource(download.HttpSettings(
+            workers=config.http_workers, per_host=config.http_per_host, timeout=config.http_timeout,
+            deadline=config.http_deadline, retries=config.http_retries, user_agent=config.user_agent, headers=headers))
+
+    def reader(self, options):
+        return download.reader(self._http, options.max_file_bytes, input_files.limited_reader(options))
+
     def check(self, config, *, ignore_split_column: bool = False) -> InputInfo:
         path = config.input
+        if config.http_headers:
+            try:
+                download.read_headers(config.http_headers)
+            except (OSError, UnicodeDecodeError) as e:
+                raise UsageError(f"--http_headers {config.http_headers}: cannot read it "
+                                 f"({getattr(e, 'strerror', None) or type(e).__name__})") from None
+            except ValueError as e:
+                raise UsageError(str(e)) from None
         info = read_manifest_head(path)
         if info.kind == "csv":
             _check_csv_columns(config, info)

@@ -64,7 +64,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
     Returns:
       A PCollection holding the single publish.BuildResults written.
     """
-    source = sources.of(config.input)
+    source = sources.for_build(config)
     info = input_info if input_info is not None else InputInfo(source.kind)
     listing = source.beam_listing(config, info)
     if listing is None:

@@ -1,0 +1,181 @@
+"""A real HTTP server for the web-input tests: a ThreadingHTTPServer on a port the kernel picks (and
+that it holds until stopped), serving generated images and every way a server can misbehave. It
+counts what a test asserts on: requests and connections at once, bytes sent of the large body,
+requests per path, and the headers it received."""
+
+from __future__ import annotations
+
+import collections
+import http.server
+import io
+import socket
+import struct
+import threading
+import time
+from typing import Dict, List, Mapping, Optional
+
+import numpy as np
+from PIL import Image
+
+LARGE_BYTES = 256 * 1024 * 1024  # what /large would send if nobody stopped it
+
+
+def jpeg(i: int, size=(40, 30)) -> bytes:
+    """A baseline JPEG fixed by `i` (it passes through a default build unchanged)."""
+    yy, xx = np.mgrid[0:size[1], 0:size[0]]
+    pixels = np.stack([(xx * 6 + i * 13) % 256, (yy * 8 + i * 29) % 256, np.full_like(xx, (i * 41) % 256)],
+                      axis=-1).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+class Server:
+    """Start with `with Server(images) as s:`; `s.url(path)` names a path on it.
+
+    Paths: /img/NAME (the image NAME), /redirect/NAME (302 to it), /once503/NAME and /once429/NAME
+    (503 or 429 with Retry-After: 1 the first time, then the image), /missing (404), /page (an HTML
+    page), /loop (302 to itself), /tofile (302 to a file: URL), /large (a body far over any limit),
+    /drip (one byte every 0.3 s), /reset (the connection reset before any answer), /truncated
+    (Content-Length 20000, 100 bytes sent, then closed). `delay` slows every /img answer.
+    """
+
+    def __init__(self, images: Mapping[str, bytes], delay: float = 0.0):
+        self.images = dict(images)
+        self.delay = delay
+        self.lock = threading.Lock()
+        self.requests: Dict[str, int] = collections.Counter()
+        self.headers: List[Dict[str, str]] = []
+        self.in_flight = self.max_in_flight = 0
+        self.open = self.max_open = 0
+        self.large_sent = 0
+        self._served_once: set = set()
+        self._server: Optional[http.server.ThreadingHTTPServer] = None
+        self._thread: Optional[threading.Thread] = None
+
+    def url(self, path: str) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}{path}"
+
+    def __enter__(self) -> "Server":
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: the client's pools reuse connections
+
+            def setup(self):
+                super().setup()
+                with owner.lock:
+                    owner.open += 1
+                    owner.max_open = max(owner.max_open, owner.open)
+
+            def finish(self):
+                try:
+                    super().finish()
+                finally:
+                    with owner.lock:
+                        owner.open -= 1
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                with owner.lock:
+                    owner.in_flight += 1
+                    owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
+                    owner.requests[self.path] += 1
+                    owner.headers.append(dict(self.headers.items()))
+                try:
+                    owner._answer(self)
+                finally:
+                    with owner.lock:
+                        owner.in_flight -= 1
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="test-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+    def _send(self, h, status: int, body: bytes = b"", kind: str = "image/jpeg", extra: Mapping[str, str] = {}):
+        h.send_response(status)
+        h.send_header("Content-Type", kind)
+        h.send_header("Content-Length", str(len(body)))
+        for k, v in extra.items():
+            h.send_header(k, v)
+        h.end_headers()
+        h.wfile.write(body)
+
+    def _first_time(self, path: str) -> bool:
+        with self.lock:
+            if path in self._served_once:
+                return False
+            self._served_once.add(path)
+            return True
+
+    def _answer(self, h) -> None:
+        path = h.path
+        name = path.rsplit("/", 1)[-1]
+        if path.startswith("/img/") and name in self.images:
+            if self.delay:
+                time.sleep(self.delay)
+            self._send(h, 200, self.images[name])
+        elif path.startswith("/redirect/"):
+            self._send(h, 302, b"", "text/plain", {"Location": f"/img/{name}"})
+        elif path.startswith(("/once503/", "/once429/")) and name in self.images:
+            status = 503 if path.startswith("/once503/") else 429
+            if self._first_time(path):
+                self._send(h, status, b"busy", "text/plain", {"Retry-After": "1"})
+            else:
+                self._send(h, 200, self.images[name])
+        elif path == "/page":
+            self._send(h, 200, b"<html><body>not a picture</body></html>", "text/html; charset=utf-8")
+        elif path == "/loop":
+            self._send(h, 302, b"", "text/plain", {"Location": "/loop"})
+        elif path == "/tofile":
+            self._send(h, 302, b"", "text/plain", {"Location": "file:///etc/passwd"})
+        elif path == "/large":
+            h.send_response(200)
+            h.send_header("Content-Type", "image/jpeg")  # no Content-Length: the client must count
+            h.send_header("Connection", "close")
+            h.end_headers()
+            block = b"\xff" * 65536
+            try:
+                while self.large_sent < LARGE_BYTES:
+                    h.wfile.write(block)
+                    with self.lock:
+                        self.large_sent += len(block)
+            except OSError:
+                pass  # the client stopped reading
+            h.close_connection = True
+        elif path == "/drip":
+            h.send_response(200)
+            h.send_header("Content-Type", "image/jpeg")
+            h.send_header("Content-Length", "1000")
+            h.end_headers()
+            try:
+                for _ in range(1000):
+                    h.wfile.write(b"\xff")
+                    h.wfile.flush()
+                    time.sleep(0.3)
+            except OSError:
+                pass
+            h.close_connection = True
+        elif path == "/reset":
+            # SO_LINGER 0: close() sends RST, the client sees "connection reset" and no answer
+            h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            h.close_connection = True
+        elif path == "/truncated":
+            h.send_response(200)
+            h.send_header("Content-Type", "image/jpeg")
+            h.send_header("Content-Length", "20000")
+            h.end_headers()
+            h.wfile.write(b"\xff\xd8" + b"\x00" * 98)
+            h.close_connection = True
+        else:
+            self._send(h, 404, b"no such thing", "text/plain")
