@@ -605,8 +605,9 @@ def tfds_usable() -> Optional[str]:
     return None
 
 
-GROUPS = ("codec", "peers", "tfds", "build", "encodings", "arrays", "startup", "memory", "append", "scale", "reader", "flink")
-CORPUS_GROUPS = ("codec", "peers", "tfds", "build", "encodings", "startup", "reader", "flink")
+GROUPS = ("codec", "peers", "tfds", "build", "encodings", "arrays", "startup", "memory", "append", "scale", "reader", "flink",
+          "web")
+CORPUS_GROUPS = ("codec", "peers", "tfds", "build", "encodings", "startup", "reader", "flink", "web")
 
 
 def main(argv=None) -> int:
@@ -691,6 +692,10 @@ def main(argv=None) -> int:
                 bench_arrays_group(res, work, a.quick, r, a.float_rows or 0, a.rgb_rows or 0, a.storage_rows or 0)
             if "startup" not in skip:
                 bench_startup(res, tiny_root, work, r)
+            if "web" not in skip:
+                from benchmarks import bench_web
+
+                bench_web.bench_web(res, corpus.files, corpus.root, work, r, run_watched, build_cmd)
             if "memory" not in skip:
                 bench_memory(res, work, sizes, r, a.memory_modes.split(","))
             if "append" not in skip:

@@ -34,6 +34,7 @@ GROUPS = {
                "reader_eval_img_s", "ttfb_train", "ttfb_eval", "reader_train_vs_interleave",
                "reader_eval_vs_interleave"],
     "train": ["plain_img_s", "reader_img_s", "reader_input_wait_share", "plain_input_wait_share"],
+    "web": ["files_img_s", "files_peak_rss", "urls_img_s", "urls_peak_rss"],
 }
 
 
@@ -57,7 +58,7 @@ def test_corpus_is_seeded_varied_and_cached(tmp_path):
 # memory and peer groups each start ~15 CLI builds (minutes on a loaded 2-core machine) and run in
 # the full benchmark. IMAGERECORDS_BENCH_ALL=1 smoke-tests every group.
 SMOKE_GROUPS = list(GROUPS) if os.environ.get("IMAGERECORDS_BENCH_ALL") == "1" else ["codec", "reader", "train", "encodings",
-                                                                                   "arrays"]
+                                                                                   "arrays", "web"]
 
 
 @pytest.mark.slow

@@ -44,6 +44,8 @@ def test_plan_cuts_balanced_shards():
     (3, 10_000, None, 3),              # never more shards than images
     (100_000, 10 * 192_000_000, None, 10),  # target size wins above the floor
     (5, 1, 7, 7),                      # explicit count is kept
+    (100_000, 0, None, 58),            # no size known (URL rows): by count, 110 KB each
+    (1_000, 0, None, 8),               # ... with the same floor
 ])
 def test_choose_num_shards(count, num_bytes, asked, want):
     assert planning.choose_num_shards(count, num_bytes, asked, 192, 8) == want

@@ -179,3 +179,89 @@ def test_the_downloader_refuses_a_declared_oversize_body_unread(server):
         with pytest.raises(download.Failed) as e:
             d.fetch(s.url("/img/huge.jpg"))
         assert e.value.error == "TooLarge" and "declares 300,000 bytes" in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_build_killed_mid_download_resumes_to_the_uninterrupted_bytes(server, tmp_path):
+    import glob
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import shard_files
+    from imagerecords.format.manifest import STAGING
+
+    rows = [(server.url(f"/img/p{i:02d}.jpg"), "cat" if i % 2 else "dog") for i in range(GOOD + 4)]
+    path = _manifest(tmp_path, rows)
+    args = ["build", "--input", str(path), *map(str, FAST), "--num_shards", "4", "--no_progress"]
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "imagerecords", *args, "--output", str(out)],
+                            env={**os.environ, "IMAGERECORDS_TEST_PAUSE": "mid_shards",
+                                 "IMAGERECORDS_TEST_PAUSE_DIR": str(tmp_path)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    staged = lambda: glob.glob(str(out / STAGING / "*" / "*.staged.json"))
+    deadline = time.monotonic() + 120
+    while not ((tmp_path / "mid_shards").exists() and staged()):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no shard was staged within 120 s"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = {os.path.basename(p)[:-len(".staged.json")]: json.load(open(p))["staged"]["result"]["count"]
+            for p in staged()}
+    assert 0 < len(kept) < 4, kept
+    before = sum(server.requests.values())
+    resumed = subprocess.run([sys.executable, "-m", "imagerecords", *args, "--output", str(out), "--resume"],
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed: {len(kept)} of 4 shards reused" in resumed.stderr, resumed.stderr
+    assert sum(server.requests.values()) - before == GOOD + 4 - sum(kept.values())  # only the rest downloaded
+    fresh = tmp_path / "fresh"
+    build(path, fresh, *FAST, "--num_shards", 4)
+    names = [os.path.basename(f) for f in shard_files(out)]
+    assert names == [os.path.basename(f) for f in shard_files(fresh)] and len(names) == 4
+    for a, b in zip(shard_files(out), shard_files(fresh)):
+        assert open(a, "rb").read() == open(b, "rb").read(), a
+
+
+def test_a_url_with_control_characters_is_a_rejected_row(server, tmp_path):
+    rows = [(server.url("/img/p00.jpg"), "cat"), (server.url("/img/p01.jpg") + "%0d%0aX-Injected: 1", "cat"),
+            ('"' + server.url("/img/p02 space.jpg") + '"', "cat")]
+    out = tmp_path / "out"
+    manifest = build(_manifest(tmp_path, rows), out, *FAST)
+    assert manifest.num_examples == 1 and manifest.num_rejected == 2
+    assert all("X-Injected" not in "".join(h) for h in server.headers)
+    for row in _errors(out).values():
+        assert row["stage"] == "download" and row["reason"].startswith("HTTP 404"), row
+
+
+def test_a_gzip_bomb_is_stopped_at_the_size_limit(tmp_path):
+    import gzip
+
+    bomb = gzip.compress(b"\x00" * 200_000_000)  # 200 MB of zeros in ~200 KB
+
+    class Bomb(Server):
+        def _answer(self, h):
+            self._send(h, 200, bomb, "image/jpeg", {"Content-Encoding": "gzip"})
+
+    with Bomb({}) as s:
+        d = download.Downloader(download.HttpSettings(retries=0), max_bytes=1_000_000)
+        with pytest.raises(download.Failed) as e:
+            d.fetch(s.url("/bomb.jpg"))
+        assert e.value.error == "TooLarge", e.value
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--http_workers", "0", "http_workers must be >= 1, got 0"),
+    ("--http_deadline", "-1", "http_deadline must be > 0 seconds, got -1.0"),
+    ("--http_retries", "1.5", "1.5"),
+])
+def test_http_settings_out_of_range_are_one_line(tmp_path, capsys, flag, value, message):
+    from imagerecords.cli import main as cli
+
+    manifest = _manifest(tmp_path, [("http://127.0.0.1:9/x.jpg", "cat")])
+    code = cli.main(["build", "--input", str(manifest), "--output", str(tmp_path / "out"), "--path_column", "url",
+                     flag, value, "--no_progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, (code, err)
+    assert not (tmp_path / "out").exists()

@@ -76,11 +76,17 @@ class CoarsePlan:
         return frozenset(b for _, b, _ in self.cuts)
 
 
+# What an image of unknown size counts for in the shard plan: about ImageNet's mean JPEG.
+UNSIZED_IMAGE_BYTES = 110_000
+
+
 def choose_num_shards(count: int, num_bytes: int, num_shards: Optional[int], target_mb: float, min_shards: int) -> int:
     """Returns the shard count: as asked, or from the target size with a floor; never more than
     the image count (no empty shards), never fewer than one."""
     if num_shards is not None:
         return num_shards
+    # No size known (URL rows, --skip_stat without a size column): by count, at an ImageNet-like size.
+    num_bytes = num_bytes if num_bytes > 0 else count * UNSIZED_IMAGE_BYTES
     by_size = math.ceil(num_bytes / (target_mb * 1e6)) if num_bytes > 0 else 1
     return max(1, min(max(by_size, min_shards), count))
 
