@@ -87,11 +87,15 @@ def test_the_launcher_downloads_nothing_and_the_rows_plan_by_count(server, tmp_p
     assert sum(server.requests.values()) == 0
 
 
-def test_two_builds_write_the_same_bytes_whatever_the_download_concurrency(server, tmp_path):
+def _two_splits(server, tmp_path):
+    """A manifest of the good images and one missing, and the arguments of a two-split build."""
     rows = [(server.url(f"/img/p{i:02d}.jpg"), "cat" if i % 3 else "dog") for i in range(GOOD)]
     rows.append((server.url("/missing"), "cat"))
-    path = _manifest(tmp_path, rows)
-    args = [*FAST, "--splits", "train=0.75,validation=0.25", "--write_index"]
+    return _manifest(tmp_path, rows), [*FAST, "--splits", "train=0.75,validation=0.25", "--write_index"]
+
+
+def test_two_builds_write_the_same_bytes_whatever_the_download_concurrency(server, tmp_path):
+    path, args = _two_splits(server, tmp_path)
     build(path, tmp_path / "a", *args)
     build(path, tmp_path / "b", *args, "--http_workers", 3)
     a, b = digests(str(tmp_path / "a"), str(tmp_path)), digests(str(tmp_path / "b"), str(tmp_path))
@@ -100,10 +104,7 @@ def test_two_builds_write_the_same_bytes_whatever_the_download_concurrency(serve
 
 @pytest.mark.slow
 def test_direct_runner_downloads_the_same_bytes(server, tmp_path):
-    rows = [(server.url(f"/img/p{i:02d}.jpg"), "cat" if i % 3 else "dog") for i in range(GOOD)]
-    rows.append((server.url("/missing"), "cat"))
-    path = _manifest(tmp_path, rows)
-    args = [*FAST, "--splits", "train=0.75,validation=0.25", "--write_index"]
+    path, args = _two_splits(server, tmp_path)
     build(path, tmp_path / "local", *args)
     build(path, tmp_path / "direct", *args, "--runner", "DirectRunner")
     local, direct = (digests(str(tmp_path / n), str(tmp_path)) for n in ("local", "direct"))

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
-from imagerecords.pipeline import codec
+from imagerecords.pipeline import codec, download
 from imagerecords.pipeline.codec import ImageOptions
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.refs import MAX_NAME_LENGTH, ManifestColumns, split_name_problem
@@ -100,6 +100,9 @@ def checked_splits(pairs: Any, what: str = "splits", shown: Optional[str] = None
 # Shards of one split, at most: the five digits of the shard numbering. A plan holds a boundary per
 # shard and every shard is a file, so num_shards=10**9 on 40 images grew to 20 GB before this cap.
 MAX_SHARDS = 99_999
+
+
+_HTTP = download.HttpSettings()  # the download settings' defaults, spelled there
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,11 +201,11 @@ class BuildConfig:
     skip_duplicate_check: bool = False
     max_reject_fraction: float = 0.01
     threads: int = 4
-    http_workers: int = 16
-    http_per_host: int = 4
-    http_timeout: float = 30.0
-    http_deadline: float = 120.0
-    http_retries: int = 4
+    http_workers: int = _HTTP.workers
+    http_per_host: int = _HTTP.per_host
+    http_timeout: float = _HTTP.timeout
+    http_deadline: float = _HTTP.deadline
+    http_retries: int = _HTTP.retries
     user_agent: str = ""
     http_headers: Optional[str] = None
     overwrite: bool = False
