@@ -181,6 +181,27 @@ def test_a_declared_features_build_on_flink_is_byte_identical(cluster, tmp_path)
 
 
 @pytest.mark.slow
+def test_a_url_manifest_is_downloaded_by_the_flink_workers_into_the_local_bytes(cluster, tmp_path):
+    """Issue 31: http URLs fetched by the SDK workers on the cluster give the local engine's bytes,
+    and the launcher fetches none of them."""
+    from imagerecords.cli.launcher import run
+    from tests.support.web import Server, jpeg
+
+    cluster.restart_worker_pools()
+    with Server({f"p{i:02d}.jpg": jpeg(i) for i in range(10)}) as server:
+        rows = [f"{server.url(f'/img/p{i:02d}.jpg')},{'cat' if i % 2 else 'dog'}\n" for i in range(10)]
+        (tmp_path / "urls.csv").write_text("url,label\n" + "".join(rows) + f"{server.url('/missing')},cat\n")
+        args = ["--input", str(tmp_path / "urls.csv"), "--path_column", "url", "--num_shards", "2",
+                "--splits", "train=0.7,validation=0.3", "--max_reject_fraction", "0.2", "--http_retries", "0",
+                "--no_progress"]
+        run([*args, "--output", str(tmp_path / "local")])
+        assert sum(server.requests.values()) == 11
+        run([*args, "--output", str(tmp_path / "flink"), *cluster.pipeline_args()])
+        assert sum(server.requests.values()) == 22  # each URL once more, by a worker
+    assert_same_dataset(tmp_path / "flink", tmp_path / "local")
+
+
+@pytest.mark.slow
 def test_arrays_build_on_flink_is_byte_identical_to_direct_runner(cluster, tmp_path):
     """An .npz input (float32 28x28 raw, uint8 labels as classes, a float64 tensor) on the cluster's
     SDK workers writes the bytes DirectRunner writes."""

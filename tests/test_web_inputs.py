@@ -266,3 +266,48 @@ def test_http_settings_out_of_range_are_one_line(tmp_path, capsys, flag, value, 
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and message in err, (code, err)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_open_images_style_csv_of_urls_labels_and_boxes(server, tmp_path):
+    """The README's recipe: a CSV of URLs, labels and boxes (a declared feature), end to end."""
+    import numpy as np
+
+    from imagerecords import reader
+
+    boxes = {i: [[0.1 * (i % 5), 0.2, 0.5, 0.25 + 0.05 * i]] * (1 + i % 3) for i in range(8)}
+    lines = ["url,label,boxes\n"] + [f'{server.url(f"/img/p{i:02d}.jpg")},/m/0{i % 2},"{boxes[i]}"\n'
+                                     for i in range(8)]
+    lines.append(f'{server.url("/missing")},/m/00,"[]"\n')
+    path = tmp_path / "open-images.csv"
+    path.write_text("".join(lines))
+    out = tmp_path / "ds"
+    manifest = build(path, out, "--path_column", "url", "--feature", "boxes=float32[?,4]",
+                     "--max_reject_fraction", 0.2, "--num_shards", 2)
+    assert manifest.num_examples == 8 and manifest.num_rejected == 1
+    got = {ex["image/filename"].numpy().decode(): ex for ex in reader.as_dataset(str(out), "train")}
+    assert sorted(got) == sorted(server.url(f"/img/p{i:02d}.jpg") for i in range(8))
+    for i in range(8):
+        ex = got[server.url(f"/img/p{i:02d}.jpg")]
+        np.testing.assert_allclose(ex["boxes"].numpy(), np.array(boxes[i], np.float32))
+        assert ex["label"].numpy() == i % 2  # /m/00, /m/01 by sorted name
+        assert tuple(ex["image"].shape) == (30, 40, 3)
+
+
+@pytest.mark.slow
+def test_write_dataset_rows_with_url_paths_are_downloaded_by_its_writers(server, tmp_path):
+    import apache_beam as beam
+
+    from imagerecords.transforms import WriteDataset
+
+    rows = [{"path": server.url(f"/img/p{i:02d}.jpg"), "label": "cat" if i % 2 else "dog"} for i in range(6)]
+    rows.append({"path": server.url("/missing"), "label": "cat"})
+    out = tmp_path / "wd"
+    with beam.Pipeline() as p:
+        _ = p | beam.Create(rows, reshuffle=False) | WriteDataset(str(out), num_shards=2, max_reject_fraction=0.5,
+                                                                 http_retries=0)
+    examples = read_examples(out)
+    assert sorted(examples) == sorted(r["path"] for r in rows[:6])
+    for url, ex in examples.items():
+        assert ex.features.feature["image"].bytes_list.value[0] == IMAGES[url.rsplit("/", 1)[1]]
+    (row,) = _errors(out).values()
+    assert row["stage"] == "download" and row["reason"] == "HTTP 404 (Not Found)", row

@@ -62,6 +62,7 @@ class Server:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive: the client's pools reuse connections
+            disable_nagle_algorithm = True  # headers and body in two writes: no delayed-ACK stall
 
             def setup(self):
                 super().setup()
