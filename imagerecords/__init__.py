@@ -18,7 +18,7 @@ __all__ = ["BuildOptions", "Error", "Progress", "build", "build_arrays", "finish
 _LAZY = {
     "build": ("imagerecords.pipeline.session", "build"),
     "finish": ("imagerecords.pipeline.session", "finish"),
-    "build_arrays": ("imagerecords.pipeline.arrays", "build_arrays"),
+    "build_arrays": ("imagerecords.pipeline.memory_arrays", "build_arrays"),
     "BuildOptions": ("imagerecords.pipeline.options", "BuildOptions"),
     "Progress": ("imagerecords.pipeline.options", "Progress"),
     "Error": ("imagerecords.format.errors", "Error"),

@@ -12,6 +12,7 @@ from PIL import Image
 
 from conftest import build, shard_files
 from tests.support.detection import CONFIG, write_rows as _rows
+from imagerecords.format import codecs
 from imagerecords.format import features as F
 
 @pytest.fixture(scope="module")
@@ -200,7 +201,7 @@ def test_features_encode_as_tensorflow_does():
     fs = {"v": F.parse_flag("v=int64[?]"), "f": F.parse_flag("f=float32[2]"), "b": F.parse_flag("b=bool"),
           "e": F.parse_flag("e=int32[?]"), "r": F.parse_flag("r=float16[2,2]")}
     values = {"v": [-1, 2**40, 0], "f": [0.1, -3.5], "b": True, "e": [], "r": [[1, 2], [3.5, -0.25]]}
-    entries = {k: F.encode(fs[k], F.check(fs[k], v)) for k, v in values.items()}
+    entries = {k: codecs.encode(fs[k], codecs.check(fs[k], v)) for k, v in values.items()}
     theirs = tf.train.Example(features=tf.train.Features(feature={
         "v": tf.train.Feature(int64_list=tf.train.Int64List(value=[-1, 2**40, 0])),
         "f": tf.train.Feature(float_list=tf.train.FloatList(value=[0.1, -3.5])),
@@ -223,7 +224,7 @@ def test_features_encode_as_tensorflow_does():
 ])
 def test_value_checks_name_the_feature(feature, value, message):
     with pytest.raises(F.ValueProblem) as e:
-        F.check(F.parse_flag(feature), value)
+        codecs.check(F.parse_flag(feature), value)
     assert str(e.value).startswith("feature 'n': ") and message in str(e.value)
 
 

@@ -318,10 +318,10 @@ def check_beam_args(args: Sequence[str], where: str = "") -> None:
 
 
 def check_runner(args: Sequence[str]) -> None:
-    """Raises UsageError when --runner (the last one given) cannot run here (engines.beam.runner.runner_problem)."""
+    """Raises UsageError when --runner (the last one given) cannot run here (engines.beam.names.runner_problem)."""
     if not any(a == "--runner" or a.startswith("--runner=") for a in args):
         return
-    from imagerecords.pipeline.engines.beam.runner import runner_problem
+    from imagerecords.pipeline.engines.beam.names import runner_problem
 
     runner = getattr(_beam_parser().parse_known_args(list(args))[0], "runner", None)
     problem = runner_problem(runner) if isinstance(runner, str) else None

@@ -262,3 +262,44 @@ def codec(feature: Feature) -> Codec:
         return CODECS[feature.dtype]
     except KeyError:
         raise ValueError(f"feature {feature.name!r}: no codec for kind {feature.dtype!r}") from None
+
+
+# The one entry to every kind: check a row's value, encode it, decode it (features.py holds the spec) ---
+
+
+def check(feature: Feature, value: Any) -> Any:
+    """Returns the value of one row as the feature stores it (a nested list of numbers, a string,
+    a list of class names or ids, an image path), or raises ValueProblem naming the feature.
+
+    CSV cells are text: a numeric or class_list feature reads them as JSON (`[[0, 0, 4, 4]]`, `1.5`).
+    """
+    name = feature.name
+    if value is None or (isinstance(value, str) and value == ""):  # an array row is never ''
+        if feature.numeric and None in feature.shape and feature.shape[0] is None and value == "":
+            value = []
+        else:
+            raise ValueProblem(f"feature {name!r}: the row has no value in column {feature.source!r}")
+    if isinstance(value, str) and (feature.numeric or feature.dtype == "class_list"):
+        value = F.from_text(feature, value)
+    return codec(feature).check(feature, value)
+
+
+def encode(feature: Feature, value: Any, vocabulary: Optional[Mapping[str, int]] = None) -> bytes:
+    """Returns the serialized tf.train.Feature of a value `check` accepted, by its kind's codec; for an image feature, the image bytes the builder prepared.
+
+    Args:
+      vocabulary: class name -> id of a class_list feature whose values are names.
+    """
+    return codec(feature).encode(feature, value, vocabulary)
+
+
+def to_numpy(feature: Feature, values: Sequence[Any]) -> Any:
+    """One record's stored values of a non-image feature (schema.parse_example's list) as NumPy: a
+    tensor of its dtype and shape, a class list as int64 ids, a string as str.
+
+    Raises:
+      ValueError: the values do not fit the feature (wrong kind, or not filling its shape).
+    """
+    if feature.dtype == "image":
+        raise ValueError(f"feature {feature.name!r}: a {feature.dtype} feature is decoded by its image codec")
+    return codec(feature).to_numpy(feature, values)

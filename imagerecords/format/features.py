@@ -253,25 +253,6 @@ def specs_from_json(d: Mapping[str, Mapping[str, Any]]) -> Tuple[Feature, ...]:
 # Values --------------------------------------------------------------------------------------
 
 
-def check(feature: Feature, value: Any) -> Any:
-    """Returns the value of one row as the feature stores it (a nested list of numbers, a string,
-    a list of class names or ids, an image path), or raises ValueProblem naming the feature.
-
-    CSV cells are text: a numeric or class_list feature reads them as JSON (`[[0, 0, 4, 4]]`, `1.5`).
-    """
-    name = feature.name
-    if value is None or (isinstance(value, str) and value == ""):  # an array row is never ''
-        if feature.numeric and None in feature.shape and feature.shape[0] is None and value == "":
-            value = []
-        else:
-            raise ValueProblem(f"feature {name!r}: the row has no value in column {feature.source!r}")
-    if isinstance(value, str) and (feature.numeric or feature.dtype == "class_list"):
-        value = _from_text(feature, value)
-    from imagerecords.format import codecs
-
-    return codecs.codec(feature).check(feature, value)
-
-
 def surrogate_problem(text: str) -> Optional[str]:
     """Why `text` cannot be written as UTF-8 (a lone surrogate, as a JSON \\ud800 escape gives), or None."""
     found = _SURROGATE_RE.search(text)
@@ -297,7 +278,8 @@ def past_names(feature: Feature, values: Sequence[Any], count: int) -> None:
                                f"(its {count} name{'s' * (count != 1)})")
 
 
-def _from_text(feature: Feature, text: str) -> Any:
+def from_text(feature: Feature, text: str) -> Any:
+    """A CSV cell's text as the value of a numeric or class_list feature (JSON, or names split at '|')."""
     try:
         return json.loads(text)
     except RecursionError:
@@ -323,18 +305,6 @@ def _short(value: Any) -> str:
 
 
 # Encoding: the tf.train.Feature message of a checked value ---------------------------------
-
-
-def encode(feature: Feature, value: Any, vocabulary: Optional[Mapping[str, int]] = None) -> bytes:
-    """Returns the serialized tf.train.Feature of a value `check` accepted, by its kind's codec
-    (imagerecords.format.codecs); for an image feature, the image bytes the builder prepared.
-
-    Args:
-      vocabulary: class name -> id of a class_list feature whose values are names.
-    """
-    from imagerecords.format import codecs
-
-    return codecs.codec(feature).encode(feature, value, vocabulary)
 
 
 def vocabulary_of(names: Sequence[str]) -> Dict[str, int]:
@@ -535,20 +505,6 @@ def dali_features(features: Sequence[Feature], tfrec) -> Dict[str, Any]:
         else:
             out[f.name] = tfrec.FixedLenFeature([] if bytes_like else list(f.shape), wire, default)
     return out
-
-
-def to_numpy(feature: Feature, values: Sequence[Any]) -> Any:
-    """One record's stored values of a non-image feature (schema.parse_example's list) as NumPy: a
-    tensor of its dtype and shape, a class list as int64 ids, a string as str.
-
-    Raises:
-      ValueError: the values do not fit the feature (wrong kind, or not filling its shape).
-    """
-    from imagerecords.format import codecs
-
-    if feature.dtype == "image":
-        raise ValueError(f"feature {feature.name!r}: a {feature.dtype} feature is decoded by its image codec")
-    return codecs.codec(feature).to_numpy(feature, values)
 
 
 def image_to_numpy(feature: Feature, data: bytes, height: int = 0, width: int = 0) -> "np.ndarray":

@@ -6,6 +6,7 @@ import numbers
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from imagerecords.format import access, schema
+from imagerecords.format import codecs
 from imagerecords.format import features as features_lib
 from imagerecords.format.files import Files
 from imagerecords.format.paths import has_scheme, join
@@ -123,7 +124,7 @@ class RecordSource:
                         raise ReadError("an image feature with no bytes")
                     out[feature.name] = features_lib.image_to_numpy(feature, values[0], *size)
                 else:
-                    out[feature.name] = features_lib.to_numpy(feature, values)
+                    out[feature.name] = codecs.to_numpy(feature, values)
             except ValueError as e:
                 raise ReadError(f"{where}: {e}") from None
         return out

@@ -319,10 +319,9 @@ class Contents:
         self._rows.append(contents.rows)
 
     def groups(self) -> List[DuplicateGroup]:
-        """The DuplicateGroup of every digest two or more rows hold (stages.duplicate_group)."""
+        """The DuplicateGroup of every digest two or more rows hold (refs.duplicate_group)."""
         import numpy as np
 
-        from imagerecords.pipeline import stages
 
         if not self._rows:
             return []
@@ -340,7 +339,7 @@ class Contents:
             for i in rows[order[start:end]].tolist():
                 members.append((arrays.row_key(self._path, i), self._names[self._split[i]], arrays.row_uri(self._path, i),
                                 self._label[self._code[i]]))
-            group = stages.duplicate_group(ordered[start].astype(">u8").tobytes(), members)
+            group = refs_lib.duplicate_group(ordered[start].astype(">u8").tobytes(), members)
             if group is not None:
                 found.append(group)
         return found

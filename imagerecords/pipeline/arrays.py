@@ -26,7 +26,6 @@ import functools
 import hashlib
 import io
 import os
-import re
 import sys
 import zipfile
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -34,7 +33,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 from imagerecords.pipeline import codec
 from imagerecords.pipeline.errors import InputError, UsageError
 from imagerecords.pipeline.refs import MAX_INT_LABELS, ImageRef, LabelMap, Rejected, label_problem
-from imagerecords.format import features, schema
+from imagerecords.format import codecs, features, schema
 
 # A row's key and uri: "<file or folder name>:<row, 9 digits>" and "<path>#row=<row>". Spelled here
 # alone; the columnar writers (array_rows, row_writer) format many rows at once from these prefixes.
@@ -422,7 +421,7 @@ def encode_image(pixels, encoding: str, quality: int, png_level: int = codec.PNG
 def encode_ref(ref: ImageRef, preset: str, labels: LabelMap, options):
     """Row `ref` as an Example of its arrays' features (shard_writer.Encoded), or the rejected row
     naming the feature whose value does not fit."""
-    from imagerecords.pipeline.shard_writer import Encoded
+    from imagerecords.pipeline.encoded import Encoded
 
     path, i = row_of(ref.uri)
     arrays, _, columns = _source(path, preset, options.image_encoding)
@@ -442,10 +441,10 @@ def encode_ref(ref: ImageRef, preset: str, labels: LabelMap, options):
             if isinstance(value, bytes):
                 value = value.decode("utf-8", "backslashreplace")
             try:
-                checked = features.check(column.feature, str(value) if column.feature.dtype == "string" else value)
+                checked = codecs.check(column.feature, str(value) if column.feature.dtype == "string" else value)
             except features.ValueProblem as e:
                 return Rejected(ref.uri, f"row {i}: {e}", ref.key, ref.split, stage="decode", error="ValueProblem")
-            small[column.key] = features.encode(column.feature, checked)
+            small[column.key] = codecs.encode(column.feature, checked)
     return Encoded(schema.example_of(small, large_key, large), ref.label_id, False, digest.digest()[:16])
 
 
@@ -810,61 +809,3 @@ def _run_of(start: int, run: List[int], framed, widths, hashed) -> Run:
         views.append(frames[where[i]].tobytes())
         lengths.append(frames.shape[1])
     return Run(np.array(run, np.int64) + start, b"".join(views), lengths, _digests(hashed[run]))
-
-
-# Arrays already in memory ------------------------------------------------------------------------
-
-
-def build_arrays(arrays: Mapping[str, Any], output: str, *, splits: Optional[Mapping[str, float]] = None,
-                 seed: int = 0, num_shards: Optional[int] = None, **settings: Any):
-    """Builds a dataset from arrays in memory, as `imagerecords build --input FOLDER` does from a
-    folder of .npy files (which this writes to a temporary folder named `arrays`, so row i's key
-    is `arrays:<i, 9 digits>` and --splits assigns the same rows on every call).
-
-    Example:
-        import numpy as np, imagerecords
-        manifest = imagerecords.build_arrays({"image": x, "label": y}, "/tmp/ds", splits={"train": 0.9, "test": 0.1})
-
-    Limits: the arrays are written to the temporary folder once (disk space for one copy; memory
-    stays the caller's), and the build runs on the local engine (local output only).
-
-    Args:
-      arrays: {name: array}; every first dimension is the row count.
-      output: a local output folder.
-      splits: {split name: fraction}; None puts every row in `train`.
-      seed, num_shards: as the flags --seed and --num_shards.
-      settings: any other setting of imagerecords.build by name (`overwrite=True`,
-        `image_encoding="jpeg"`, `progress=callback`).
-
-    Returns:
-      The published manifest (imagerecords.format.manifest.Manifest).
-
-    Raises:
-      ValueError: an unknown setting or a bad value.
-      imagerecords.Error: an expected failure of the build (errors.BuildError and its subclasses).
-    """
-    import tempfile
-
-    import numpy as np
-
-    from imagerecords.pipeline import session
-    from imagerecords.pipeline.options import BuildOptions
-
-    if "://" in output:
-        raise UsageError(f"build_arrays writes a local folder; got {output} (use `imagerecords build` with a "
-                         "Beam runner for remote output)")
-    # The library prints no progress unless given a callback; the command's switch asks for none.
-    settings.pop("no_progress", None)
-    layers = dict(settings, seed=seed, splits=dict(splits) if splits else None, num_shards=num_shards)
-    with tempfile.TemporaryDirectory(prefix="imagerecords-arrays-") as tmp:
-        folder = os.path.join(tmp, "arrays")
-        os.mkdir(folder)
-        for name, value in arrays.items():
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", name):
-                raise UsageError(f"array name {name!r}: letters, digits, '_', '.', '-' (it becomes a file name)")
-            np.save(os.path.join(folder, f"{name}.npy"), np.asarray(value), allow_pickle=False)
-        try:
-            return session.run(BuildOptions.make(folder, output, **layers)).manifest
-        finally:
-            open_arrays.cache_clear()  # its memory maps point into the folder about to go
-            _source.cache_clear()

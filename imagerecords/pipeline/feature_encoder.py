@@ -8,7 +8,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 from imagerecords.pipeline import codec, input_files
 from imagerecords.pipeline.refs import ImageRef, LabelMap
-from imagerecords.format import features as features_lib
+from imagerecords.format import codecs
 from imagerecords.format.features import Feature, ValueProblem
 
 # Pillow modes an image feature stores as they are, by channel count; 'P' is stored as its indices
@@ -36,11 +36,11 @@ def encode_extras(ref: ImageRef, features: Sequence[Feature], labels: LabelMap,
         if feature.dtype == "image":
             follow = None if feature.independent else geometry
             # Reading and re-encoding the file is the builder's; storing the bytes is the kind's codec's.
-            out[feature.name] = features_lib.encode(feature, _image(feature, value, read_bytes, quality, follow,
+            out[feature.name] = codecs.encode(feature, _image(feature, value, read_bytes, quality, follow,
                                                                              png_level))
         else:
-            checked = features_lib.check(feature, value)
-            out[feature.name] = features_lib.encode(feature, checked, labels.list_vocabulary(feature.name))
+            checked = codecs.check(feature, value)
+            out[feature.name] = codecs.encode(feature, checked, labels.list_vocabulary(feature.name))
     return out
 
 

@@ -49,6 +49,24 @@ COMMIT = "commit.json"
 STAGED_RECORD = ".staged.json"  # beside each staged shard: its fingerprint and its writer's report
 
 
+def versions() -> Dict[str, str]:
+    """Versions recorded in the manifest: a build is reproducible for equal versions."""
+    from importlib import metadata as importlib_metadata
+
+    from imagerecords import __version__
+
+    out = {"imagerecords": __version__}
+    for label, dists in (("apache-beam", ["apache-beam"]), ("tensorflow", ["tensorflow", "tensorflow-cpu"]),
+                         ("pillow", ["pillow"]), ("numpy", ["numpy"]), ("deflate", ["deflate"])):
+        for dist in dists:
+            try:
+                out[label] = importlib_metadata.version(dist)
+                break
+            except importlib_metadata.PackageNotFoundError:
+                continue
+    return out
+
+
 # Paths ----------------------------------------------------------------------------------------
 
 

@@ -12,8 +12,9 @@ import json
 import posixpath
 import re
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from imagerecords.format import codecs
 from imagerecords.format import features as features_lib
 from imagerecords.format.paths import has_scheme, join
 
@@ -125,6 +126,13 @@ class DuplicateGroup:
                            "leak": self.leaks, "members": [{"key": k, "label": label, "split": s, "uri": u}
                                                            for k, s, u, label in self.members],
                            "splits": list(self.splits)}, ensure_ascii=False)
+
+
+def duplicate_group(digest: bytes, members: Iterable[Tuple[str, str, str, str]]) -> Optional[DuplicateGroup]:
+    """The group of (key, split, uri, label name) sharing one content digest, or None when only one
+    key has it."""
+    unique = tuple(sorted(set(members)))
+    return DuplicateGroup(digest.hex(), unique) if len(unique) > 1 else None
 
 
 def is_manifest(path: str) -> bool:
@@ -290,7 +298,7 @@ def feature_values(row: Mapping[str, object], base: str,
     values: Dict[str, object] = {}
     for feature in features:
         try:
-            value = features_lib.check(feature, row.get(feature.source))
+            value = codecs.check(feature, row.get(feature.source))
         except features_lib.ValueProblem as e:
             return "", str(e)
         if feature.dtype == "image":

@@ -11,9 +11,8 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional, Tuple
 
-from imagerecords import __version__
 from imagerecords.pipeline import _hooks, checks, engines, errors, publish, storage
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.config import BuildConfig
@@ -25,20 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Outcome", "build", "finish", "run", "versions"]
 
-def versions() -> Dict[str, str]:
-    """Versions recorded in the manifest: a build is reproducible for equal versions."""
-    from importlib import metadata as importlib_metadata
-
-    out = {"imagerecords": __version__}
-    for label, dists in (("apache-beam", ["apache-beam"]), ("tensorflow", ["tensorflow", "tensorflow-cpu"]),
-                         ("pillow", ["pillow"]), ("numpy", ["numpy"]), ("deflate", ["deflate"])):
-        for dist in dists:
-            try:
-                out[label] = importlib_metadata.version(dist)
-                break
-            except importlib_metadata.PackageNotFoundError:
-                continue
-    return out
+versions = publish.versions  # the manifest's `versions` (publish.versions)
 
 
 def _claim_output(config: BuildConfig) -> int:

@@ -12,26 +12,8 @@ from imagerecords.pipeline import arrays, codec, download, feature_encoder, inpu
 from imagerecords.format.features import Feature, ValueProblem
 from imagerecords.format import schema
 from imagerecords.format.records import RecordWriter
+from imagerecords.pipeline.encoded import Encoded
 from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
-
-
-@dataclasses.dataclass(frozen=True)
-class Encoded:
-    """One image ready to write: the serialized Example and what the manifest counts.
-
-    Attributes:
-      record: the serialized Example.
-      label_id: its label id.
-      passthrough: whether the stored JPEG is the source file unchanged.
-      content: a 16-byte digest of the source file's bytes (finds identical files under two keys).
-      kind: codec.stored_kind of the stored image, when the encoding is not 'jpeg' (else "").
-    """
-
-    record: bytes
-    label_id: int
-    passthrough: bool
-    content: bytes = b""
-    kind: str = ""
 
 
 limited_reader = input_files.limited_reader  # the reader of file inputs (a source may read its own way)

@@ -444,11 +444,7 @@ def _staged_damage(folder: str, result: ShardResult) -> Optional[str]:
 # Duplicates and results ---------------------------------------------------------------------------
 
 
-def duplicate_group(digest: bytes, members: Iterable[Tuple[str, str, str, str]]) -> Optional[DuplicateGroup]:
-    """The group of (key, split, uri, label name) sharing one content digest, or None when only one
-    key has it."""
-    unique = tuple(sorted(set(members)))
-    return DuplicateGroup(digest.hex(), unique) if len(unique) > 1 else None
+duplicate_group = refs_lib.duplicate_group  # the engines' and the transforms' name for it
 
 
 def errors_jsonl(rejected: Sequence[Rejected]) -> Iterator[bytes]:

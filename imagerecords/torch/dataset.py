@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from imagerecords.format import access, schema
+from imagerecords.format import codecs
 from imagerecords.format import features as features_lib
 from imagerecords.format.access import INDEX_POLICIES, MissingIndexError, load_manifest  # noqa: F401
 from imagerecords.format.files import Files
@@ -189,7 +190,7 @@ class RecordDataset(torch.utils.data.Dataset):
             if feature.dtype == "image":
                 out[feature.name] = torch.from_numpy(features_lib.image_to_numpy(feature, values[0]))
                 continue
-            value = features_lib.to_numpy(feature, values)
+            value = codecs.to_numpy(feature, values)
             out[feature.name] = value if isinstance(value, str) else torch.from_numpy(np.array(value))
         return out
 

@@ -3,6 +3,7 @@
     ReadImages(root)          class-folder tree      -> ImageRef          (+ REJECTED)
     ReadManifest(path, ...)   CSV / JSONL manifest   -> ImageRef          (+ REJECTED)
     ReadArrays(path)          .npz / folder of .npy  -> ImageRef          (+ REJECTED)
+    ListSource(source, ...)   any registered input kind (pipeline.sources) -> ImageRef (+ REJECTED)
     AssignLabels(...)         ImageRef -> ImageRef with split and label id (+ REJECTED, 'labels')
     GlobalShuffle(seed, ...)  ImageRef -> (ShardKey, [ImageRef in hash order]) (+ 'plans')
     WriteShards(output, labels, ...)  shard groups -> ShardResult, staged (+ REJECTED, CONTENTS)
@@ -13,7 +14,7 @@ Rejected inputs go to the output tagged REJECTED (a Rejected with its reason), n
 
 from imagerecords.transforms import coders  # noqa: F401  (registers ImageRefCoder before any graph is built)
 
-from imagerecords.transforms.listing import ReadImages, ReadManifest
+from imagerecords.transforms.listing import ListSource, ReadImages, ReadManifest
 from imagerecords.transforms.array_rows import ReadArrays
 from imagerecords.transforms.labels import AssignLabels
 from imagerecords.transforms.shuffle import GlobalShuffle
@@ -24,5 +25,5 @@ from imagerecords.transforms.duplicates import FindDuplicates
 from imagerecords.transforms.results import RecordResults
 from imagerecords.transforms.common import REJECTED
 
-__all__ = ["ReadImages", "ReadManifest", "ReadArrays", "AssignLabels", "GlobalShuffle", "WriteShards", "WriteDataset",
+__all__ = ["ReadImages", "ReadManifest", "ReadArrays", "ListSource", "AssignLabels", "GlobalShuffle", "WriteShards", "WriteDataset",
            "WriteWithBeamSink", "FindDuplicates", "RecordResults", "REJECTED"]

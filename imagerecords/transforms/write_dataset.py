@@ -11,7 +11,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from imagerecords.format.manifest import MANIFEST
-from imagerecords.pipeline import download, input_files, publish, session, shard_writer, stages, storage
+from imagerecords.pipeline import download, input_files, publish, shard_writer, stages, storage
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.sources.manifests import ManifestSource
@@ -257,7 +257,7 @@ class WriteDataset(beam.PTransform):
             outcome["duplicates"] = written[CONTENTS] | "FindDuplicates" >> FindDuplicates()
         results = outcome | "RecordResults" >> RecordResults(
             config.output, build_id="", name=config.name, schema=config.schema, seed=config.seed,
-            parameters=config.to_json(), versions=session.versions(),
+            parameters=config.to_json(), versions=publish.versions(),
             max_reject_fraction=config.max_reject_fraction, version_name=config.version_name)
         # a single BuildResults, staged; the commit publishes it
         return (rows.pipeline

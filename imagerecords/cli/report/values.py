@@ -46,10 +46,10 @@ def tensor(feature: Feature, values: Sequence[Any]) -> "np.ndarray":
     Raises:
       Undecodable: the values do not fill the declared shape.
     """
-    from imagerecords.format import features as features_lib
+    from imagerecords.format import codecs
 
     try:
-        return features_lib.to_numpy(feature, values)
+        return codecs.to_numpy(feature, values)
     except ValueError as e:
         raise Undecodable(str(e).split(": ", 1)[-1]) from None
 

@@ -26,10 +26,8 @@ class ArraysSource(Source):
     def list_part(self, config, info: InputInfo, part: None) -> Iterable[Listed]:
         return arrays.list_refs(config.input, config.schema, config.image.image_encoding)
 
-    def beam_listing(self, config, info: InputInfo):
-        from imagerecords.transforms.array_rows import ReadArrays
-
-        return ReadArrays(config.input, config.schema, config.image.image_encoding)
+    def beam_listing(self, config, info: InputInfo, transforms):
+        return transforms.ReadArrays(config.input, config.schema, config.image.image_encoding)
 
     def identity(self, path: str) -> str:
         return arrays.input_identity(path)

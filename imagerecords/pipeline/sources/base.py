@@ -71,10 +71,11 @@ class Source:
         """One task's inputs: an ImageRef each, or a Rejected row saying why one cannot be used."""
         raise NotImplementedError
 
-    def beam_listing(self, config, info: InputInfo):
+    def beam_listing(self, config, info: InputInfo, transforms):
         """The Beam transform listing this input (a PTransform from the pipeline's root whose main
         output is refs and whose REJECTED output is rows); None: the generic one runs parts and
-        list_part on Beam's workers (transforms.listing.ListSource)."""
+        list_part on Beam's workers (transforms.ListSource). `transforms` is the module
+        imagerecords.transforms, handed over by the Beam graph: the sources import no Beam code."""
         return None
 
     def reader(self, options) -> Callable[[str], bytes]:

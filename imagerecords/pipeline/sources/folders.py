@@ -49,10 +49,8 @@ class FolderSource(Source):
             return [part]
         return input_files.walk_class_folder(_root(config.input), part, config.image.max_file_bytes)
 
-    def beam_listing(self, config, info: InputInfo):
-        from imagerecords.transforms.listing import ReadImages
-
-        return ReadImages(config.input, config.image.max_file_bytes)
+    def beam_listing(self, config, info: InputInfo, transforms):
+        return transforms.ReadImages(config.input, config.image.max_file_bytes)
 
 
 def _root(path: str) -> str:

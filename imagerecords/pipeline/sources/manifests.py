@@ -7,16 +7,13 @@ import contextlib
 import csv
 import json
 import os
-from typing import IO, TYPE_CHECKING, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import IO, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from imagerecords.format.paths import has_scheme
 from imagerecords.pipeline import download, input_files, stages, storage
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.errors import InputError, UsageError
 from imagerecords.pipeline.sources.base import InputInfo, Listed, Source, first_line as _first_line
-
-if TYPE_CHECKING:
-    from imagerecords.pipeline.config import BuildConfig
 
 _MAX_HEAD_LINES = 1000  # lines read to find a manifest's first row (blank lines are skipped)
 # A manifest is listed in parts of about this many bytes (some 15,000 rows), one per task.
@@ -78,10 +75,8 @@ class ManifestSource(Source):
                 for line in _manifest_lines(config.input, header is not None, *part))
         return (row for row in rows if row is not None)
 
-    def beam_listing(self, config, info: InputInfo):
-        from imagerecords.transforms.listing import ReadManifest
-
-        return ReadManifest(config.input, config.manifest_columns(), config.image.max_file_bytes, info.header,
+    def beam_listing(self, config, info: InputInfo, transforms):
+        return transforms.ReadManifest(config.input, config.manifest_columns(), config.image.max_file_bytes, info.header,
                             stat=not config.skip_stat)
 
 
@@ -251,13 +246,13 @@ def _printable(name: str) -> str:
 JSONL_COLUMN_ROWS = 1000  # the rows whose keys name a JSONL manifest's columns (see ignored_columns)
 
 
-def ignored_columns(config: BuildConfig, info: InputInfo) -> Tuple[str, ...]:
+def ignored_columns(config, info: InputInfo) -> Tuple[str, ...]:
     """The manifest's columns that no setting or feature reads (JSONL: of its first rows)."""
     used = set(config.manifest_columns().used())
     return tuple(c for c in info.columns if c not in used)
 
 
-def _check_csv_columns(config: BuildConfig, info: InputInfo) -> None:
+def _check_csv_columns(config, info: InputInfo) -> None:
     columns = set(info.columns)
     listed = ", ".join(info.columns)
     path_ok = config.path_column in columns or (config.path_column == "path" and "uri" in columns)

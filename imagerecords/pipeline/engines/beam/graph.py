@@ -11,9 +11,9 @@ from imagerecords.pipeline import appending, publish, sources
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, Rejected
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.sources import InputInfo
-from imagerecords.transforms import (AssignLabels, FindDuplicates, GlobalShuffle, RecordResults, WriteShards,
-                                     WriteWithBeamSink)
-from imagerecords.transforms.listing import ListSource
+from imagerecords import transforms
+from imagerecords.transforms import (AssignLabels, FindDuplicates, GlobalShuffle, ListSource, RecordResults,
+                                     WriteShards, WriteWithBeamSink)
 from imagerecords.transforms.common import CONTENTS, REJECTED
 
 
@@ -66,7 +66,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
     """
     source = sources.for_build(config)
     info = input_info if input_info is not None else InputInfo(source.kind)
-    listing = source.beam_listing(config, info)
+    listing = source.beam_listing(config, info, transforms)
     if listing is None:
         listing = ListSource(source, config, info)
     listed = p | listing.label >> listing
