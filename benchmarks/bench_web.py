@@ -4,10 +4,15 @@ its own process) against the same images built from a manifest of local paths, s
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
 from typing import Callable, List, Sequence
+
+# img2dataset, the tool users download URL lists with, when installed (its own environment is best:
+# its requirements pin other numpy/pyarrow versions): IMAGERECORDS_IMG2DATASET=/path/to/img2dataset.
+IMG2DATASET = os.environ.get("IMAGERECORDS_IMG2DATASET") or shutil.which("img2dataset")
 
 # A threaded HTTP/1.1 file server on a port the kernel picks; it prints the port, then serves.
 _SERVER = r"""
@@ -50,6 +55,27 @@ def bench_web(res, files: List[str], root: str, work: str, r: int, run_watched: 
         res.add("web", "urls_peak_rss", rss, "MB", higher_is_better=False, baseline="web/files_peak_rss")
         res.notes.append(f"web: {n} images over a local HTTP/1.1 server (one process, threads); "
                          f"the URL build took {time.perf_counter() - started:.1f} s")
+        if not IMG2DATASET:
+            res.notes.append("web: img2dataset not measured (not installed; set IMAGERECORDS_IMG2DATASET)")
+            return
+        # Its `files` output, the same URLs, as many processes as our local engine's workers and the
+        # same downloads per process; no resize and no re-encode (our build passes JPEGs through).
+        out = os.path.join(work, f"web-img2dataset-{r}")
+        wall, rss = run_watched([IMG2DATASET, urls, "--input_format", "csv", "--url_col", "url", "--caption_col",
+                                 "label", "--output_format", "files", "--output_folder", out, "--processes_count",
+                                 str(os.cpu_count() or 1), "--thread_count", "16", "--resize_mode", "no",
+                                 "--disable_all_reencoding", "True", "--number_sample_per_shard", "1000",
+                                 "--timeout", "30", "--retries", "0"])
+        got = sum(1 for _, _, names in os.walk(out) for name in names
+                  if not name.endswith((".json", ".txt", ".parquet")))  # one image file per URL it stored
+        res.add("web", "img2dataset_img_s", got / wall, "img/s")
+        res.add("web", "img2dataset_peak_rss", rss, "MB", higher_is_better=False)
+        res.add("web", "urls_vs_img2dataset", res.groups["web"]["urls_img_s"]["runs"][-1], "img/s",
+                baseline="web/img2dataset_img_s")
+        res.add("web", "urls_peak_rss_vs_img2dataset", res.groups["web"]["urls_peak_rss"]["runs"][-1], "MB",
+                higher_is_better=False, baseline="web/img2dataset_peak_rss")
+        res.notes.append(f"web: img2dataset ({IMG2DATASET}) stored {got} of {n} images as files")
+        shutil.rmtree(out, ignore_errors=True)
     finally:
         server.terminate()
         server.wait()

@@ -1,10 +1,12 @@
 """Golden builds: the exact bytes of every file a fixed build writes, pinned in tests/golden/builds.json.
 
-A refactor that must not change the output proves it by passing this file unchanged. Four builds
+A refactor that must not change the output proves it by passing this file unchanged. Eight builds
 of one generated input (3 classes x 8 images; baseline JPEGs that pass through, PNGs that are
 re-encoded, greyscale JPEGs converted to RGB, one broken JPEG that lands in errors.jsonl): a
-class-folder build and a CSV-manifest build (with one row whose file is missing), each on the local
-engine and on Beam's DirectRunner, all with --splits (train and validation) and --write_index.
+class-folder build, a CSV-manifest build (with one row whose file is missing), the folder again
+with --image_encoding png, and an arrays build (an .npz of the same pictures, one row with a
+negative label), each on the local engine and on Beam's DirectRunner, all with --splits (train and
+validation) and --write_index.
 
 Every file in the output folder is pinned by its sha256, except manifest.json: its `created` is
 the build's clock time and its `versions` records the installed libraries (both vary without the
@@ -49,7 +51,8 @@ COMMON = ["--splits", "train=0.75,validation=0.25", "--num_shards", 2, "--write_
 # Two worker processes: DirectRunner's multi_processing mode, the one the launcher picks for real runs.
 ENGINES = {"local": [], "direct": ["--runner", "DirectRunner", "--direct_num_workers=2"]}
 ENGINE_NAMES = {"local": "the local engine", "direct": "DirectRunner"}
-INPUTS = {"folder": "images", "csv": "list.csv"}
+INPUTS = {"folder": "images", "csv": "list.csv", "png": "images", "arrays": "arrays.npz"}
+EXTRA = {"png": ["--image_encoding", "png"]}  # an input's own flags, after COMMON
 
 
 def _pixels(c: int, i: int) -> np.ndarray:
@@ -90,6 +93,12 @@ def _write_input(base: str) -> None:
     rows.append("images/dog/missing.jpg,dog,dog/missing.jpg")
     with open(os.path.join(base, "list.csv"), "w") as f:
         f.write("\n".join(rows) + "\n")
+    # The same pictures as arrays; row 5's label is negative: the arrays build's rejected row.
+    images = np.stack([_pixels(c, i) for c in range(len(CLASSES)) for i in range(PER_CLASS)])
+    labels = np.repeat(np.arange(len(CLASSES)), PER_CLASS)
+    labels[5] = -1
+    with open(os.path.join(base, "arrays.npz"), "wb") as f:
+        np.savez(f, image=images, label=labels)
 
 
 def _sha256(data: bytes) -> str:
@@ -149,12 +158,17 @@ def built(workdir):
             out = f"out-{inp}-{engine}"
             with pytest.MonkeyPatch.context() as mp:
                 mp.chdir(workdir)  # relative paths: the temporary folder's name stays out of the output
-                manifest = build(INPUTS[inp], out, *COMMON, *(ENGINES[engine] if args is None else args))
+                manifest = build(INPUTS[inp], out, *COMMON, *EXTRA.get(inp, ()),
+                                 *(ENGINES[engine] if args is None else args))
             # The input covers what it is meant to: passthrough and re-encoded records, rejects, two splits.
             assert sorted(s.name for s in manifest.splits) == ["train", "validation"]
-            assert manifest.num_examples == len(CLASSES) * PER_CLASS
+            assert manifest.num_examples == len(CLASSES) * PER_CLASS - (inp == "arrays")
             assert manifest.num_rejected == (2 if inp == "csv" else 1)
-            assert 0 < sum(sh.passthrough for s in manifest.splits for sh in s.shards) < manifest.num_examples
+            passthrough = sum(sh.passthrough for s in manifest.splits for sh in s.shards)
+            if inp in ("folder", "csv"):
+                assert 0 < passthrough < manifest.num_examples
+            else:  # every record written as PNG
+                assert passthrough == 0
             cache[inp, engine] = digests(str(workdir / out), str(workdir))
         return cache[inp, engine]
 
