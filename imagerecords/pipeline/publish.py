@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 RESULTS = "results.json"
 DETACHED = "detached"  # LockInfo.command of a build whose job runs on without its launcher
+JOB_COMMIT = "job-commit"  # LockInfo.command of a job's own last step, publishing what its launcher locked
 COMMIT = "commit.json"
 STAGED_RECORD = ".staged.json"  # beside each staged shard: its fingerprint and its writer's report
 
@@ -459,10 +460,14 @@ class OutputLock:
                 continue  # released between our create and our read: try again
             dead = holder.is_dead_here()
             detached = not dead and self._finishes_detached(holder)
-            if dead or detached or self._break:
+            # A job's commit step takes its own launcher's lock (same build id): that launcher has
+            # handed the build over, or is about to, and never commits it itself.
+            own = self.info.command == JOB_COMMIT and holder.build_id == self.info.build_id
+            if dead or detached or own or self._break:
                 log.info("taking over the lock of %s", holder.describe())
                 self.took_over = holder
-                self._took_over_because = "gone" if dead else "detached" if detached else "broken"
+                self._took_over_because = ("gone" if dead else "detached" if detached else "own" if own
+                                           else "broken")
                 _delete_quietly([self._path])
                 continue
             if isinstance(holder, UnreadableLock):
@@ -483,6 +488,7 @@ class OutputLock:
             return f"broke the {holder} at your request (--break_lock)"
         return {"gone": f"took over the lock of {holder}, whose process is no longer running",
                 "detached": f"took over the lock of {holder}, whose detached job has staged its results",
+                "own": f"took over the lock of {holder}, this job's own launcher",
                 "broken": f"broke the lock of {holder} at your request (--break_lock)"}[self._took_over_because]
 
     def _finishes_detached(self, holder: LockInfo) -> bool:
@@ -494,7 +500,9 @@ class OutputLock:
         """Marks the lock as held by this build's detached job (command "detached") and lets go of
         it here: leaving the `with` block no longer removes it; `finish` takes it over later."""
         self.info = dataclasses.replace(self.info, command=DETACHED)
-        write_bytes(self._path, json.dumps(dataclasses.asdict(self.info), sort_keys=True).encode())
+        holder = read_lock(self._output)
+        if holder is not None and holder.build_id == self.info.build_id:  # else the job has published already
+            write_bytes(self._path, json.dumps(dataclasses.asdict(self.info), sort_keys=True).encode())
         self._held = False
 
     def release(self) -> None:
@@ -901,10 +909,12 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     return manifest
 
 
-def commit_results(output: str, results: BuildResults, *, keep_versions: int = 2, overwrite: bool = False) -> Manifest:
-    """The launcher's last steps for a build with no launcher (a pipeline ending in WriteDataset):
-    take the output's lock, refuse to replace a published dataset without `overwrite`, apply the
-    reject budget, commit, release the lock. A commit cut short is finished by `imagerecords finish`.
+def commit_results(output: str, results: BuildResults, *, keep_versions: int = 2, overwrite: bool = False,
+                   own_job: bool = False) -> Manifest:
+    """The launcher's last steps for a build with no launcher (a pipeline ending in WriteDataset, a
+    detached or templated command's job): take the output's lock (`own_job`: the one its launcher
+    took under the same build id), refuse to replace a published dataset without `overwrite`, apply
+    the reject budget, commit, release the lock. A commit cut short is finished by `imagerecords finish`.
 
     Raises:
       LockHeld: another build or `finish` holds the output.
@@ -912,7 +922,7 @@ def commit_results(output: str, results: BuildResults, *, keep_versions: int = 2
       BudgetExceeded: too many rows were rejected (the staged shards are removed, errors.jsonl stays).
     """
     _hooks.pause("before_commit")
-    with OutputLock(output, results.build_id):
+    with OutputLock(output, results.build_id, command=JOB_COMMIT if own_job else "build"):
         if not overwrite and _published(output) is not None:
             raise OutputError(f"{output} holds a published dataset; pass overwrite=True to replace it (nothing was "
                               f"published; this build's shards stay in {staging_dir(output, results.build_id)})")

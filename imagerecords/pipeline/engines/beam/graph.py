@@ -47,7 +47,7 @@ class _AgainstBaseFn(beam.DoFn):
 
 def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, versions: Mapping[str, str],
                    label_map: Optional[refs_lib.LabelMap] = None, input_info: Optional[InputInfo] = None,
-                   base: Optional[appending.Base] = None):
+                   base: Optional[appending.Base] = None, commit: bool = False):
     """Adds the whole build to pipeline `p`: every shard lands in the output's staging area, and the
     last step writes staging/results.json. Nothing is published here (see imagerecords.pipeline.publish).
 
@@ -60,6 +60,9 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
       input_info: what the launcher's checks learned of the input (a CSV manifest's header line).
       base: with --append, the published dataset (appending.load_base): refs of keys it holds are
         dropped, its class ids grown, and its manifest recorded for the commit to merge.
+      commit: end with the commit, as WriteDataset does (publish.commit_results on a worker, taking
+        the lock its launcher took): a job that runs on without its launcher (a detached submit, a
+        Dataflow template) publishes itself.
 
     Returns:
       A PCollection holding the single publish.BuildResults written.
@@ -99,9 +102,19 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
         found = written[CONTENTS] | "FindDuplicates" >> FindDuplicates()
         # DuplicateGroup per content shared by two or more keys
         outcome["duplicates"] = found if known is None else (found, known) | "WithKnown" >> beam.Flatten()
-    return outcome | "RecordResults" >> RecordResults(
+    results = outcome | "RecordResults" >> RecordResults(
         config.output, build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
         parameters=config.to_json(), versions=versions, max_reject_fraction=config.max_reject_fraction,
         version_name=config.version_name, base=base.manifest.to_json() if base is not None else None)
+    if commit:
+        # the same last step as WriteDataset's: the published Manifest
+        return (p | "Last" >> beam.Create([None])
+                | "Commit" >> beam.Map(_commit, beam.pvalue.AsSingleton(results), output=config.output,
+                                       keep_versions=config.keep_versions, overwrite=config.overwrite))
+    return results
+
+
+def _commit(_, results: publish.BuildResults, *, output: str, keep_versions: int, overwrite: bool):
+    return publish.commit_results(output, results, keep_versions=keep_versions, overwrite=overwrite, own_job=True)
 
 

@@ -53,8 +53,9 @@ class BeamEngine:
 
             base = appending.load_base(self.config)  # read once per manifest: the launcher's checks read it
         p = beam.Pipeline(options=self.options)
+        # A job that runs on without this process ends with the commit itself.
         build_pipeline(p, self.config, build_id=build_id, versions=versions, label_map=label_map,
-                       input_info=input_info, base=base)
+                       input_info=input_info, base=base, commit=bool(self.detached or self.template))
         result = p.run()
         if self.detached:
             self.flink_job = _wait_until_on_flink(self.options, result)
@@ -69,11 +70,13 @@ class BeamEngine:
         if self.detached:
             lock.hand_over_to_detached_job()
             return (f"imagerecords: submitted build {lock.info.build_id} as Flink job {self.flink_job}; follow it in "
-                    f"the Flink UI or REST API ({_flink_rest(self.options)}/jobs/{self.flink_job}); when it is "
-                    f"FINISHED, publish the dataset with `imagerecords finish {output}`")
+                    f"the Flink UI or REST API ({_flink_rest(self.options)}/jobs/{self.flink_job}); its last step "
+                    f"publishes the dataset in {output} (if that step is cut short, `imagerecords finish {output}` "
+                    "completes it)")
         if self.template:
-            return (f"imagerecords: wrote the Dataflow template {self.template}; nothing was built yet. When its job "
-                    f"has run, publish the dataset with `imagerecords finish {output}`")
+            return (f"imagerecords: wrote the Dataflow template {self.template}; nothing was built yet. Its job's "
+                    f"last step publishes the dataset in {output} (if that step is cut short, `imagerecords finish "
+                    f"{output}` completes it)")
         return None
 
 
