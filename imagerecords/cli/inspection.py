@@ -9,7 +9,8 @@ from imagerecords.pipeline import dataset_files, errors, storage
 from imagerecords.format import access, files
 from imagerecords.format.errors import NotRegularFile
 from imagerecords.format import manifest as manifest_lib
-from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError
+from imagerecords.format.manifest import (LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError, is_shard_name,
+                                          shard_prefix)
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
 from imagerecords.format.paths import has_scheme
@@ -102,12 +103,12 @@ def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[s
         elif (name.startswith(VERSION_PREFIX) or name in manifest.previous_versions) and name != manifest.version:
             notes.append(f"{join(output, name)}: an earlier version, kept for readers that loaded its manifest "
                          "(--keep_versions)")
-        elif ".tfrecord" in name or name.endswith((".index", ".tmp")):
+        elif is_shard_name(name) or name.endswith((".index", ".tmp")):
             problems.append(f"{join(output, name)}: not listed in {MANIFEST} (not part of the published dataset)")
     if manifest.version:
         for name in _names(join(output, manifest.version)):
             relative = f"{manifest.version}/{name}"
-            if relative not in listed and (".tfrecord" in name or name.endswith((".index", ".tmp"))):
+            if relative not in listed and (is_shard_name(name) or name.endswith((".index", ".tmp"))):
                 problems.append(f"{join(output, relative)}: not listed in {MANIFEST} (not part of the published "
                                 "dataset)")
     # A stray index file reaches no shard glob, but a reader pairing sorted index and shard lists
@@ -311,5 +312,5 @@ def shard_glob(output: str, split: str) -> str:
         raise errors.UsageError(f"{output}: no one glob matches split {found.name!r}: its shards lie in several "
                                 "version folders (appended before version folders were whole); list them with "
                                 f"--files {found.name}, or rebuild with --overwrite")
-    pattern = f"{manifest.name}-{found.name}.tfrecord-*"
+    pattern = f"{shard_prefix(manifest.name, found.name)}-*"
     return join(output, manifest.version, pattern) if manifest.version else join(output, pattern)

@@ -139,9 +139,25 @@ def _count_problem(count: int, num_bytes: int) -> Optional[str]:
     return None
 
 
+# The record files' format, named here alone: TFRecord frames (format/records.py writes and reads
+# them), `.tfrecord` in every shard's name, and TFDS's name for the format in dataset_info.json.
+SHARD_SUFFIX = ".tfrecord"
+TFDS_FILE_FORMAT = "tfrecord"
+
+
+def shard_prefix(name: str, split: str) -> str:
+    """What every shard file name of a split begins with (`<name>-<split>.tfrecord`)."""
+    return f"{name}-{split}{SHARD_SUFFIX}"
+
+
 def shard_file_name(name: str, split: str, index: int, num_shards: int) -> str:
     """A shard's file name: the builder's pattern, from which a columnar split derives its names."""
-    return f"{name}-{split}.tfrecord-{index:05d}-of-{num_shards:05d}"
+    return f"{shard_prefix(name, split)}-{index:05d}-of-{num_shards:05d}"
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether a file name is a shard's (or a shard's temporary file), by the format's suffix."""
+    return SHARD_SUFFIX in name
 
 
 def index_file_name(shard_filename: str) -> str:
@@ -285,7 +301,7 @@ class ShardColumns(collections.abc.Sequence):
         an index out of order): such a split keeps its rows."""
         if isinstance(shards, ShardColumns):
             return shards
-        pattern = re.compile(re.escape(f"{dataset}-{split}.tfrecord-") + r"(\d{5,})-of-(\d{5,})")
+        pattern = re.compile(re.escape(shard_prefix(dataset, split) + "-") + r"(\d{5,})-of-(\d{5,})")
         runs: List[List[Any]] = []
         digests, index_digests = [], []
         keys_digests = [s.keys_sha256 or "" for s in shards]

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
+from imagerecords.format.manifest import is_shard_name
 from imagerecords.pipeline import codec, download
 from imagerecords.pipeline.codec import ImageOptions
 from imagerecords.pipeline import storage
@@ -38,7 +39,7 @@ def version_name_problem(name: object) -> Optional[str]:
         return f"{name!r:.80} must be 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
     if name.startswith(VERSION_PREFIX):
         return f"{name!r} starts with {VERSION_PREFIX!r}, which names unnamed builds' folders"
-    if name in _RESERVED_NAMES or name.endswith(".labels.txt") or ".tfrecord" in name:
+    if name in _RESERVED_NAMES or name.endswith(".labels.txt") or is_shard_name(name):
         return f"{name!r} is the name of a file the dataset folder holds"
     return None
 

@@ -8,7 +8,8 @@ import json
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from imagerecords.format import features as features_lib
-from imagerecords.format.manifest import INDEX_DIR, INDEX_SUFFIX, MANIFEST, Manifest, Shard, Split, dumps
+from imagerecords.format.manifest import (INDEX_DIR, INDEX_SUFFIX, MANIFEST, TFDS_FILE_FORMAT, Manifest, Shard, Split,
+                                          dumps)
 from imagerecords.format.paths import join
 
 DATASET_INFO = "dataset_info.json"
@@ -211,7 +212,7 @@ def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:
     return {
         "name": manifest.name,
         "description": f"Images converted by imagerecords (schema {manifest.schema}).",
-        "fileFormat": "tfrecord",
+        "fileFormat": TFDS_FILE_FORMAT,
         "version": "1.0.0",
         "splits": splits,
         # What as_supervised=True yields: (image, label), for records that hold both. The JSON form of

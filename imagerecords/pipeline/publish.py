@@ -37,7 +37,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from imagerecords.pipeline import _hooks, dataset_files, storage
 from imagerecords.pipeline.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
 from imagerecords.format.manifest import (DUPLICATES, ERRORS, FLAT_LAYOUT, LOCK, MANIFEST, STAGING, VERSION_PREFIX,
-                                          SHARDS_SUFFIX, Manifest, dumps)
+                                          SHARDS_SUFFIX, Manifest, dumps, is_shard_name)
 from imagerecords.format.paths import inside_problem, segment_problem
 from imagerecords.pipeline.config import version_name_problem
 
@@ -572,7 +572,7 @@ def _flat_files(output: str, name: str, published: Optional[Manifest]) -> List[s
     folders (or a killed build of that time)."""
     names = set(published.shard_files()) if published is not None and not published.version else set()
     for entry in storage.list_names(output):
-        if entry.startswith(f"{name}-") and ".tfrecord" in entry:
+        if entry.startswith(f"{name}-") and is_shard_name(entry):
             names.add(entry)
         elif entry.startswith(f".{name}-") and entry.endswith(".tmp"):
             names.add(entry)
@@ -967,7 +967,7 @@ def _named_versions(output: str, published: Optional[Manifest]) -> set:
         root = storage.join(output, v)
         prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
         names = [p[len(prefix):].replace(os.sep, "/") for p in storage.list_tree(root)]
-        if all((n.startswith(f"{published.name}-") and ".tfrecord" in n and "/" not in n)
+        if all((n.startswith(f"{published.name}-") and is_shard_name(n) and "/" not in n)
                or (n.startswith((f"{dataset_files.INDEX_DIR}/", f"{dataset_files.KEYS_DIR}/")) and n.count("/") == 1)
                or (n.endswith(SHARDS_SUFFIX) and "/" not in n)
                for n in names):

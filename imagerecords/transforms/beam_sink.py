@@ -13,7 +13,7 @@ import apache_beam as beam
 
 from imagerecords.pipeline import codec, shard_writer, storage
 from imagerecords.format import records, schema
-from imagerecords.format.manifest import Shard
+from imagerecords.format.manifest import Shard, shard_prefix
 from imagerecords.pipeline.dataset_files import ShardResult
 from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.transforms.common import REJECTED
@@ -104,7 +104,7 @@ class WriteWithBeamSink(beam.PTransform):
         )
         results = []
         for split in self._splits:
-            prefix = storage.join(self._output, f"{self._name}-{split}.tfrecord")
+            prefix = storage.join(self._output, shard_prefix(self._name, split))
             files = (
                 encoded.records
                 | f"Only[{split}]" >> beam.Filter(lambda kv, s=split: kv[0] == s)
