@@ -127,7 +127,7 @@ def test_headers_reach_the_server_and_no_file_or_log(server, tmp_path, capfd):
     headers.write_text(f"# for the image host\nAuthorization: {secret}\nX-Team: vision\n")
     rows = [(server.url(f"/img/p{i:02d}.jpg"), "cat") for i in range(4)] + [(server.url("/missing"), "cat")]
     out = tmp_path / "out"
-    build(_manifest(tmp_path, rows), out, *FAST, "--http_headers", headers, "--user_agent", "test-agent/1.0")
+    build(_manifest(tmp_path, rows), out, *FAST, "--http_headers", headers, "--http_user_agent", "test-agent/1.0")
     assert all(h.get("Authorization") == secret and h.get("X-Team") == "vision" for h in server.headers)
     assert all(h.get("User-Agent") == "test-agent/1.0" for h in server.headers)
     captured = capfd.readouterr()

@@ -157,7 +157,7 @@ class BuildConfig:
         drips its body is cut off then.
       http_retries: further tries of a URL after a connection error, a timeout, a 5xx or a 429, with
         exponential backoff and jitter (a Retry-After is honoured up to 60 s).
-      user_agent: the User-Agent of downloads (default imagerecords/VERSION).
+      http_user_agent: the User-Agent of downloads (default imagerecords/VERSION; Beam has a --user_agent of its own).
       http_headers: a file of request headers for downloads, one `Name: value` per line (a token);
         never logged, and written into no file of the output.
       overwrite: allow replacing a dataset this tool wrote earlier in `output`.
@@ -207,7 +207,7 @@ class BuildConfig:
     http_timeout: float = _HTTP.timeout
     http_deadline: float = _HTTP.deadline
     http_retries: int = _HTTP.retries
-    user_agent: str = ""
+    http_user_agent: str = ""
     http_headers: Optional[str] = None
     overwrite: bool = False
     write_index: bool = False
@@ -309,7 +309,7 @@ class BuildConfig:
         return d
 
 
-HTTP_FIELDS = ("http_workers", "http_per_host", "http_timeout", "http_deadline", "http_retries", "user_agent",
+HTTP_FIELDS = ("http_workers", "http_per_host", "http_timeout", "http_deadline", "http_retries", "http_user_agent",
                "http_headers")
 
 

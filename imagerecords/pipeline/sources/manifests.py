@@ -37,7 +37,7 @@ class ManifestSource(Source):
         headers = download.read_headers(config.http_headers) if config.http_headers else ()
         return ManifestSource(download.HttpSettings(
             workers=config.http_workers, per_host=config.http_per_host, timeout=config.http_timeout,
-            deadline=config.http_deadline, retries=config.http_retries, user_agent=config.user_agent, headers=headers))
+            deadline=config.http_deadline, retries=config.http_retries, user_agent=config.http_user_agent, headers=headers))
 
     def reader(self, options):
         return download.reader(self._http, options.max_file_bytes, input_files.limited_reader(options))
