@@ -336,8 +336,6 @@ def test_a_killed_worker_process_fails_the_build_in_one_line_and_a_rerun_publish
 def test_manifest_parts_hold_every_line_once_in_order(tmp_path, csv, ending):
     """Worker processes list a manifest in byte ranges; together the ranges give exactly the lines
     of one serial read, whatever the cut points hit (line ends, CRLF, blank lines, no final newline)."""
-    from imagerecords.pipeline.engines import local
-
     lines = [f"row{i},{'x' * (i % 7)}".encode() for i in range(40)]
     lines[5] = lines[17] = b""  # blank lines
     body = (b"path,label\n" if csv else b"") + b"\n".join(line + (b"\r" if ending == b"\r\n" else b"")
@@ -362,6 +360,48 @@ class _Garbage:
     def __del__(self):
         with open(self.marker, "a") as f:
             f.write(f"{os.getpid()}\n")
+
+
+class _Blocker:
+    """In a reference cycle; its destructor holds up the collection that runs it until released."""
+
+    def __init__(self, inside, release):
+        self.inside, self.release, self.me = inside, release, self
+
+    def __del__(self):
+        self.inside.set()
+        self.release.wait(60)
+
+
+def test_the_collection_before_the_fork_is_not_skipped_while_another_thread_collects(tmp_path):
+    """gc.collect() collects nothing while another thread's collection runs: the garbage it missed
+    would be frozen into the workers (a CI run failed so). local._collect_fully waits it out."""
+    import gc
+    import threading
+
+    from imagerecords.pipeline.engines import local
+
+    inside, release = threading.Event(), threading.Event()
+    _Blocker(inside, release)
+    other = threading.Thread(target=gc.collect, name="other-collector")
+    other.start()
+    assert inside.wait(60), "the other thread's collection never reached the destructor"
+    marker = tmp_path / "deleted"
+    _Garbage(str(marker))
+
+    def waiting(seconds):  # the retry's pause: let the other collection finish, then go on
+        release.set()
+        other.join(60)
+
+    gc.disable()
+    try:
+        assert gc.collect() == 0 and not marker.exists()  # skipped: the other collection still runs
+        local._collect_fully(pause=waiting)
+    finally:
+        gc.enable()
+        release.set()
+        other.join(60)
+    assert marker.read_text().split() == [str(os.getpid())]
 
 
 @pytest.mark.slow

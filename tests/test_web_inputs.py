@@ -137,7 +137,8 @@ def test_headers_reach_the_server_and_no_file_or_log(server, tmp_path, capfd):
             with open(os.path.join(folder, name), "rb") as f:
                 data = f.read()
             assert secret.encode() not in data and b"headers.txt" not in data, name
-    logs = "/tmp/imagerecords-logs"
+    from imagerecords.cli.launcher import LOG_DIR as logs
+
     for name in os.listdir(logs) if os.path.isdir(logs) else ():
         with open(os.path.join(logs, name), "rb") as f:
             assert secret.encode() not in f.read(), name

@@ -150,7 +150,8 @@ class BuildConfig:
       max_reject_fraction: the build fails (nothing published) when more than this fraction of
         listed inputs is rejected; every reject is in errors.jsonl either way.
       threads: decode threads inside each shard writer.
-      http_workers: downloads at once per worker process, for manifest rows that are http(s) URLs.
+      http_workers: downloads at once per worker process, for manifest rows that are http(s) URLs (each
+        shard writer fetches with its `threads` image threads: the smaller bound wins).
       http_per_host: connections at once to one host per worker process.
       http_timeout: seconds to connect to a server, and to wait for its next byte.
       http_deadline: seconds one URL may take in all (retries and redirects included); a server that

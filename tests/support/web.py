@@ -50,6 +50,7 @@ class Server:
         self.open = self.max_open = 0
         self.large_sent = 0
         self._served_once: set = set()
+        self._connections: set = set()
         self._server: Optional[http.server.ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -67,6 +68,7 @@ class Server:
             def setup(self):
                 super().setup()
                 with owner.lock:
+                    owner._connections.add(self.connection)
                     owner.open += 1
                     owner.max_open = max(owner.max_open, owner.open)
 
@@ -75,6 +77,7 @@ class Server:
                     super().finish()
                 finally:
                     with owner.lock:
+                        owner._connections.discard(self.connection)
                         owner.open -= 1
 
             def log_message(self, *args):
@@ -102,6 +105,12 @@ class Server:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=10)
+        with self.lock:  # keep-alive connections a client left open: their threads end with them
+            for connection in list(self._connections):
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def _send(self, h, status: int, body: bytes = b"", kind: str = "image/jpeg", extra: Mapping[str, str] = {}):
         h.send_response(status)

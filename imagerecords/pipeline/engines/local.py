@@ -35,7 +35,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from imagerecords.pipeline import appending, array_rows, planning, publish, sources, stages
 from imagerecords.pipeline import refs as refs_lib
@@ -320,13 +320,35 @@ def _fork_workers(workers: int, writer: stages.ShardWriter, progress_dir: Option
     # iterator, in a notebook or a test process) waits in its destructor for threads that fork did
     # not copy, and the worker hangs in its first garbage collection. So the caller's garbage goes
     # here, where its threads live, and what the workers inherit is frozen out of their collector.
-    gc.collect()
-    gc.freeze()
+    enabled = gc.isenabled()
+    gc.disable()  # no collection starts in another thread from here to the fork
     try:
-        pool.submit(os.getpid).result()  # a fork context starts every worker at the first submit
+        _collect_fully()
+        gc.freeze()
+        try:
+            pool.submit(os.getpid).result()  # a fork context starts every worker at the first submit
+        finally:
+            gc.unfreeze()
     finally:
-        gc.unfreeze()
+        if enabled:
+            gc.enable()
     return pool, cancel
+
+
+def _collect_fully(pause: Callable[[float], None] = time.sleep) -> None:
+    """A full collection that surely ran here. gc.collect() returns at once, collecting nothing,
+    while another thread's collection is under way (CPython); the garbage it missed would then be
+    frozen into the workers and its destructors never run. With automatic collections off (the
+    caller), wait until a full collection completes during our call, then run one more: it cannot
+    be skipped, since no other can have started."""
+    full = lambda: gc.get_stats()[2]["collections"]  # noqa: E731 (completed full collections)
+    for _ in range(1000):
+        before = full()
+        gc.collect()
+        if full() > before:
+            break
+        pause(0.001)
+    gc.collect()
 
 
 def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap],
