@@ -350,71 +350,49 @@ def test_manifest_parts_hold_every_line_once_in_order(tmp_path, csv, ending):
         assert [line for r in ranges for line in manifests._manifest_lines(str(path), csv, *r)] == serial, parts
 
 
-class _Garbage:
-    """An object in a reference cycle whose destructor notes the pid it ran in (a tf.data iterator
-    left in a cycle by the caller: its destructor waits for TensorFlow threads that fork does not copy)."""
+# Both run in a fresh interpreter: in a long test process, a thread of an earlier test can sit inside
+# a collection (a destructor that waits), and no gc.collect() of this process then collects anything.
+_GC_SCRIPT = r"""
+import gc, os, sys, threading
+from imagerecords.pipeline.engines import local
 
+class Garbage:
+    # In a reference cycle; its destructor notes the pid it ran in (a tf.data iterator left in a
+    # cycle by the caller: its destructor waits for TensorFlow threads that fork does not copy).
     def __init__(self, marker):
         self.marker, self.me = marker, self
-
     def __del__(self):
         with open(self.marker, "a") as f:
             f.write(f"{os.getpid()}\n")
 
-
-class _Blocker:
-    """In a reference cycle; its destructor holds up the collection that runs it until released."""
-
+class Blocker:
+    # In a reference cycle; its destructor holds up the collection that runs it until released.
     def __init__(self, inside, release):
         self.inside, self.release, self.me = inside, release, self
-
     def __del__(self):
         self.inside.set()
         self.release.wait(60)
 
-
-def test_the_collection_before_the_fork_is_not_skipped_while_another_thread_collects(tmp_path):
-    """gc.collect() collects nothing while another thread's collection runs: the garbage it missed
-    would be frozen into the workers (a CI run failed so). local._collect_fully waits it out."""
-    import gc
-    import threading
-
-    from imagerecords.pipeline.engines import local
-
+marker = sys.argv[2]
+if sys.argv[1] == "skipped":
     inside, release = threading.Event(), threading.Event()
-    _Blocker(inside, release)
-    other = threading.Thread(target=gc.collect, name="other-collector")
+    Blocker(inside, release)
+    other = threading.Thread(target=gc.collect)
     other.start()
     assert inside.wait(60), "the other thread's collection never reached the destructor"
-    marker = tmp_path / "deleted"
-    _Garbage(str(marker))
+    Garbage(marker)
 
     def waiting(seconds):  # the retry's pause: let the other collection finish, then go on
         release.set()
         other.join(60)
 
     gc.disable()
-    try:
-        assert gc.collect() == 0 and not marker.exists()  # skipped: the other collection still runs
-        local._collect_fully(pause=waiting)
-    finally:
-        gc.enable()
-        release.set()
-        other.join(60)
-    assert marker.read_text().split() == [str(os.getpid())]
-
-
-@pytest.mark.slow
-def test_forked_workers_never_run_the_destructors_of_what_they_inherit(tmp_path, monkeypatch):
-    import gc
-
-    from imagerecords.pipeline.engines import local
-
-    if not local._fork_available():
-        pytest.skip("workers are forked only on Linux")
-    monkeypatch.setattr(local, "_Writer", lambda *args: None)  # no shard is written here
-    marker = tmp_path / "deleted"
-    _Garbage(str(marker))  # garbage now, freed only by a collection
+    assert gc.collect() == 0 and not os.path.exists(marker), "gc.collect() ran during another collection"
+    local._collect_fully(pause=waiting)
+    gc.enable()
+else:
+    local._Writer = lambda *args: None  # no shard is written here
+    Garbage(marker)  # garbage now, freed only by a collection
     pool, cancel = local._fork_workers(2, None, None)
     try:
         collected = [pool.submit(gc.collect) for _ in range(4)]
@@ -423,9 +401,40 @@ def test_forked_workers_never_run_the_destructors_of_what_they_inherit(tmp_path,
             future.result(timeout=60)
     finally:
         local.end_workers(pool)
-    # Collected once, in this process, before the fork; the workers' collections never saw it.
-    assert marker.read_text().split() == [str(os.getpid())]
-    assert min(frozen) > 0
+    assert min(frozen) > 0, "a worker collects what it inherited"
+print(os.getpid())
+"""
+
+
+def _gc_script(case, marker):
+    """Runs _GC_SCRIPT's `case`; returns the pid it ran in."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _GC_SCRIPT, case, str(marker)], capture_output=True, text=True,
+                          timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split()[-1]
+
+
+def test_the_collection_before_the_fork_is_not_skipped_while_another_thread_collects(tmp_path):
+    """gc.collect() collects nothing while another thread's collection runs: the garbage it missed
+    would be frozen into the workers (a CI run failed so). local._collect_fully waits it out."""
+    marker = tmp_path / "deleted"
+    pid = _gc_script("skipped", marker)
+    assert marker.read_text().split() == [pid]
+
+
+@pytest.mark.slow
+def test_forked_workers_never_run_the_destructors_of_what_they_inherit(tmp_path):
+    from imagerecords.pipeline.engines import local
+
+    if not local._fork_available():
+        pytest.skip("workers are forked only on Linux")
+    marker = tmp_path / "deleted"
+    pid = _gc_script("forked", marker)
+    # Collected once, in the launcher, before the fork; the workers' collections never saw it.
+    assert marker.read_text().split() == [pid]
 
 
 @pytest.mark.slow
