@@ -187,8 +187,9 @@ def test_a_url_manifest_is_downloaded_by_the_flink_workers_into_the_local_bytes(
 
     cluster.restart_worker_pools()
     with Server({f"p{i:02d}.jpg": jpeg(i) for i in range(10)}) as server:
-        rows = [f"{server.url(f'/img/p{i:02d}.jpg')},{'cat' if i % 2 else 'dog'}\n" for i in range(10)]
-        (tmp_path / "urls.csv").write_text("url,label\n" + "".join(rows) + f"{server.url('/missing')},cat\n")
+        # Keys of their own: the URLs hold the server's port, which differs per run (and so would the splits).
+        rows = [f"{server.url(f'/img/p{i:02d}.jpg')},{'cat' if i % 2 else 'dog'},photo{i:02d}\n" for i in range(10)]
+        (tmp_path / "urls.csv").write_text("url,label,key\n" + "".join(rows) + f"{server.url('/missing')},cat,gone\n")
         args = ["--input", str(tmp_path / "urls.csv"), "--path_column", "url", "--num_shards", "2",
                 "--splits", "train=0.7,validation=0.3", "--max_reject_fraction", "0.2", "--http_retries", "0",
                 "--no_progress"]
