@@ -21,6 +21,8 @@ if importlib.util.find_spec("grain") is None:
 
 import grain  # noqa: E402
 
+import imagerecords  # noqa: E402
+
 from imagerecords.format.records import CorruptRecordError, IndexFileError  # noqa: E402
 from imagerecords.grain import MissingIndexError, RecordSource  # noqa: E402
 
@@ -220,11 +222,13 @@ def test_index_arguments(built):
     assert source[np.int64(3)]["image/filename"] == source[3]["image/filename"]  # Grain's samplers give NumPy ints
     assert source[np.uint32(n - 1)]["image/filename"] == source[n - 1]["image/filename"]
     for bad in (n, 2**62, -1, -n):
-        with pytest.raises(IndexError, match=f"record {bad} is out of range for split 'train' of {n} records"):
+        with pytest.raises(IndexError, match=f"record {bad} is out of range for split 'train' of {n} records") as e:
             source[bad]
+        assert isinstance(e.value, imagerecords.Error)
     for bad in (1.0, np.float32(2), "3", True, None):
-        with pytest.raises(TypeError, match="record index must be an int"):
+        with pytest.raises(TypeError, match="record index must be an int") as e:
             source[bad]
+        assert isinstance(e.value, imagerecords.Error)
 
 
 def test_without_index_files_one_clear_error_or_one_scan(built):

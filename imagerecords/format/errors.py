@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-__all__ = ["Error", "FilesMissing", "NotRegularFile", "ReadError"]
+__all__ = ["Error", "FilesMissing", "NoSuchFeature", "NotRegularFile", "OutOfRange", "ReadError", "RecordUndecodable",
+           "TooLate", "WrongIndexType"]
 
 
 class Error(Exception):
@@ -23,3 +24,26 @@ class FilesMissing(Error, FileNotFoundError):
 class NotRegularFile(Error, OSError):
     """A dataset's file is a pipe, a device or a folder: refused, never read (a FIFO blocks its reader
     for ever, /dev/zero is read until memory runs out)."""
+
+
+class OutOfRange(Error, IndexError):
+    """A record index past a split's end: still an IndexError, so sequence protocols stop on it."""
+
+
+class WrongIndexType(Error, TypeError):
+    """A record index that is not an integer (a float, a bool, a string): a caller's bug, never rounded."""
+
+
+class NoSuchFeature(Error, KeyError):
+    """A record lacks a feature its manifest's spec lists (the shard is not the build the manifest describes)."""
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class RecordUndecodable(Error, ValueError):
+    """A record's bytes cannot be decoded as the feature its spec names."""
+
+
+class TooLate(Error, RuntimeError):
+    """A setting that must come before something else already happened (TensorFlow started on the GPUs)."""

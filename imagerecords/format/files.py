@@ -7,7 +7,7 @@ import stat
 import threading
 from typing import BinaryIO, Dict, Optional, Tuple
 
-from imagerecords.format.errors import NotRegularFile
+from imagerecords.format.errors import FilesMissing, NotRegularFile, ReadError
 from imagerecords.format.paths import has_scheme
 
 _GCS_HINT = "gs:// paths need google-cloud-storage: pip install google-cloud-storage"
@@ -27,7 +27,10 @@ def _check_regular(path: str, mode: int) -> None:
 def open_local_fd(path: str) -> int:
     """A descriptor of the local regular file `path`, opened to read; anything else is refused
     before a byte is read (opened non-blocking, so a FIFO without a writer does not hang the open)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # no effect on a regular file's reads
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # no effect on a regular file's reads
+    except FileNotFoundError:
+        raise FilesMissing(f"{path} does not exist") from None
     try:
         _check_regular(path, os.fstat(fd).st_mode)
     except BaseException:
@@ -43,7 +46,10 @@ def open_local(path: str, buffering: int = -1) -> BinaryIO:
 
 def local_size(path: str) -> int:
     """The size of the local regular file `path`; anything else is refused (a FIFO's size is 0)."""
-    st = os.stat(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FilesMissing(f"{path} does not exist") from None
     _check_regular(path, st.st_mode)
     return st.st_size
 
@@ -77,7 +83,7 @@ class Files:
         """Returns the whole file or object at `path`.
 
         Raises:
-          FileNotFoundError: naming `path` when it does not exist.
+          FilesMissing (a FileNotFoundError): naming `path` when it does not exist.
         """
         if not has_scheme(path):
             with open_local(path) as f:
@@ -88,7 +94,7 @@ class Files:
         try:
             return blob.download_as_bytes(checksum=None)
         except exceptions.NotFound:
-            raise FileNotFoundError(f"{path} does not exist") from None
+            raise FilesMissing(f"{path} does not exist") from None
 
     def exists(self, path: str) -> bool:
         if not has_scheme(path):
@@ -99,7 +105,7 @@ class Files:
         """Bytes in the file or object at `path`: a stat, or one metadata request on gs://; nothing is read.
 
         Raises:
-          FileNotFoundError: naming `path` when it does not exist.
+          FilesMissing (a FileNotFoundError): naming `path` when it does not exist.
         """
         if not has_scheme(path):
             return local_size(path)
@@ -109,7 +115,7 @@ class Files:
         try:
             blob.reload()
         except exceptions.NotFound:
-            raise FileNotFoundError(f"{path} does not exist") from None
+            raise FilesMissing(f"{path} does not exist") from None
         return int(blob.size)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
@@ -121,7 +127,7 @@ class Files:
         try:  # `end` is inclusive in the storage API
             return self._blob(path).download_as_bytes(start=offset, end=offset + length - 1, checksum=None)
         except exceptions.NotFound:
-            raise FileNotFoundError(f"{path} does not exist (the dataset was rebuilt and this version "
+            raise FilesMissing(f"{path} does not exist (the dataset was rebuilt and this version "
                                     "removed? load the dataset again)") from None
         except exceptions.RequestRangeNotSatisfiable:
             return b""
@@ -161,11 +167,11 @@ def split_gs(path: str) -> Tuple[str, str]:
     """('bucket', 'object/name') of a gs:// path.
 
     Raises:
-      ValueError: for another scheme or a path without an object name.
+      ReadError (a ValueError): for another scheme or a path without an object name.
     """
     if not path.startswith("gs://"):
-        raise ValueError(f"{path}: random access reads local paths and gs:// only")
+        raise ReadError(f"{path}: random access reads local paths and gs:// only")
     bucket, _, name = path[len("gs://"):].partition("/")
     if not bucket or not name:
-        raise ValueError(f"{path}: not a gs://bucket/object path")
+        raise ReadError(f"{path}: not a gs://bucket/object path")
     return bucket, name

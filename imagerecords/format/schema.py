@@ -6,6 +6,8 @@ import dataclasses
 import struct
 from typing import Any, Collection, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from imagerecords.format.errors import Error, NoSuchFeature, RecordUndecodable
+
 PRESETS = ("tfds", "tf-models")
 
 
@@ -51,16 +53,21 @@ _KEYS: Dict[str, SchemaKeys] = {
 }
 
 
+
+class UnknownPreset(Error, ValueError):
+    """A schema preset name that is not one of PRESETS."""
+
+
 def keys(preset: str) -> SchemaKeys:
     """Returns the feature keys of `preset`.
 
     Raises:
-      ValueError: if `preset` is not one of PRESETS.
+      UnknownPreset (a ValueError): if `preset` is not one of PRESETS.
     """
     try:
         return _KEYS[preset]
     except KeyError:
-        raise ValueError(f"unknown schema preset {preset!r}; choose one of {', '.join(PRESETS)}") from None
+        raise UnknownPreset(f"unknown schema preset {preset!r}; choose one of {', '.join(PRESETS)}") from None
 
 
 def make_example(
@@ -224,17 +231,23 @@ def parse_example(data: bytes, only: Optional[Collection[str]] = None) -> Dict[s
     Returns:
       bytes_list values as bytes, int64_list values as int (negative ones too), float_list values
       as float; a feature with no list set has [].
+
+    Raises:
+      RecordUndecodable (a ValueError): for bytes that are not a serialized Example.
     """
     out: Dict[str, List[Any]] = {}
-    for number, _, features in _message_fields(memoryview(data)):
-        if number != 1:  # Example.features
-            continue
-        for entry_number, _, entry in _message_fields(features):
-            if entry_number != 1:  # Features.feature, a map: repeated entries {key=1, value=2}
+    try:
+        for number, _, features in _message_fields(memoryview(data)):
+            if number != 1:  # Example.features
                 continue
-            key, value = _map_entry(entry)
-            if key is not None and (only is None or key in only):
-                out[key] = _feature_values(value)
+            for entry_number, _, entry in _message_fields(features):
+                if entry_number != 1:  # Features.feature, a map: repeated entries {key=1, value=2}
+                    continue
+                key, value = _map_entry(entry)
+                if key is not None and (only is None or key in only):
+                    out[key] = _feature_values(value)
+    except (IndexError, ValueError, struct.error) as e:  # a varint or a float run cut short, an odd wire type
+        raise RecordUndecodable(f"not a serialized tf.train.Example ({e or 'cut short'})") from None
     return out
 
 
@@ -242,11 +255,11 @@ def read_int64(example: bytes, key: str) -> int:
     """Returns the first int64 value of feature `key` in a serialized Example, without TensorFlow.
 
     Raises:
-      KeyError: if the Example has no int64 feature `key`.
+      NoSuchFeature (a KeyError): if the Example has no int64 feature `key`.
     """
     values = parse_example(example, only=(key,)).get(key)
     if not values or not isinstance(values[0], int):
-        raise KeyError(f"the Example has no int64 feature {key!r}")
+        raise NoSuchFeature(f"the Example has no int64 feature {key!r}")
     return values[0]
 
 
@@ -318,5 +331,7 @@ def _message_fields(buf: memoryview) -> Iterator[Tuple[int, int, Any]]:
         elif wire == 1:
             value, pos = buf[pos:pos + 8], pos + 8
         else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
+            raise RecordUndecodable(f"unsupported protobuf wire type {wire}")
+        if pos > len(buf):  # a slice past the end is silently short: the message was cut
+            raise RecordUndecodable(f"field {number} runs past the end of its message")
         yield number, wire, value

@@ -10,7 +10,7 @@ from imagerecords.format import codecs
 from imagerecords.format import features as features_lib
 from imagerecords.format.files import Files
 from imagerecords.format.paths import has_scheme, join
-from imagerecords.format.errors import ReadError
+from imagerecords.format.errors import NoSuchFeature, OutOfRange, ReadError, WrongIndexType
 
 
 class RecordSource:
@@ -102,10 +102,10 @@ class RecordSource:
     def _index(self, key: Any) -> int:
         # bool is an int to Python; a float index (1.0 too) is a caller's bug, never rounded.
         if isinstance(key, bool) or not isinstance(key, numbers.Integral):
-            raise TypeError(f"record index must be an int (or a NumPy integer), got {type(key).__name__} {key!r}")
+            raise WrongIndexType(f"record index must be an int (or a NumPy integer), got {type(key).__name__} {key!r}")
         i = int(key)
         if not 0 <= i < len(self):
-            raise IndexError(f"record {i} is out of range for split {self.split!r} of {len(self)} records "
+            raise OutOfRange(f"record {i} is out of range for split {self.split!r} of {len(self)} records "
                              "(indices are 0 to len - 1; negative ones are not counted from the end)")
         return i
 
@@ -117,7 +117,7 @@ class RecordSource:
         for feature in self.features:
             values = example.get(feature.name)
             if values is None:  # [] is a stored empty list (no boxes, no tags)
-                raise KeyError(f"{where} has no {feature.name!r} feature (manifest.json's spec lists it)")
+                raise NoSuchFeature(f"{where} has no {feature.name!r} feature (manifest.json's spec lists it)")
             try:
                 if feature.dtype == "image":
                     if not values:

@@ -26,7 +26,7 @@ from imagerecords.reader.info import DatasetInfo, load_info, missing_files
 from imagerecords.reader.meta import examples_consumed, label_names, steps_per_epoch  # noqa: F401
 from imagerecords.reader.meta import host_plan as _plan
 from imagerecords.reader.shards import ReadStats, open_shards, shard_records
-from imagerecords.format.errors import ReadError, FilesMissing
+from imagerecords.format.errors import ReadError, FilesMissing, TooLate
 
 log = logging.getLogger("imagerecords.reader")
 
@@ -472,14 +472,14 @@ def hide_gpus_from_tensorflow() -> None:
     make_dataset). Setting CUDA_VISIBLE_DEVICES would hide the GPUs from the trainer too.
 
     Raises:
-      RuntimeError: when TensorFlow has already started on visible GPUs (too late to hide them).
+      TooLate (a RuntimeError): when TensorFlow has already started on visible GPUs (too late to hide them).
     """
     if not tf.config.list_physical_devices("GPU"):
         return  # a CPU-only TensorFlow, or no GPU: nothing to hide
     try:
         tf.config.set_visible_devices([], "GPU")
     except RuntimeError as e:
-        raise RuntimeError("TensorFlow already started on the GPUs; call hide_gpus_from_tensorflow() "
+        raise TooLate("TensorFlow already started on the GPUs; call hide_gpus_from_tensorflow() "
                            "before anything creates a TensorFlow tensor") from e
 
 

@@ -17,7 +17,7 @@ from imagerecords.format.files import Files
 from imagerecords.format.paths import has_scheme, join
 from imagerecords.torch import transforms as T
 from imagerecords.torch.order import PAD_LABEL, Ticket
-from imagerecords.format.errors import ReadError
+from imagerecords.format.errors import NoSuchFeature, OutOfRange, ReadError, RecordUndecodable
 
 LAYOUTS = ("chw", "hwc")
 
@@ -161,7 +161,7 @@ class RecordDataset(torch.utils.data.Dataset):
             return key
         i = int(key)
         if not 0 <= i < len(self):
-            raise IndexError(f"record {key} is out of range for split {self.split!r} of {len(self)} records")
+            raise OutOfRange(f"record {key} is out of range for split {self.split!r} of {len(self)} records")
         return Ticket(i, 0, 0, i)
 
     def _element(self, ticket: Ticket, record: bytes):
@@ -169,7 +169,7 @@ class RecordDataset(torch.utils.data.Dataset):
                                                      *(f.name for f in self.features)))
         encoded, labels = example.get(self.keys.image), example.get(self.keys.label)
         if not encoded or not labels:
-            raise KeyError(f"{self.shard_paths[self.shard_of[ticket.record]]}: record {ticket.record} has no "
+            raise NoSuchFeature(f"{self.shard_paths[self.shard_of[ticket.record]]}: record {ticket.record} has no "
                            f"{self.keys.image!r} or {self.keys.label!r} feature (schema {self.manifest.schema})")
         image = self._image(encoded[0], ticket)
         label, index = int(labels[0]), ticket.record
@@ -185,12 +185,15 @@ class RecordDataset(torch.utils.data.Dataset):
         for feature in self.features:
             values = example.get(feature.name)
             if values is None:
-                raise KeyError(f"{self.shard_paths[self.shard_of[ticket.record]]}: record {ticket.record} has no "
+                raise NoSuchFeature(f"{self.shard_paths[self.shard_of[ticket.record]]}: record {ticket.record} has no "
                                f"{feature.name!r} feature")
             if feature.dtype == "image":
                 out[feature.name] = torch.from_numpy(features_lib.image_to_numpy(feature, values[0]))
                 continue
-            value = codecs.to_numpy(feature, values)
+            try:
+                value = codecs.to_numpy(feature, values)
+            except ValueError as e:
+                raise RecordUndecodable(f"{self.shard_paths[self.shard_of[ticket.record]]}: record {ticket.record}: {e}") from None
             out[feature.name] = value if isinstance(value, str) else torch.from_numpy(np.array(value))
         return out
 
