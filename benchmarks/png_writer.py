@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from benchmarks import corpus as corpus_lib
-from imagerecords.pipeline import arrays, codec, png_writer
+from imagerecords.pipeline import array_encode, codec, png_writer
 
 
 def pillow_png(img, level=1):
@@ -103,7 +103,7 @@ def main(argv=None):
     for name, ts in runs.items():
         print(f"prepare_image, {name}: {min(ts) * 1e3:.2f} ms a photo, x{jpeg / min(ts):.2f} the JPEG path's speed")
 
-    # uint8 array rows, 32x32x3 (CIFAR-like: gradients and noise), as arrays.encode_image stores them.
+    # uint8 array rows, 32x32x3 (CIFAR-like: gradients and noise), as array_encode.encode_image stores them.
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[0:32, 0:32]
     rows = []
@@ -113,7 +113,7 @@ def main(argv=None):
     old = new = None
     for _ in range(a.rounds):
         o = _best(lambda x: pillow_png(x, 1), rows, 1, number=5)
-        n = _best(lambda x: arrays.encode_image(x, "png", 90, codec.PNG_LEVEL), rows, 1, number=5)
+        n = _best(lambda x: array_encode.encode_image(x, "png", 90, codec.PNG_LEVEL), rows, 1, number=5)
         old = o if old is None or o[0] < old[0] else old
         new = n if new is None or n[0] < new[0] else new
     print(f"32x32x3 array row: Pillow {old[0] * 1e6:.1f} us, {old[1]:.0f} B; ours {new[0] * 1e6:.1f} us, "

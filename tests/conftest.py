@@ -7,6 +7,8 @@ import signal
 
 import pytest
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "flink: runs a real Flink cluster (needs Java)")
@@ -15,6 +17,10 @@ def pytest_configure(config):
     # build a test starts would inherit that and ignore the SIGINT a signal test sends it.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Every build a test starts, in this process or another (the CLI, workers, Flink's pools), runs
+    # the tests' phase observer, which pauses, fails or logs only when a test sets its variables.
+    os.environ["IMAGERECORDS_PHASE_OBSERVER"] = "tests.support.phases:observe"
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
 
 
 def pytest_collection_modifyitems(config, items):

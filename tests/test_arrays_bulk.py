@@ -1,6 +1,6 @@
-"""Array rows written in bulk (arrays.encode_rows) give the bytes of the per-row encoder, row for row.
+"""Array rows written in bulk (array_encode.encode_rows) give the bytes of the per-row encoder, row for row.
 
-Fixtures are seeded numpy arrays saved by the test; the per-row encoder (arrays.encode_ref, then
+Fixtures are seeded numpy arrays saved by the test; the per-row encoder (array_encode.encode_ref, then
 records.frame) is the reference every bulk frame, digest and rejected row is compared with.
 """
 
@@ -11,7 +11,7 @@ import pytest
 
 from conftest import build, manifest_without_time, shard_files
 from imagerecords.format import records
-from imagerecords.pipeline import arrays, codec, stages
+from imagerecords.pipeline import array_encode, arrays, codec, stages
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.refs import Rejected
 
@@ -29,18 +29,18 @@ def _refs(path):
 
 def _compare(path, options=None):
     """(rows written in blocks, rows encoded one by one); asserts both ways give the same output."""
-    arrays._source.cache_clear()
+    arrays.opened.cache_clear()
     arrays.open_arrays.cache_clear()
     refs, labels = _refs(path)
     options = options or codec.ImageOptions()
     expected = []
     for ref in refs:
-        out = arrays.encode_ref(ref, "tfds", labels, options)
+        out = array_encode.encode_ref(ref, "tfds", labels, options)
         expected.append(("rejected", out.reason) if isinstance(out, Rejected)
                         else ("record", records.frame(out.record), out.content))
     got, in_blocks, alone = [], 0, 0
-    for item in arrays.encode_rows(refs, "tfds", labels, options):
-        if isinstance(item, arrays.Block):
+    for item in array_encode.encode_rows(refs, "tfds", labels, options):
+        if isinstance(item, array_encode.Block):
             assert sum(item.lengths) == len(item.data) and len(item.lengths) == len(item.refs)
             at = 0
             for length, content in zip(item.lengths, item.contents):
@@ -134,12 +134,12 @@ def test_png_images_are_encoded_in_blocks_with_the_per_row_bytes(tmp_path, shape
 def test_jpeg_images_take_the_row_by_row_path(tmp_path):
     r = _rng(12)
     np.savez(tmp_path / "j.npz", image=r.integers(0, 256, (20, 8, 8, 3), dtype=np.uint8), label=r.integers(0, 3, 20))
-    arrays._source.cache_clear()
+    arrays.opened.cache_clear()
     refs = [r for r in arrays.list_refs(str(tmp_path / "j.npz"), "tfds", "jpeg") if not isinstance(r, Rejected)]
     labels = refs_lib.vocabulary(sorted({r.label for r in refs}), "int", 0)
     refs = [stages.assign(r, labels, None, 0) for r in refs]
-    items = list(arrays.encode_rows(refs, "tfds", labels, codec.ImageOptions(image_encoding="jpeg")))
-    assert len(items) == 20 and not any(isinstance(item, arrays.Block) for item in items)
+    items = list(array_encode.encode_rows(refs, "tfds", labels, codec.ImageOptions(image_encoding="jpeg")))
+    assert len(items) == 20 and not any(isinstance(item, array_encode.Block) for item in items)
 
 
 @pytest.mark.slow
@@ -170,8 +170,8 @@ def test_blocks_are_bounded_by_bytes_and_still_the_same_records(tmp_path, monkey
     np.savez(tmp_path / "b.npz", image=x, label=label)
     monkeypatch.setattr(arrays, "BLOCK_BYTES", 1000)  # 13 rows of 72 bytes per block
     refs, labels = _refs(tmp_path / "b.npz")
-    blocks = [item for item in arrays.encode_rows(refs, "tfds", labels, codec.ImageOptions())
-              if isinstance(item, arrays.Block)]
+    blocks = [item for item in array_encode.encode_rows(refs, "tfds", labels, codec.ImageOptions())
+              if isinstance(item, array_encode.Block)]
     assert max(len(b.refs) for b in blocks) <= 13 and len(blocks) > N // 13
     assert _compare(tmp_path / "b.npz") == (N - 1, 1)
 

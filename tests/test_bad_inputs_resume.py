@@ -2,7 +2,7 @@
 states and start positions from another build or out of range.
 
 Builds are real CLI runs into tmp_path, killed at a fixed phase by the test hooks of
-imagerecords/pipeline/_hooks.py; images are made here with PIL (uncompressed PNGs, so a rewrite with
+tests/support/phases.py (the build's phase observer); images are made here with PIL (uncompressed PNGs, so a rewrite with
 other pixels keeps the file's size).
 """
 

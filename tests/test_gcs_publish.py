@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from conftest import build
-from imagerecords.pipeline import errors, publish
+from imagerecords.pipeline import errors, output_lock
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
 from tests.support.gcs import GcsEmulator
 from test_failures import ARGS, kill_at, without_created  # ARGS[:-1]: without --no_progress, which build() adds
@@ -82,11 +82,11 @@ def test_lock_on_gcs_is_create_if_absent(emulator, published):
     _, _, bucket = published
     folder = f"gs://{bucket}/locked"
     with emulator.activated():
-        first = publish.OutputLock(folder, "one").acquire()
+        first = output_lock.OutputLock(folder, "one").acquire()
         with pytest.raises(errors.LockHeld, match="locked by build one"):
-            publish.OutputLock(folder, "two").acquire()
+            output_lock.OutputLock(folder, "two").acquire()
         first.release()
-        publish.OutputLock(folder, "three").acquire().release()
+        output_lock.OutputLock(folder, "three").acquire().release()
     assert emulator.list(f"{folder}/") == []
 
 
@@ -145,7 +145,7 @@ def test_a_columnar_build_on_gcs_publishes_what_a_local_one_does(emulator, publi
     from imagerecords.cli import inspection
 
     root, _, bucket = published
-    monkeypatch.setenv("IMAGERECORDS_TEST_COLUMNS_FROM", "1")  # every split as columns, with a side file
+    monkeypatch.setenv("IMAGERECORDS_COLUMNS_FROM", "1")  # every split as columns, with a side file
     local = tmp_path / "columns"
     build(root, local, *ARGS[:-1])
     images, out = f"gs://{bucket}/images", f"gs://{bucket}/columns"

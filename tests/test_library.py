@@ -16,7 +16,7 @@ import pytest
 
 import imagerecords
 from imagerecords.cli import main as cli
-from imagerecords.pipeline import errors, publish, session
+from imagerecords.pipeline import errors, output_lock, publish, session
 from imagerecords.pipeline.options import BuildOptions
 from tests.conftest import build, shard_files
 
@@ -207,7 +207,7 @@ def test_a_stopped_build_counts_its_staged_shards_in_words(tmp_path, staged, say
     from imagerecords.pipeline.config import BuildConfig
 
     out = tmp_path / "out"
-    build_id = publish.new_build_id()
+    build_id = output_lock.new_build_id()
     staging = publish.staging_dir(str(out), build_id)
     os.makedirs(staging)
     for i in range(staged):

@@ -1,6 +1,6 @@
 """Manifest format 3 on real builds: a split held as columns, its histograms in a side file.
 
-IMAGERECORDS_TEST_COLUMNS_FROM=1 (pipeline._hooks.columns_from) makes every split columnar, so a
+IMAGERECORDS_COLUMNS_FROM=1 (pipeline.publish._columns_from) makes every split columnar, so a
 build of example_images' 4 classes x 6 images (JPEG, PNG, GIF, greyscale, CMYK) is written in both
 forms from the same input and seed; every reader must see the same records in both.
 """
@@ -16,6 +16,7 @@ from conftest import build
 from imagerecords.cli import inspection, report
 from imagerecords.pipeline import errors
 from imagerecords.format import manifest as manifest_lib
+from imagerecords.format import record_format
 from imagerecords.pipeline import example_images
 from imagerecords.reader.info import load_info
 
@@ -40,7 +41,7 @@ def built(tmp_path_factory):
     rows, columns = (str(tmp_path_factory.mktemp(n) / "ds") for n in ("rows", "cols"))
     build(root, rows, *ARGS)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("IMAGERECORDS_TEST_COLUMNS_FROM", "1")
+        mp.setenv("IMAGERECORDS_COLUMNS_FROM", "1")
         build(root, columns, *ARGS)
     return rows, columns
 
@@ -158,7 +159,7 @@ def test_an_append_onto_the_columnar_form_keeps_old_and_new_shards(built, tmp_pa
     for cls in os.listdir(more):  # new files under the same classes
         for name in os.listdir(more / cls):
             os.rename(more / cls / name, more / cls / f"new-{name}")
-    monkeypatch.setenv("IMAGERECORDS_TEST_COLUMNS_FROM", "1")
+    monkeypatch.setenv("IMAGERECORDS_COLUMNS_FROM", "1")
     build(more, out, *ARGS, "--append")
     after = manifest_lib.load(out, _read, os.path.exists, details=True)
     assert _json(os.path.join(out, "manifest.json"))["format_version"] == 3
@@ -184,7 +185,7 @@ def _manifest(filenames):
 
 
 def test_a_split_whose_names_are_off_the_pattern_keeps_its_rows():
-    named = _manifest([f"v-1/{manifest_lib.shard_file_name('ds', 'train', i, 2)}" for i in range(2)])
+    named = _manifest([f"v-1/{record_format.shard_file_name('ds', 'train', i, 2)}" for i in range(2)])
     columnar, files = named.with_side_files(1)
     assert [name for name, _ in files] == ["v-1/train.shards.jsonl"] and json.loads(columnar.dumps())["format_version"] == 3
     odd = _manifest(["v-1/ds-train.tfrecord-0-of-2", "v-1/other-name"])
@@ -193,7 +194,7 @@ def test_a_split_whose_names_are_off_the_pattern_keeps_its_rows():
 
 
 def test_columns_that_disagree_are_refused_in_one_line():
-    columnar, _ = _manifest([f"v-1/{manifest_lib.shard_file_name('ds', 'train', i, 2)}" for i in range(2)]
+    columnar, _ = _manifest([f"v-1/{record_format.shard_file_name('ds', 'train', i, 2)}" for i in range(2)]
                             ).with_side_files(1)
     d = json.loads(columnar.dumps())
     d["splits"]["train"]["columns"]["count"].pop()
@@ -211,7 +212,7 @@ def test_a_commit_cut_after_staging_the_side_file_is_finished_with_it(tmp_path, 
     root = tmp_path / "images"
     example_images.write_tree(str(root), per_class=3)
     out = tmp_path / "ds"
-    monkeypatch.setenv("IMAGERECORDS_TEST_COLUMNS_FROM", "1")
+    monkeypatch.setenv("IMAGERECORDS_COLUMNS_FROM", "1")
     kill_at("in_commit", root, out, str(tmp_path))  # the side file is staged and named in the commit record
     assert not (out / "manifest.json").exists()
     code, _, err = cli_run("finish", out)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from imagerecords.pipeline import dataset_files, errors, publish
+from imagerecords.pipeline import dataset_files, errors, output_lock, publish, staged_check, storage
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, Shard, Split
 from imagerecords.pipeline.dataset_files import ShardResult
 from imagerecords.cli.exit_codes import exit_code
@@ -170,24 +170,24 @@ def test_finish_refuses_an_incomplete_staging_area_and_enforces_the_budget(tmp_p
 def test_lock_is_exclusive_names_its_holder_and_clears_when_the_holder_is_dead(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    first = publish.OutputLock(str(out), "build-one").acquire()
+    first = output_lock.OutputLock(str(out), "build-one").acquire()
     with pytest.raises(errors.LockHeld, match=rf"build build-one \(build, host {socket.gethostname()}, pid {os.getpid()}"):
-        publish.OutputLock(str(out), "build-two").acquire()
+        output_lock.OutputLock(str(out), "build-two").acquire()
     first.release()
     assert not (out / LOCK).exists()
     # A lock whose process is gone on this host (a killed build) is taken over.
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (out / LOCK).write_text(json.dumps({"build_id": "killed", "host": socket.gethostname(), "pid": int(dead.stdout),
                                         "started": "t", "command": "build"}))
-    lock = publish.OutputLock(str(out), "build-three").acquire()
+    lock = output_lock.OutputLock(str(out), "build-three").acquire()
     assert lock.took_over.build_id == "killed"
     assert json.loads((out / LOCK).read_text())["build_id"] == "build-three"
     lock.release()
     # Another host's lock is not judged from here: it blocks until --break_lock.
     (out / LOCK).write_text(json.dumps({"build_id": "far", "host": "elsewhere", "pid": 1, "started": "t"}))
     with pytest.raises(errors.LockHeld, match="--break_lock"):
-        publish.OutputLock(str(out), "b4").acquire()
-    broken = publish.OutputLock(str(out), "b5", break_lock=True).acquire()
+        output_lock.OutputLock(str(out), "b4").acquire()
+    broken = output_lock.OutputLock(str(out), "b5", break_lock=True).acquire()
     assert broken.took_over.host == "elsewhere"
     broken.release()
 
@@ -212,10 +212,10 @@ def test_an_unreadable_lock_blocks_naming_the_file_until_broken(tmp_path, text, 
     out.mkdir()
     (out / LOCK).write_text(text)
     with pytest.raises(errors.LockHeld) as e:
-        publish.OutputLock(str(out), "b1").acquire()
+        output_lock.OutputLock(str(out), "b1").acquire()
     assert str(e.value) == (f"the lock file {out / LOCK} is unreadable ({reason}); if no build is running into "
                             f"{out}, rerun with --break_lock")
-    lock = publish.OutputLock(str(out), "b2", break_lock=True).acquire()
+    lock = output_lock.OutputLock(str(out), "b2", break_lock=True).acquire()
     assert lock.take_over_note() == f"broke the unreadable lock file ({reason}) at your request (--break_lock)"
     assert json.loads((out / LOCK).read_text())["build_id"] == "b2"
     lock.release()
@@ -226,7 +226,7 @@ def test_a_lock_that_is_a_folder_is_named_as_one(tmp_path):
     (out / LOCK).mkdir(parents=True)
     for break_lock in (False, True):  # --break_lock cannot mend it either: it says what does
         with pytest.raises(errors.OutputError) as e:
-            publish.OutputLock(str(out), "b1", break_lock=break_lock).acquire()
+            output_lock.OutputLock(str(out), "b1", break_lock=break_lock).acquire()
         assert str(e.value) == f"{out / LOCK} is a folder, not a lock file; remove it (rm -r {out / LOCK}) and rerun"
         assert exit_code(e.value) == 4
     assert (out / LOCK).is_dir()
@@ -235,16 +235,16 @@ def test_a_lock_that_is_a_folder_is_named_as_one(tmp_path):
 def test_the_take_over_note_says_why_the_lock_was_taken(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    assert publish.OutputLock(str(out), "b0").acquire().take_over_note() is None
+    assert output_lock.OutputLock(str(out), "b0").acquire().take_over_note() is None
     (out / LOCK).unlink()
     (out / LOCK).write_text(_lock_text(build_id="far", host="elsewhere", pid=1))
-    note = publish.OutputLock(str(out), "b1", break_lock=True).acquire().take_over_note()
+    note = output_lock.OutputLock(str(out), "b1", break_lock=True).acquire().take_over_note()
     # Another host's process cannot be looked at from here: the note says whose lock and why, no more.
     assert note == "broke the lock of build far (build, host elsewhere, pid 1, started t) at your request (--break_lock)"
     (out / LOCK).unlink()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (out / LOCK).write_text(_lock_text(build_id="killed", pid=int(dead.stdout)))
-    note = publish.OutputLock(str(out), "b2", break_lock=True).acquire().take_over_note()
+    note = output_lock.OutputLock(str(out), "b2", break_lock=True).acquire().take_over_note()
     assert note == (f"took over the lock of build killed (build, host {socket.gethostname()}, pid {int(dead.stdout)}, "
                     "started t), whose process is no longer running")
 
@@ -265,7 +265,7 @@ def test_write_bytes_leaves_no_temporary_file_when_the_write_fails(tmp_path):
     target = tmp_path / "features.json"
     target.mkdir()  # the final rename cannot replace a folder
     with pytest.raises(Exception):
-        publish.write_bytes(str(target), b"{}")
+        storage.write_bytes(str(target), b"{}")
     assert sorted(os.listdir(tmp_path)) == ["features.json"]
 
 
@@ -291,7 +291,7 @@ def test_a_local_commit_reads_back_only_the_staged_files_written_since_their_wri
     in place; the commit reads back and hashes only a file whose identity changed since."""
     from conftest import build, shard_files
 
-    reads, real_read, real_check = [], publish.sha256_and_size, publish.check_staged
+    reads, real_read, real_check = [], staged_check.sha256_and_size, staged_check.check_staged
 
     def counted(path):
         reads.append(path)
@@ -307,8 +307,8 @@ def test_a_local_commit_reads_back_only_the_staged_files_written_since_their_wri
                 f.write(data)
         return real_check(output, manifest, staged, *args, **kwargs)
 
-    monkeypatch.setattr(publish, "sha256_and_size", counted)
-    monkeypatch.setattr(publish, "check_staged", after_a_late_write)
+    monkeypatch.setattr(staged_check, "sha256_and_size", counted)
+    monkeypatch.setattr(staged_check, "check_staged", after_a_late_write)
     out, root = tmp_path / "out", image_tree[0]
     if change == "one byte flipped":
         with pytest.raises(errors.OutputError, match=r"refusing to publish .*tfrecord-00000-of-.* but its writer "
@@ -329,7 +329,6 @@ def test_a_byte_flipped_after_the_writer_closed_its_shard_is_never_published(tmp
     """The writer's identity of its shard is taken only once its bytes are checked against what it
     wrote: another process writing into the staged file before that is refused by the commit."""
     from conftest import build
-    from imagerecords.pipeline import storage
 
     flipped = []
 
@@ -340,7 +339,7 @@ def test_a_byte_flipped_after_the_writer_closed_its_shard_is_never_published(tmp
             f.write(data)
         flipped.append(path)
 
-    real_rename, real_write = storage.rename, publish.write_bytes
+    real_rename, real_write = storage.rename, storage.write_bytes
 
     def rename(src, dst):
         if window == "between close and rename" and src.endswith(".tmp") and ".tfrecord-" in src and not flipped:
@@ -353,7 +352,7 @@ def test_a_byte_flipped_after_the_writer_closed_its_shard_is_never_published(tmp
         return real_write(path, data)
 
     monkeypatch.setattr(storage, "rename", rename)
-    monkeypatch.setattr(publish, "write_bytes", write_bytes)
+    monkeypatch.setattr(storage, "write_bytes", write_bytes)
     out = tmp_path / "out"
     with pytest.raises(errors.OutputError, match=r"refusing to publish .*tfrecord-.* but its writer reported"):
         build(image_tree[0], out, "--num_shards", "2", "--max_reject_fraction", "0.1", "--write_index")

@@ -13,7 +13,7 @@ import uuid
 import numpy as np
 import pytest
 
-from imagerecords.pipeline import array_rows, arrays, publish, sources, stages, storage
+from imagerecords.pipeline import array_rows, arrays, publish, sources, staged_check, stages, storage
 from imagerecords.pipeline.engines import local
 from imagerecords.pipeline.options import BuildOptions
 from imagerecords.pipeline.refs import LabelMap
@@ -128,8 +128,8 @@ def test_a_resumed_row_shard_reuses_the_staged_one(tmp_path, monkeypatch):
     second = "second-build"
     os.makedirs(publish.staging_dir(out, second))
     writer = stages.ShardWriter(**{**stages.ShardWriter.of(config, second, sources.of(config.input)).__dict__, "resume_from": (first,)})
-    reads, real_read = [], publish.sha256_and_size
-    monkeypatch.setattr(publish, "sha256_and_size", lambda path: reads.append(path) or real_read(path))
+    reads, real_read = [], staged_check.sha256_and_size
+    monkeypatch.setattr(staged_check, "sha256_and_size", lambda path: reads.append(path) or real_read(path))
     for key, shard in shards.items():
         staged = writer.write(key, shard, label_map, read_bytes=None)
         name = staged.result.shard.filename

@@ -1,6 +1,6 @@
 """No silent mix: a writer that outlives its launcher, a reader during rebuilds, resumed builds.
 
-Real CLI builds into tmp_path; the test hooks of imagerecords/pipeline/_hooks.py hold a process at a phase
+Real CLI builds into tmp_path; the phase observer of tests/support/phases.py holds a process at a phase
 until the test releases it, so each race happens in one fixed order.
 """
 

@@ -322,11 +322,11 @@ def test_rows_with_paths_move_as_references_and_write_the_same_bytes(rows, cli_b
 
 @pytest.mark.slow
 def test_another_builds_lock_stops_the_pipeline_and_nothing_is_published(rows, tmp_path):
-    from imagerecords.pipeline import publish
+    from imagerecords.pipeline import output_lock
 
     out = tmp_path / "ds"
     out.mkdir()
-    with publish.OutputLock(str(out), "another-build"):  # held by this live process, as a running build does
+    with output_lock.OutputLock(str(out), "another-build"):  # held by this live process, as a running build does
         code, err = _run(tmp_path, rows[:10], out, OPTIONS, DIRECT)
     # The shard writers stage nothing into an output another build holds; the commit never runs.
     assert code != 0 and "was not staged" in err

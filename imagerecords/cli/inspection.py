@@ -9,8 +9,8 @@ from imagerecords.pipeline import dataset_files, errors, storage
 from imagerecords.format import access, files
 from imagerecords.format.errors import NotRegularFile
 from imagerecords.format import manifest as manifest_lib
-from imagerecords.format.manifest import (LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError, is_shard_name,
-                                          shard_prefix)
+from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError
+from imagerecords.format.record_format import is_shard_name, shard_prefix
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
 from imagerecords.format.paths import has_scheme
@@ -92,9 +92,9 @@ def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[s
             notes.append(f"{join(output, STAGING)}: leftover staging area of an unfinished or failed build "
                             "(remove it, or rebuild with --overwrite)")
         elif name == LOCK:
-            from imagerecords.pipeline import publish
+            from imagerecords.pipeline import output_lock
 
-            holder = publish.read_lock(output)
+            holder = output_lock.read_lock(output)
             state = "stale lock of" if holder and holder.is_dead_here() else "lock held by"
             notes.append(f"{join(output, LOCK)}: {state} {holder.describe() if holder else 'an unknown build'}")
         elif name in manifest.listed_folders.get(manifest.version, ()) and name != manifest.version:
@@ -178,7 +178,8 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
     Raises:
       errors.BuildError: when there is no readable manifest.
     """
-    from imagerecords.format.records import FRAME_OVERHEAD, CorruptRecordError, HashingReader, read_records
+    from imagerecords.format.record_format import FRAME_OVERHEAD, read
+    from imagerecords.format.records import CorruptRecordError, HashingReader
 
     manifest = load(output)
     problems, keys_notes = [], []
@@ -203,7 +204,7 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                     frame_lengths = []
                     checking = True  # the first record per shard that does not fit the spec is named
                     try:
-                        for number, record in enumerate(read_records(stream, path)):
+                        for number, record in enumerate(read(stream, path)):
                             frame_lengths.append(len(record) + FRAME_OVERHEAD)
                             problem = _record_problem(record, stored) if checking else None
                             if problem:

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-__all__ = ["Error", "FilesMissing", "NoSuchFeature", "NotRegularFile", "OutOfRange", "ReadError", "RecordUndecodable",
+__all__ = ["Error", "FilesMissing", "ManifestError", "NoSuchFeature", "NotPublished", "NotRegularFile", "OutOfRange",
+           "ReadError", "RecordUndecodable",
            "TooLate", "WrongIndexType"]
 
 
@@ -47,3 +48,19 @@ class RecordUndecodable(Error, ValueError):
 
 class TooLate(Error, RuntimeError):
     """A setting that must come before something else already happened (TensorFlow started on the GPUs)."""
+
+
+class ManifestError(Error, ValueError):
+    """manifest.json is not a manifest this version can read; the message names the file and why."""
+
+
+class NotPublished(Error, FileNotFoundError):
+    """A folder holds no manifest.json; the message says whether an unfinished build is there.
+
+    Attributes:
+      unfinished: True when the folder holds a staging area (a build that did not publish).
+    """
+
+    def __init__(self, message: str, unfinished: bool):
+        super().__init__(message)
+        self.unfinished = unfinished

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import bisect
-import collections.abc
 import dataclasses
 import hashlib
 import json
-import re
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from imagerecords.format.paths import inside_problem, join, segment_problem
-from imagerecords.format.errors import Error
-from imagerecords.format.records import FRAME_OVERHEAD
+from imagerecords.format.paths import join
+from imagerecords.format.errors import ManifestError, NotPublished
+from imagerecords.format.shards import Shard, ShardColumns, check_inside, count_problem
 
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
@@ -29,10 +26,6 @@ READABLE_VERSIONS = (1, 2, 3)
 # took 27 s; at 1B images (572,917 shards) rows would be ~10 GB of JSON, columns are 58 MB.
 COLUMNS_FROM = 1_000
 SHARDS_SUFFIX = ".shards.jsonl"  # <version>/<split>.shards.jsonl: a columnar split's per-shard histograms
-# Index files live in a sub-folder of the version folder, `index/<shard file name>.idx` (see
-# imagerecords.pipeline.dataset_files, which writes them).
-INDEX_DIR = "index"
-INDEX_SUFFIX = ".idx"
 
 # Names inside an output folder that belong to the publish protocol (imagerecords.pipeline.publish). They
 # live here, in a module without Beam or TensorFlow, so the reader can name them in its errors.
@@ -42,298 +35,6 @@ STAGING = ".imagerecords-staging"  # one folder per build inside, named by its b
 VERSION_PREFIX = "v-"
 FLAT_LAYOUT = "."  # in previous_versions: a dataset whose shards lie directly in the folder
 LOCK = ".imagerecords.lock"
-
-
-class ManifestError(Error, ValueError):
-    """manifest.json is not a manifest this version can read; the message names the file and why."""
-
-
-class NotPublished(Error, FileNotFoundError):
-    """A folder holds no manifest.json; the message says whether an unfinished build is there.
-
-    Attributes:
-      unfinished: True when the folder holds a staging area (a build that did not publish).
-    """
-
-    def __init__(self, message: str, unfinished: bool):
-        super().__init__(message)
-        self.unfinished = unfinished
-
-
-@dataclasses.dataclass(frozen=True)
-class Shard:
-    """One shard file of a split.
-
-    Attributes:
-      index: shard number within the split.
-      filename: file name relative to the dataset folder.
-      count: records in the shard.
-      num_bytes: file size in bytes.
-      sha256: hex digest of the file.
-      labels: ((label id, records with it), ...) sorted by id; ids include the label offset.
-      passthrough: records whose image bytes are the source file unchanged.
-      index_file: path (relative to the dataset folder) of the shard's tfrecord2idx index file
-        (one "offset frame_length" line per record), when one was written.
-      index_sha256: hex digest of the index file.
-      image_kinds: ((kind, records), ...) sorted, where kind is 'format:channels:dtype' of the stored
-        image as TensorFlow decodes it ('png:1:uint16'); only for builds whose image encoding is
-        not 'jpeg' (a 'jpeg' build stores 3-channel uint8 JPEGs only).
-      keys_sha256: hex digest of the shard's keys file (`keys/<shard>.jsonl`, what --append reads
-        instead of the shard), when its build recorded one: only a keys file of that digest is used.
-    """
-
-    index: int
-    filename: str
-    count: int
-    num_bytes: int
-    sha256: str
-    labels: Tuple[Tuple[int, int], ...] = ()
-    passthrough: int = 0
-    index_file: Optional[str] = None
-    index_sha256: Optional[str] = None
-    image_kinds: Tuple[Tuple[str, int], ...] = ()
-    keys_sha256: Optional[str] = None
-
-    def to_json(self) -> Dict[str, Any]:
-        out = {"index": self.index, "filename": self.filename, "count": self.count, "num_bytes": self.num_bytes,
-               "sha256": self.sha256, "labels": {str(k): v for k, v in self.labels}, "passthrough": self.passthrough}
-        if self.index_file:
-            out["index_file"] = self.index_file
-        if self.index_sha256:
-            out["index_sha256"] = self.index_sha256
-        if self.image_kinds:
-            out["image_kinds"] = dict(self.image_kinds)
-        if self.keys_sha256:
-            out["keys_sha256"] = self.keys_sha256
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Shard":
-        """Reads a shard's row (a manifest's, a staged record's, a build's results).
-
-        Raises:
-          ManifestError: when its file or index file name would lead outside the dataset folder.
-        """
-        if "filename" in d:
-            _check_inside("shard file name", d["filename"])
-        if d.get("index_file") is not None:
-            _check_inside("index file name", d["index_file"])
-        return cls(index=int(d["index"]), filename=str(d["filename"]), count=int(d["count"]),
-                   num_bytes=int(d["num_bytes"]), sha256=str(d["sha256"]),
-                   labels=tuple(sorted((int(k), int(v)) for k, v in dict(d.get("labels") or {}).items())),
-                   passthrough=int(d.get("passthrough", 0)), index_file=d.get("index_file"),
-                   index_sha256=d.get("index_sha256"),
-                   image_kinds=tuple(sorted((str(k), int(v)) for k, v in dict(d.get("image_kinds") or {}).items())),
-                   keys_sha256=str(d["keys_sha256"]) if d.get("keys_sha256") else None)
-
-
-def _count_problem(count: int, num_bytes: int) -> Optional[str]:
-    """Why a shard cannot hold `count` records in `num_bytes` bytes, or None. Every reader sizes its
-    work by the count: a manifest saying 2**29 records for a 351-byte file once made make_dataset
-    touch 6.7 GB for 40 records. Checked by `load`, the loader of every reader and verify."""
-    if count < 0 or num_bytes < 0:
-        return f"a negative count ({count}) or size ({num_bytes})"
-    if count * FRAME_OVERHEAD > num_bytes:
-        return (f"{count} records cannot fit in {num_bytes} bytes (each record's frame takes at least "
-                f"{FRAME_OVERHEAD}); manifest.json is not the one its build wrote")
-    return None
-
-
-# The record files' format, named here alone: TFRecord frames (format/records.py writes and reads
-# them), `.tfrecord` in every shard's name, and TFDS's name for the format in dataset_info.json.
-SHARD_SUFFIX = ".tfrecord"
-TFDS_FILE_FORMAT = "tfrecord"
-
-
-def shard_prefix(name: str, split: str) -> str:
-    """What every shard file name of a split begins with (`<name>-<split>.tfrecord`)."""
-    return f"{name}-{split}{SHARD_SUFFIX}"
-
-
-def shard_file_name(name: str, split: str, index: int, num_shards: int) -> str:
-    """A shard's file name: the builder's pattern, from which a columnar split derives its names."""
-    return f"{shard_prefix(name, split)}-{index:05d}-of-{num_shards:05d}"
-
-
-def is_shard_name(name: str) -> bool:
-    """Whether a file name is a shard's (or a shard's temporary file), by the format's suffix."""
-    return SHARD_SUFFIX in name
-
-
-def index_file_name(shard_filename: str) -> str:
-    """The index file of a shard named `shard_filename` (relative to the dataset folder): in the
-    `index` sub-folder of the shard's own folder."""
-    folder, _, plain = shard_filename.rpartition("/")
-    return f"{folder}/{INDEX_DIR}/{plain}{INDEX_SUFFIX}" if folder else f"{INDEX_DIR}/{plain}{INDEX_SUFFIX}"
-
-
-_HEX = re.compile("[0-9a-f]*")
-
-
-class ShardColumns(collections.abc.Sequence):
-    """A large split's shards as columns (format 3): a Shard is made only when one is asked for.
-
-    Counts and sizes are arrays of int64, digests one hex string, file names runs of the name
-    pattern; so 572,917 shards (1B images) load in one JSON parse of ~60 MB and no per-shard
-    object. Shards made here carry no label histograms (they are in the split's side file).
-
-    Attributes:
-      dataset, split: the names the shard files are derived from.
-      counts, sizes: records and bytes per shard, in shard order.
-      sha256: the shards' hex digests, concatenated.
-      runs: ((folder, first, num_shards, length, indexed), ...): `length` consecutive shards named
-        `folder/shard_file_name(dataset, split, first + k, num_shards)` ('' folder: the dataset
-        folder itself), with index files when `indexed`.
-      index_sha256: the index files' hex digests, concatenated, in shard order.
-      keys_sha256: the keys files' hex digests, concatenated, in shard order ('' when none recorded).
-    """
-
-    __slots__ = ("dataset", "split", "counts", "sizes", "sha256", "runs", "index_sha256", "keys_sha256", "_starts",
-                 "_index_starts")
-
-    def __init__(self, dataset: str, split: str, counts: Sequence[int], sizes: Sequence[int], sha256: str,
-                 runs: Sequence[Tuple[str, int, int, int, bool]], index_sha256: str = "", keys_sha256: str = ""):
-        import array
-
-        self.dataset, self.split = dataset, split
-        self.counts, self.sizes = array.array("q", counts), array.array("q", sizes)
-        self.sha256, self.index_sha256, self.keys_sha256 = sha256, index_sha256, keys_sha256
-        self.runs = tuple((str(f), int(a), int(n), int(k), bool(x)) for f, a, n, k, x in runs)
-        self._starts, self._index_starts = [], []
-        at = indexed = 0
-        for _, first, of, length, has_index in self.runs:
-            if length < 1 or first < 0 or first + length > of:
-                raise ValueError(f"a file run of split {split!r} names shards {first}..{first + length - 1} of {of}")
-            self._starts.append(at)
-            self._index_starts.append(indexed)
-            at += length
-            indexed += length if has_index else 0
-        n = len(self.counts)
-        if len(self.sizes) != n or at != n or len(sha256) != 64 * n or len(index_sha256) != 64 * indexed:
-            raise ValueError(f"the columns of split {split!r} disagree: {n} counts, {len(self.sizes)} sizes, "
-                             f"{len(sha256) / 64:g} digests, {at} file names, {len(index_sha256) / 64:g} index "
-                             f"digests for {indexed} index files")
-        if len(keys_sha256) not in (0, 64 * n):
-            raise ValueError(f"the columns of split {split!r} disagree: {n} shards, {len(keys_sha256) / 64:g} keys "
-                             "file digests")
-        if not (_HEX.fullmatch(sha256) and _HEX.fullmatch(index_sha256) and _HEX.fullmatch(keys_sha256)):
-            raise ValueError(f"the digests of split {split!r} are not lowercase hex")
-
-    def __len__(self) -> int:
-        return len(self.counts)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self.counts)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"shard {i} of a split of {n}")
-        r = bisect.bisect_right(self._starts, i) - 1
-        folder, first, of, _, indexed = self.runs[r]
-        k = i - self._starts[r]
-        plain = shard_file_name(self.dataset, self.split, first + k, of)
-        filename = f"{folder}/{plain}" if folder else plain
-        index_file = index_sha256 = None
-        if indexed:
-            j = self._index_starts[r] + k
-            index_file, index_sha256 = index_file_name(filename), self.index_sha256[64 * j:64 * j + 64]
-        return Shard(i, filename, self.counts[i], self.sizes[i], self.sha256[64 * i:64 * i + 64],
-                     index_file=index_file, index_sha256=index_sha256,
-                     keys_sha256=self.keys_sha256[64 * i:64 * i + 64] or None)
-
-    def __iter__(self) -> Iterator["Shard"]:
-        return (self[i] for i in range(len(self)))
-
-    def __eq__(self, other: Any) -> bool:
-        if not isinstance(other, collections.abc.Sequence):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]  # equal to a tuple of the same shards, which hashes otherwise
-
-    def __repr__(self) -> str:
-        return f"ShardColumns({self.split!r}, {len(self)} shards)"
-
-    @property
-    def total_count(self) -> int:
-        return sum(self.counts)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.sizes)
-
-    def to_json(self) -> Dict[str, Any]:
-        out = {"count": self.counts.tolist(), "num_bytes": self.sizes.tolist(), "sha256": self.sha256,
-               "files": [list(r) for r in self.runs]}
-        if self.index_sha256:
-            out["index_sha256"] = self.index_sha256
-        if self.keys_sha256:
-            out["keys_sha256"] = self.keys_sha256
-        return out
-
-    @classmethod
-    def from_json(cls, dataset: str, split: str, d: Mapping[str, Any]) -> "ShardColumns":
-        """Reads a split's `columns`.
-
-        Raises:
-          ManifestError: a folder that leads outside the dataset folder.
-          ValueError, TypeError, KeyError: columns that are malformed or disagree.
-        """
-        runs = []
-        for folder, first, of, length, indexed in d["files"]:
-            if folder:
-                _check_inside("shard folder", folder, one_part=True)
-            if not all(type(v) is int for v in (first, of, length)) or type(indexed) is not bool:
-                raise TypeError(f"a file run of split {split!r} is not [folder, first, of, length, indexed]")
-            runs.append((folder, first, of, length, indexed))
-        counts, sizes = d["count"], d["num_bytes"]
-        if not (isinstance(counts, list) and isinstance(sizes, list) and isinstance(d["sha256"], str)
-                and isinstance(d.get("index_sha256", ""), str) and isinstance(d.get("keys_sha256", ""), str)):
-            raise TypeError(f"the columns of split {split!r} are not lists and hex strings")
-        return cls(dataset, split, counts, sizes, d["sha256"], runs, d.get("index_sha256", ""),
-                   d.get("keys_sha256", ""))
-
-    @classmethod
-    def encode(cls, dataset: str, split: str, shards: Sequence["Shard"]) -> Optional["ShardColumns"]:
-        """`shards` as columns, or None when one of them does not fit (a file name off the pattern,
-        an index out of order): such a split keeps its rows."""
-        if isinstance(shards, ShardColumns):
-            return shards
-        pattern = re.compile(re.escape(shard_prefix(dataset, split) + "-") + r"(\d{5,})-of-(\d{5,})")
-        runs: List[List[Any]] = []
-        digests, index_digests = [], []
-        keys_digests = [s.keys_sha256 or "" for s in shards]
-        if any(keys_digests) and not all(len(d) == 64 and _HEX.fullmatch(d) for d in keys_digests):
-            return None  # some shards' keys files have digests, others none: rows say which
-        for position, s in enumerate(shards):
-            folder, _, plain = s.filename.rpartition("/")
-            m = pattern.fullmatch(plain)
-            if s.index != position or not m or len(s.sha256) != 64 or not _HEX.fullmatch(s.sha256):
-                return None
-            first, of = int(m.group(1)), int(m.group(2))
-            if shard_file_name(dataset, split, first, of) != plain:
-                return None
-            indexed = s.index_file is not None
-            if indexed and (s.index_file != index_file_name(s.filename) or not s.index_sha256
-                            or len(s.index_sha256) != 64 or not _HEX.fullmatch(s.index_sha256)):
-                return None
-            if not indexed and s.index_sha256:
-                return None
-            last = runs[-1] if runs else None
-            if last and last[0] == folder and last[2] == of and last[4] == indexed and last[1] + last[3] == first:
-                last[3] += 1
-            else:
-                runs.append([folder, first, of, 1, indexed])
-            digests.append(s.sha256)
-            if indexed:
-                index_digests.append(s.index_sha256)
-        try:
-            return cls(dataset, split, [s.count for s in shards], [s.num_bytes for s in shards], "".join(digests),
-                       runs, "".join(index_digests), "".join(keys_digests))
-        except ValueError:
-            return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,7 +135,7 @@ class Split:
     def from_json(cls, dataset: str, name: str, entry: Mapping[str, Any]) -> "Split":
         if "columns" not in entry:
             return cls(name, tuple(sorted((Shard.from_json(s) for s in entry["shards"]), key=lambda s: s.index)))
-        _check_inside("shards file", entry["shards_file"])
+        check_inside("shards file", entry["shards_file"])
         side = SideFile(str(entry["shards_file"]), str(entry["shards_sha256"]),
                         tuple(sorted((int(k), int(v)) for k, v in dict(entry.get("labels") or {}).items())),
                         tuple(sorted((str(k), int(v)) for k, v in dict(entry.get("image_kinds") or {}).items())),
@@ -715,20 +416,20 @@ class Manifest:
                            shard_builds={str(k): tuple((int(first), str(build)) for first, build in v)
                                          for k, v in dict(d.get("shard_builds") or {}).items()})
             # Names that readers, TFDS's filepathTemplate or the commit turn into paths.
-            _check_inside("errors_file", d.get("errors_file", ERRORS))
+            check_inside("errors_file", d.get("errors_file", ERRORS))
             for name in d.get("features") or {}:
-                _check_inside("feature name", name)
-            _check_inside("dataset name", d["name"], one_part=True)
+                check_inside("feature name", name)
+            check_inside("dataset name", d["name"], one_part=True)
             for split in d["splits"]:
-                _check_inside("split name", split, one_part=True)
+                check_inside("split name", split, one_part=True)
             if d.get("version"):
-                _check_inside("version", d["version"], one_part=True)
+                check_inside("version", d["version"], one_part=True)
             for version, folders in manifest.listed_folders.items():
                 for folder in (version, *folders):
-                    _check_inside("listed folder", folder, one_part=True)
+                    check_inside("listed folder", folder, one_part=True)
             for previous in d.get("previous_versions") or ():
                 if previous != FLAT_LAYOUT:
-                    _check_inside("previous version", previous, one_part=True)
+                    check_inside("previous version", previous, one_part=True)
             return manifest
         except KeyError as e:
             raise ManifestError(f"{source}: missing field {e.args[0]!r}") from None
@@ -783,7 +484,7 @@ def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool
         counts, sizes = ((split.shards.counts, split.shards.sizes) if isinstance(split.shards, ShardColumns)
                          else ([s.count for s in split.shards], [s.num_bytes for s in split.shards]))
         for i, (count, num_bytes) in enumerate(zip(counts, sizes)):
-            problem = _count_problem(count, num_bytes)
+            problem = count_problem(count, num_bytes)
             if problem:
                 raise ManifestError(f"{path}: shard {i} of split {split.name!r}: {problem}")
     if manifest.features and check_features:  # every reader decodes by it: refused here, not mid-read
@@ -795,13 +496,6 @@ def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool
             raise ManifestError(f"{path}: its feature spec cannot be read ({e}); manifest.json is not the one its "
                                 "build wrote") from None
     return manifest.with_details(folder, read) if details else manifest
-
-
-def _check_inside(what: str, name: Any, one_part: bool = False) -> None:
-    problem = segment_problem(name) if one_part else inside_problem(name)
-    if problem:
-        raise ManifestError(f"{what} {name!r} {problem}; every name in a manifest stays inside the dataset "
-                            "folder (this one was altered, or not written by imagerecords)")
 
 
 def dumps(obj: object) -> bytes:

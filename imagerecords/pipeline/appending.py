@@ -7,7 +7,7 @@ import json
 import logging
 from typing import Any, Collection, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from imagerecords.format import records, schema
+from imagerecords.format import record_format, schema
 from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError
 from imagerecords.pipeline import codec, download, errors, refs as refs_lib, storage
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
@@ -267,7 +267,7 @@ def _scan(output: str, manifest: Manifest) -> Dict[str, Known]:
                 continue
             path = storage.join(output, shard.filename)
             with storage.open_read(path) as f:
-                for record in records.read_records(f, path):
+                for record in record_format.read(f, path):
                     values = {k: v[0] for k, v in schema.parse_example(record, only=wanted).items() if v}
                     key = values.get(keys.filename, b"").decode("utf-8")
                     label_id = values.get(keys.label)
@@ -433,7 +433,8 @@ def merged_manifest(base: Mapping[str, Any], delta: Manifest, build_id: str) -> 
       dataset folder, for every shard and index file (a delta's: its name in this build's staging).
     """
     old = Manifest.from_json(base, "base manifest")
-    from imagerecords.format.manifest import Split, index_file_name, shard_file_name
+    from imagerecords.format.manifest import Split
+    from imagerecords.format.record_format import index_file_name, shard_file_name
 
     folder = delta.version
     splits, sources, builds = [], {}, {}

@@ -62,7 +62,7 @@ def list_rows(path: str, preset: str, image_encoding: str) -> Listed:
     import numpy as np
 
     arrays.forget_if_changed(path)
-    source, n, columns = arrays._source(path, preset, image_encoding)
+    source, n, columns = arrays.opened(path, preset, image_encoding)
     if n >= MAX_ROWS:
         raise ValueError(f"{n} rows: the columnar listing orders keys of 9 digits")
     row_bytes = sum(a.itemsize * (int(a.size // a.shape[0]) if a.shape[0] else 0) for a in source.values())

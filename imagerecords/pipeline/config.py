@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
-from imagerecords.format.manifest import is_shard_name
+from imagerecords.format.record_format import is_shard_name
 from imagerecords.pipeline import codec, download
 from imagerecords.pipeline.codec import ImageOptions
 from imagerecords.pipeline import storage

@@ -8,8 +8,8 @@ import json
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from imagerecords.format import features as features_lib
-from imagerecords.format.manifest import (INDEX_DIR, INDEX_SUFFIX, MANIFEST, TFDS_FILE_FORMAT, Manifest, Shard, Split,
-                                          dumps)
+from imagerecords.format.manifest import MANIFEST, Manifest, Shard, Split, dumps
+from imagerecords.format.record_format import INDEX_DIR, INDEX_SUFFIX, TFDS_FILE_FORMAT
 from imagerecords.format.paths import join
 
 DATASET_INFO = "dataset_info.json"

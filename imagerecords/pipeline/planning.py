@@ -18,7 +18,7 @@ import dataclasses
 import math
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from imagerecords.format import manifest
+from imagerecords.format import record_format
 
 BUCKET_BITS = 16
 _SHIFT = 64 - BUCKET_BITS
@@ -174,4 +174,4 @@ def plan_sorted(split: str, sorted_hashes: Sequence[int], num_bytes: int, num_sh
 
 
 def shard_name(name: str, split: str, index: int, num_shards: int) -> str:
-    return manifest.shard_file_name(name, split, index, num_shards)
+    return record_format.shard_file_name(name, split, index, num_shards)

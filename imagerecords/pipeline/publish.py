@@ -1,4 +1,5 @@
-"""The publish protocol: staging, the output lock, the build's results, and the commit.
+"""The publish protocol: staging, the build's results, and the commit (the lock: output_lock.py;
+the check of staged files: staged_check.py).
 
     OUT/.imagerecords.lock                  one build at a time (created only if absent)
     OUT/.imagerecords-staging/<build id>/   each build's shards and results (a late writer of another
@@ -22,30 +23,24 @@ naming them; never a mix. Each step can be redone, so a commit cut short is fini
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import datetime
-import errno
-import hashlib
 import json
 import logging
 import os
-import socket
-import uuid
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from imagerecords.pipeline import _hooks, dataset_files, storage
-from imagerecords.pipeline.errors import BudgetExceeded, LockHeld, OutputError, UnfinishedBuild
-from imagerecords.format.manifest import (DUPLICATES, ERRORS, FLAT_LAYOUT, LOCK, MANIFEST, STAGING, VERSION_PREFIX,
-                                          SHARDS_SUFFIX, Manifest, dumps, is_shard_name)
+from imagerecords.pipeline import dataset_files, output_lock, phases, staged_check, storage
+from imagerecords.pipeline.errors import BudgetExceeded, OutputError, UnfinishedBuild
+from imagerecords.format.manifest import (COLUMNS_FROM, DUPLICATES, ERRORS, FLAT_LAYOUT, MANIFEST, STAGING, VERSION_PREFIX,
+                                          SHARDS_SUFFIX, Manifest, dumps)
+from imagerecords.format.record_format import is_shard_name
 from imagerecords.format.paths import inside_problem, segment_problem
 from imagerecords.pipeline.config import version_name_problem
 
 log = logging.getLogger(__name__)
 
 RESULTS = "results.json"
-DETACHED = "detached"  # LockInfo.command of a build whose job runs on without its launcher
-JOB_COMMIT = "job-commit"  # LockInfo.command of a job's own last step, publishing what its launcher locked
 COMMIT = "commit.json"
 STAGED_RECORD = ".staged.json"  # beside each staged shard: its fingerprint and its writer's report
 
@@ -94,33 +89,6 @@ def staged_builds(output: str) -> List[str]:
     prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
     ids = {path[len(prefix):].replace(os.sep, "/").split("/", 1)[0] for path in storage.list_tree(root)}
     return sorted(i for i in ids if i and not i.startswith("."))
-
-
-def write_bytes(uri: str, data: Union[bytes, Iterable[bytes]]) -> None:
-    """Writes a file through a temporary name and a rename, so readers never see half of it; the
-    temporary file does not outlive a failed write. `data` may be the bytes, or pieces of them
-    written one by one (errors.jsonl and duplicates.jsonl row by row: never a whole copy in memory)."""
-    tmp = f"{uri}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with storage.create(tmp) as f:
-            if isinstance(data, (bytes, bytearray, memoryview)):
-                f.write(data)
-            else:
-                for piece in data:
-                    f.write(piece)
-        storage.rename(tmp, uri)
-    except BaseException:
-        _delete_quietly([tmp])
-        raise
-
-
-def _delete_quietly(paths: Sequence[str]) -> None:
-    for path in paths:
-        try:
-            if storage.exists(path):
-                storage.delete(path)
-        except OSError as e:
-            log.warning("could not remove %s: %s", path, e)
 
 
 def remove_staging(output: str, build_id: Optional[str] = None) -> None:
@@ -272,7 +240,7 @@ def _untrusted(output: str, path: str, e: BaseException) -> OutputError:
 def owns_output(output: str, build_id: str) -> bool:
     """Whether `build_id` may still write into `output`: its lock names no other build. A writer
     whose launcher died and whose lock another build took over must not touch anything."""
-    holder = read_lock(output)
+    holder = output_lock.read_lock(output)
     return holder is None or holder.build_id == build_id
 
 
@@ -290,246 +258,7 @@ def discard_staged_shards(output: str, results: BuildResults) -> None:
     staging = staging_dir(output, results.build_id)
     names = [n for r in results.shards for n in (r.filename, r.index_file, r.filename + STAGED_RECORD,
                                                  dataset_files.keys_name(r.filename)) if n]
-    _delete_quietly([storage.join(staging, n) for n in names + [RESULTS]])
-
-
-# The lock -------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class LockInfo:
-    """Who holds an output folder.
-
-    Attributes:
-      build_id: the holder's build id.
-      host: host name of the holder's launcher.
-      pid: process id of the holder's launcher.
-      started: UTC start time (ISO 8601).
-      command: what the holder runs (build, finish, or detached: a build submitted with --detached,
-        whose job runs on the cluster after its launcher exited; `finish` takes it over once
-        staging/results.json exists).
-    """
-
-    build_id: str
-    host: str
-    pid: int
-    started: str
-    command: str = "build"
-
-    def describe(self) -> str:
-        return f"build {self.build_id} ({self.command}, host {self.host}, pid {self.pid}, started {self.started})"
-
-    def is_dead_here(self) -> bool:
-        """True when the holder ran on this host and its process is gone: its lock is stale. A
-        detached build's launcher is gone by design (its job runs on), so its lock is never stale."""
-        if self.host != socket.gethostname() or self.command == DETACHED:
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return is_zombie(self.pid)
-
-
-def is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def new_build_id() -> str:
-    # Microseconds: two builds of one folder within a second still sort in the order they started.
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + "-" + uuid.uuid4().hex[:6]
-
-
-@dataclasses.dataclass(frozen=True)
-class UnreadableLock(LockInfo):
-    """A lock file that holds no LockInfo this tool wrote (not JSON, fields unknown or missing, a pid
-    that is not an integer).
-
-    Attributes:
-      reason: what is wrong with it, for the message.
-    """
-
-    reason: str = ""
-
-    def describe(self) -> str:
-        return f"unreadable lock file ({self.reason})"
-
-    def is_dead_here(self) -> bool:
-        return False  # nothing says whose it is: only --break_lock takes it
-
-
-def _unreadable(reason: str) -> UnreadableLock:
-    return UnreadableLock("unknown", "unknown", -1, "unknown", "unknown", reason)
-
-
-def read_lock(output: str) -> Optional[LockInfo]:
-    path = storage.join(output, LOCK)
-    try:
-        data = json.loads(storage.read_bytes(path))
-    except OSError:
-        return None
-    except ValueError:
-        return _unreadable("not JSON")
-    if not isinstance(data, dict):
-        return _unreadable("not a JSON object")
-    fields = {f.name: f for f in dataclasses.fields(LockInfo)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        return _unreadable(f"unknown field {unknown[0]!r}")
-    missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING]
-    if missing:
-        return _unreadable(f"it has no {missing[0]}")
-    pid = data["pid"]
-    if not isinstance(pid, int) or isinstance(pid, bool):  # a bool is an int to Python
-        shown = json.dumps(pid)
-        return _unreadable(f"its pid is {shown if len(shown) <= 40 else shown[:37] + '...'}, not an integer")
-    problem = segment_problem(data["build_id"])
-    if problem:  # a build id names staging and version folders
-        return _unreadable(f"its build_id {data['build_id']!r} {problem}")
-    return LockInfo(**data)
-
-
-def _create_exclusive(path: str, data: bytes) -> bool:
-    """Creates `path` holding `data` only if it does not exist; returns False when it did."""
-    if storage.is_local(path):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return True
-    if path.startswith("gs://"):
-        from google.api_core import exceptions as gexc
-
-        bucket, _, name = path[len("gs://"):].partition("/")
-        blob = _gcs_client().bucket(bucket).blob(name)
-        try:
-            # Generation 0 means "only if no live object has this name": GCS decides, not us.
-            blob.upload_from_string(data, content_type="application/json", if_generation_match=0)
-        except gexc.PreconditionFailed:
-            return False
-        return True
-    # Other filesystems have no create-if-absent; check then create (a narrow race, documented).
-    if storage.exists(path):
-        return False
-    with storage.create(path) as f:
-        f.write(data)
-    return True
-
-
-def _gcs_client():
-    return storage.gcs_client()
-
-
-class OutputLock:
-    """The output folder's lock, held by one build (or `finish`) at a time.
-
-    A lock left by a killed launcher on this host (its pid is gone) is taken over with a note; one
-    held by a live process, or by another host, blocks until the user passes --break_lock.
-    """
-
-    def __init__(self, output: str, build_id: str, command: str = "build", break_lock: bool = False):
-        self._output = output
-        self._path = storage.join(output, LOCK)
-        self.info = LockInfo(build_id, socket.gethostname(), os.getpid(),
-                             datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), command)
-        self._break = break_lock
-        self._held = False
-        self.took_over: Optional[LockInfo] = None
-        self._took_over_because = ""
-
-    def acquire(self) -> "OutputLock":
-        data = json.dumps(dataclasses.asdict(self.info), sort_keys=True).encode()
-        for _ in range(3):
-            try:
-                created = _create_exclusive(self._path, data)
-            except OSError as e:
-                raise OutputError(f"cannot create the lock {self._path}: {os_reason(e)}") from None
-            if created:
-                self._held = True
-                return self
-            holder = read_lock(self._output)
-            if holder is None:
-                continue  # released between our create and our read: try again
-            dead = holder.is_dead_here()
-            detached = not dead and self._finishes_detached(holder)
-            # A job's commit step takes its own launcher's lock (same build id): that launcher has
-            # handed the build over, or is about to, and never commits it itself.
-            own = self.info.command == JOB_COMMIT and holder.build_id == self.info.build_id
-            if dead or detached or own or self._break:
-                log.info("taking over the lock of %s", holder.describe())
-                self.took_over = holder
-                self._took_over_because = ("gone" if dead else "detached" if detached else "own" if own
-                                           else "broken")
-                _delete_quietly([self._path])
-                continue
-            if isinstance(holder, UnreadableLock):
-                raise LockHeld(f"the lock file {self._path} is unreadable ({holder.reason}); if no build is running "
-                               f"into {self._output}, rerun with --break_lock")
-            raise LockHeld(f"{self._output} is locked by {holder.describe()}; wait for it to end, or, if no build "
-                           f"is running there any more, rerun with --break_lock")
-        if storage.is_local(self._path) and os.path.isdir(self._path):
-            raise OutputError(f"{self._path} is a folder, not a lock file; remove it (rm -r {self._path}) and rerun")
-        raise LockHeld(f"could not take the lock {self._path} after 3 tries (another build keeps taking it)")
-
-    def take_over_note(self) -> Optional[str]:
-        """What to tell the user about a lock this one replaced; None when there was none."""
-        if self.took_over is None:
-            return None
-        holder = self.took_over.describe()
-        if isinstance(self.took_over, UnreadableLock):
-            return f"broke the {holder} at your request (--break_lock)"
-        return {"gone": f"took over the lock of {holder}, whose process is no longer running",
-                "detached": f"took over the lock of {holder}, whose detached job has staged its results",
-                "own": f"took over the lock of {holder}, this job's own launcher",
-                "broken": f"broke the lock of {holder} at your request (--break_lock)"}[self._took_over_because]
-
-    def _finishes_detached(self, holder: LockInfo) -> bool:
-        """`finish` takes over a detached build's lock once its job has staged its results."""
-        return (self.info.command == "finish" and holder.command == DETACHED
-                and results_staged(self._output))
-
-    def hand_over_to_detached_job(self) -> None:
-        """Marks the lock as held by this build's detached job (command "detached") and lets go of
-        it here: leaving the `with` block no longer removes it; `finish` takes it over later."""
-        self.info = dataclasses.replace(self.info, command=DETACHED)
-        holder = read_lock(self._output)
-        if holder is not None and holder.build_id == self.info.build_id:  # else the job has published already
-            write_bytes(self._path, json.dumps(dataclasses.asdict(self.info), sort_keys=True).encode())
-        self._held = False
-
-    def release(self) -> None:
-        if not self._held:
-            return
-        holder = read_lock(self._output)
-        if holder is not None and holder.build_id == self.info.build_id:
-            _delete_quietly([self._path])
-        self._held = False
-
-    def __enter__(self) -> "OutputLock":
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-def os_reason(e: BaseException) -> str:
-    """An OSError's reason without the run-dependent parts ('No space left on device')."""
-    if isinstance(e, OSError) and e.errno:
-        return os.strerror(e.errno)
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
-
-
-def is_no_space(e: BaseException) -> bool:
-    text = str(e)
-    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in text
+    storage.delete_quietly([storage.join(staging, n) for n in names + [RESULTS]])
 
 
 # The commit ------------------------------------------------------------------------------------
@@ -595,116 +324,6 @@ def _remove_empty_folders(output: str, names: Sequence[str]) -> None:
             os.rmdir(os.path.join(output, folder))
         except OSError:  # not empty, or gone
             pass
-
-
-def sha256_and_size(path: str) -> Tuple[str, int]:
-    """The sha256 (hex) and length of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    size = 0
-    with storage.open_read(path) as f:
-        while True:
-            block = f.read(1 << 20)
-            if not block:
-                break
-            digest.update(block)
-            size += len(block)
-    return digest.hexdigest(), size
-
-
-def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
-                 reported: Optional[Mapping[str, str]] = None,
-                 metadata: Optional[Mapping[str, Tuple[int, Optional[str]]]] = None,
-                 identities: Optional[Mapping[str, str]] = None, earlier: Iterable[str] = ()) -> None:
-    """Checks every file the manifest lists (at its staged path, or in place when an earlier commit
-    attempt already moved it) against what its writer reported.
-
-    A file whose writer reported a crc32c (`reported`, by manifest file name) and whose object
-    metadata (`metadata`, by path: size and crc32c from a gs:// listing) is known is checked by that
-    metadata alone: GCS computed the crc32c of the stored bytes, so nothing is downloaded. A local
-    file whose identity (storage.identity: inode, size, modification and change times) is the one
-    its writer saw once it was in place (`identities`, by manifest file name) has not been written
-    since, so it is not read either. Any other file is read back and compared by size and sha256.
-
-    Raises:
-      OutputError: naming the first file that differs (another process wrote over it) or is missing.
-    """
-    reported = reported or {}
-    metadata = metadata or {}
-    identities = identities or {}
-    earlier = set(earlier)
-    expected = []
-    own = f"{manifest.version}/" if manifest.version else ""
-    for split in manifest.splits:
-        for shard in split.shards:
-            if not shard.filename.startswith(own) or shard.filename in earlier:
-                continue  # an appended dataset's earlier shards: checked when they were published
-            expected.append((shard.filename, shard.num_bytes, shard.sha256))
-            if shard.index_file and shard.index_sha256:
-                expected.append((shard.index_file, -1, shard.index_sha256))
-    expected.extend((s.side.filename, -1, s.side.sha256) for s in manifest.splits
-                    if s.side is not None and s.side.filename.startswith(own))
-
-    def one(item):
-        filename, num_bytes, sha256 = item
-        path = staged.get(filename) or storage.join(output, filename)
-        want_crc, (got_size, got_crc) = reported.get(filename), metadata.get(path, (-1, None))
-        if want_crc and got_crc:
-            if (num_bytes >= 0 and got_size != num_bytes) or got_crc != want_crc:
-                return (f"{path} is {got_size} bytes with crc32c {got_crc}, but its writer reported "
-                        f"{num_bytes if num_bytes >= 0 else '?'} bytes with crc32c {want_crc}")
-            return None
-        seen = identities.get(filename)
-        if seen is not None and seen == storage.identity(path) and num_bytes in (-1, int(seen.split(":")[2])):
-            return None
-        try:
-            got_sha, got_size = sha256_and_size(path)
-        except OSError as e:
-            return f"{path} cannot be read ({os_reason(e)})"
-        if (num_bytes >= 0 and got_size != num_bytes) or got_sha != sha256:
-            return (f"{path} is {got_size} bytes with sha256 {got_sha[:12]}..., but its writer reported "
-                    f"{num_bytes if num_bytes >= 0 else '?'} bytes with sha256 {sha256[:12]}...")
-        return None
-
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        for problem in pool.map(one, expected):
-            if problem:
-                raise OutputError(f"refusing to publish {output}: {problem}; it changed after it was written "
-                                  f"(damaged, or another process wrote into this build's files); nothing was "
-                                  f"published; rerun with --overwrite")
-
-
-def _check_sizes(output: str, manifest: Manifest, links: Mapping[str, str]) -> None:
-    """Refuses to link an earlier version's shard whose local size is not the one its manifest lists
-    (swapped or cut since it was published): a stat each, nothing read.
-
-    Raises:
-      OutputError: naming the file.
-    """
-    if not storage.is_local(output):
-        return
-    for split in manifest.splits:
-        for shard in split.shards:
-            origin = links.get(shard.filename)
-            if origin is None:
-                continue
-            size = os.stat(storage.join(output, origin)).st_size
-            if size != shard.num_bytes:
-                raise OutputError(f"refusing to append to {output}: {storage.join(output, origin)} is {size} bytes, "
-                                  f"its manifest says {shard.num_bytes}; it changed after it was published; run "
-                                  f"`imagerecords verify {output}`, then restore it or rebuild with --overwrite; "
-                                  "nothing was published")
-
-
-def _reported_by_writers(results: BuildResults, folder: str, what: str) -> Dict[str, str]:
-    """{file name in the manifest: its writer's `what` ("crc32c" or "identity")} for this build's
-    shards and index files."""
-    out = {}
-    for r in results.shards:
-        if getattr(r, what):
-            out[f"{folder}/{r.filename}"] = getattr(r, what)
-        if r.index_file and getattr(r, f"index_{what}"):
-            out[f"{folder}/{r.index_file}"] = getattr(r, f"index_{what}")
-    return out
 
 
 def _reported_map(value: Any, what: str) -> Dict[str, str]:
@@ -798,14 +417,16 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         build_id = results.build_id
         # The writers name their files as staged; an append lists them under the whole folder's numbering.
         renamed = {origin: final for final, origin in sources.items()}
-        reported = {renamed.get(k, k): v for k, v in _reported_by_writers(results, manifest.version, "crc32c").items()}
+        crc32c = staged_check.reported_by_writers(results, manifest.version, "crc32c")
+        reported = {renamed.get(k, k): v for k, v in crc32c.items()}
         identities = {renamed.get(k, k): v
-                      for k, v in _reported_by_writers(results, manifest.version, "identity").items()}
+                      for k, v in staged_check.reported_by_writers(results, manifest.version, "identity").items()}
         # A split of many shards goes into columns; its histograms into a side file, staged here
         # with the shards (the record below names it, so a redone commit moves it like a shard).
-        manifest, side_files = manifest.with_side_files(_hooks.columns_from())
+        manifest, side_files = manifest.with_side_files(_columns_from())
         for filename, content in side_files:
-            write_bytes(storage.join(staging_dir(output, build_id), filename[len(manifest.version) + 1:]), content)
+            side_path = storage.join(staging_dir(output, build_id), filename[len(manifest.version) + 1:])
+            storage.write_bytes(side_path, content)
         # From here on the commit can be redone from this record.
         record = {"manifest": manifest.to_json(), "build_id": build_id}
         if reported:
@@ -814,7 +435,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
             record["identity"] = dict(sorted(identities.items()))
         if sources:
             record["sources"] = dict(sorted(sources.items()))
-        write_bytes(storage.join(staging_dir(output, build_id), COMMIT), dumps(record))
+        storage.write_bytes(storage.join(staging_dir(output, build_id), COMMIT), dumps(record))
     staging = staging_dir(output, build_id)
     folder = manifest.version
     # One listing of staging, not one existence request per shard (each is a round trip on gs://);
@@ -854,8 +475,8 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     # 1. Every file is what its writer wrote: a late writer of another build cannot slip one in. The
     # earlier versions' files were checked when they were published; here only their sizes (local).
     earlier = {f for f, origin in sources.items() if not origin.startswith(own)}
-    check_staged(output, manifest, staged, reported, metadata, identities, earlier=earlier)
-    _check_sizes(output, manifest, links)
+    staged_check.check_staged(output, manifest, staged, reported, metadata, identities, earlier=earlier)
+    staged_check.check_link_sizes(output, manifest, links)
     # The shards' keys files ride along (unlisted: --append checks each against its shard's count),
     # also those of shards a cut commit already moved, so a redone commit publishes every one.
     for filename in manifest.shard_files():
@@ -874,7 +495,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         _make_parent(final)
         storage.rename(path, final)
         if i == 0:
-            _hooks.pause("in_commit")
+            phases.reached("in_commit")
     copied = 0
     for filename, origin in sorted(links.items()):
         final = storage.join(output, filename)
@@ -889,13 +510,13 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         if storage.exists(staged_report):
             storage.rename(staged_report, final_report)
         elif report == ERRORS and not storage.exists(final_report):
-            write_bytes(final_report, b"")
+            storage.write_bytes(final_report, b"")
         elif report == DUPLICATES and manifest.num_duplicate_groups < 0:
-            _delete_quietly([final_report])  # this build did not look: an older report would mislead
+            storage.delete_quietly([final_report])  # this build did not look: an older report would mislead
     for filename, content in dataset_files.metadata_files(manifest):
-        write_bytes(storage.join(output, filename), content)
+        storage.write_bytes(storage.join(output, filename), content)
     flat = _flat_files(output, manifest.name, published)
-    write_bytes(storage.join(output, MANIFEST), manifest.dumps())
+    storage.write_bytes(storage.join(output, MANIFEST), manifest.dumps())
     # 4. Retention: the versions this manifest keeps stay; every other version folder goes (older
     # ones, and any a cut commit left unpublished), and the flat files unless they are kept.
     kept = set(manifest.previous_versions).union(*manifest.listed_folders.values())
@@ -903,7 +524,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         if old != folder and old not in kept:
             _delete_version(output, old)
     if flat and FLAT_LAYOUT not in kept:
-        _delete_quietly([storage.join(output, n) for n in flat])
+        storage.delete_quietly([storage.join(output, n) for n in flat])
         _remove_empty_folders(output, flat)
     remove_staging(output)
     return manifest
@@ -921,8 +542,8 @@ def commit_results(output: str, results: BuildResults, *, keep_versions: int = 2
       OutputError: a dataset is published there and `overwrite` is off, or a staged file changed.
       BudgetExceeded: too many rows were rejected (the staged shards are removed, errors.jsonl stays).
     """
-    _hooks.pause("before_commit")
-    with OutputLock(output, results.build_id, command=JOB_COMMIT if own_job else "build"):
+    phases.reached("before_commit")
+    with output_lock.OutputLock(output, results.build_id, command=output_lock.JOB_COMMIT if own_job else "build"):
         if not overwrite and _published(output) is not None:
             raise OutputError(f"{output} holds a published dataset; pass overwrite=True to replace it (nothing was "
                               f"published; this build's shards stay in {staging_dir(output, results.build_id)})")
@@ -932,6 +553,13 @@ def commit_results(output: str, results: BuildResults, *, keep_versions: int = 2
             discard_staged_shards(output, results)  # errors.jsonl stays, for the reasons
             raise
         return commit(output, results, keep_versions=keep_versions)
+
+
+def _columns_from() -> int:
+    """Shards per split from which the manifest holds the split as columns (COLUMNS_FROM);
+    IMAGERECORDS_COLUMNS_FROM=N lowers it, to write (and try a reader on) the columnar form of a small build."""
+    value = os.environ.get("IMAGERECORDS_COLUMNS_FROM")
+    return int(value) if value else COLUMNS_FROM
 
 
 def version_taken(output: str, name: str) -> bool:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any, BinaryIO, Callable, List, Optional, Tuple
 
+from imagerecords.format import record_format
 from imagerecords.format.records import RecordWriter
-from imagerecords.pipeline import array_rows, arrays, codec, dataset_files, fingerprint
+from imagerecords.pipeline import array_encode, array_rows, arrays, codec, dataset_files, fingerprint
 from imagerecords.pipeline.refs import LabelMap, Rejected
 
 _ascii = json.encoder.encode_basestring_ascii  # json.dumps' spelling of a str (the fingerprint's)
@@ -92,15 +93,15 @@ def write_shard(shard: array_rows.RowShard, stream: BinaryIO, *, preset: str, la
     """
     import numpy as np
 
-    writer = RecordWriter(stream)
+    writer = record_format.writer(stream)
     ids = np.array([label_id for _, label_id in shard.labels] or [0], np.int64)
     label_ids = ids[shard.codes] if len(shard) else np.zeros(0, np.int64)
     rejected: List[Rejected] = []
     positions: List[Any] = []
     digests: List[bytes] = []
     done = 0
-    for item in arrays.encode_positions(shard.path, shard.rows, label_ids, shard.ref, preset, labels, options):
-        if isinstance(item, arrays.Run):
+    for item in array_encode.encode_positions(shard.path, shard.rows, label_ids, shard.ref, preset, labels, options):
+        if isinstance(item, array_encode.Run):
             writer.write_framed(item.data, item.lengths)
             positions.append(item.positions)
             digests.extend(item.contents)

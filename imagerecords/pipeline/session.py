@@ -13,7 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional, Tuple
 
-from imagerecords.pipeline import _hooks, checks, engines, errors, publish, storage
+from imagerecords.pipeline import checks, engines, errors, output_lock, phases, publish, storage
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.options import BuildOptions, Progress
@@ -70,7 +70,7 @@ def _read_label_map(config: BuildConfig) -> Optional[refs_lib.LabelMap]:
     try:
         text = storage.read_bytes(config.label_map).decode("utf-8")
     except OSError as e:
-        raise errors.UsageError(f"--label_map {config.label_map}: {publish.os_reason(e)}") from None
+        raise errors.UsageError(f"--label_map {config.label_map}: {storage.os_reason(e)}") from None
     try:
         return refs_lib.read_label_map(text, config.label_map, config.label_offset)
     except ValueError as e:
@@ -93,7 +93,7 @@ def _keep_traceback(log_path: Optional[str], e: BaseException) -> None:
 
 def _failure(e: BaseException, config: BuildConfig, log_path: Optional[str]) -> errors.BuildError:
     """Turns an exception from the runner into one line."""
-    if publish.is_no_space(e):
+    if storage.is_no_space(e):
         return errors.OutputError(f"no space left on device while writing {config.output}; the published dataset "
                                   "(if any) is untouched; free space and rerun with --overwrite")
     from concurrent.futures.process import BrokenProcessPool  # here: it imports multiprocessing
@@ -232,12 +232,12 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
     label_map = _read_label_map(config)
     engine = engines.choose(config, options.runner, options.pipeline_options, detached=options.detached,
                             local_workers=options.local_workers)
-    build_id = publish.new_build_id()
+    build_id = output_lock.new_build_id()
     engine.name_job(build_id)
     log_path = os.path.join(log_dir, f"{build_id}.log") if log_dir else None
     start = time.monotonic()
     stage = _Stage()
-    with _signals_as_interrupts(), publish.OutputLock(config.output, build_id,
+    with _signals_as_interrupts(), output_lock.OutputLock(config.output, build_id,
                                                       break_lock=options.break_lock) as lock:
         try:
             if lock.took_over:
@@ -257,7 +257,7 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
             if config.resume:
                 notify(f"resumed: {_reused_count(config.output, build_id, results)} of {len(results.shards)} "
                        "shards reused")
-            _hooks.pause("before_commit")
+            phases.reached("before_commit")
             stage.now = "commit"
             manifest = _commit(config, results)
             stage.now = "done"
@@ -369,7 +369,7 @@ def _commit(config: BuildConfig, results: publish.BuildResults) -> Manifest:
     try:
         return publish.commit(config.output, results, keep_versions=config.keep_versions)
     except OSError as e:
-        if publish.is_no_space(e):
+        if storage.is_no_space(e):
             raise _failure(e, config, None) from None
         raise
 
@@ -458,7 +458,8 @@ def finish(output: str, break_lock: bool = False, *, notify: Optional[Callable[[
     """
     if storage.exists(storage.join(output, MANIFEST)) and not publish.staged_builds(output):
         raise errors.UnfinishedBuild(f"nothing to finish: {output} is published and has no staging area")
-    with publish.OutputLock(output, publish.new_build_id(), command="finish", break_lock=break_lock) as lock:
+    with output_lock.OutputLock(output, output_lock.new_build_id(), command="finish", break_lock=break_lock,
+                                detached_job_done=lambda: publish.results_staged(output)) as lock:
         if lock.took_over:
             (notify or _log_note)(f"note: {lock.take_over_note()}")
         return publish.commit(output)

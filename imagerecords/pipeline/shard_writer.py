@@ -8,10 +8,10 @@ import dataclasses
 import hashlib
 from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
-from imagerecords.pipeline import arrays, codec, download, feature_encoder, input_files
+from imagerecords.pipeline import array_encode, arrays, codec, download, feature_encoder, input_files
 from imagerecords.format.features import Feature, ValueProblem
 from imagerecords.format import schema
-from imagerecords.format.records import RecordWriter
+from imagerecords.format import record_format
 from imagerecords.pipeline.encoded import Encoded
 from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 
@@ -35,7 +35,7 @@ def encode_ref(
         rejected here too.
     """
     if arrays.is_row(ref.uri):
-        return arrays.encode_ref(ref, preset, labels, options)
+        return array_encode.encode_ref(ref, preset, labels, options)
     try:
         data = read_bytes(ref.uri)
     except download.Failed as e:  # a URL that gave no image bytes: its status, timeout, size...
@@ -155,7 +155,7 @@ def write_shard(
     Returns:
       The shard's statistics and the rejected inputs.
     """
-    writer = RecordWriter(stream)
+    writer = record_format.writer(stream)
     histogram = collections.Counter()
     kinds = collections.Counter()
     rejected: List[Rejected] = []
@@ -163,13 +163,13 @@ def write_shard(
     done = 0
     contents: List[Tuple[bytes, ImageRef]] = []
     if refs and arrays.is_row(refs[0].uri):
-        # Array rows are encoded in blocks (arrays.encode_rows), in this thread: they wait on no I/O.
-        encoded = arrays.encode_rows(refs, preset, labels, options)
+        # Array rows are encoded in blocks (array_encode.encode_rows), in this thread: they wait on no I/O.
+        encoded = array_encode.encode_rows(refs, preset, labels, options)
     else:
         encoded = _ordered_map(lambda r: (r, encode_ref(r, read_bytes, preset, labels, options, features)), refs,
                                executor, window)
     for item in encoded:
-        if isinstance(item, arrays.Block):
+        if isinstance(item, array_encode.Block):
             writer.write_framed(item.data, item.lengths)
             contents.extend(zip(item.contents, item.refs))
             histogram.update(ref.label_id for ref in item.refs)

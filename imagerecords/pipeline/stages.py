@@ -25,8 +25,8 @@ import uuid
 from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 
-from imagerecords.pipeline import (_hooks, array_rows, codec, dataset_files, download, input_files, planning, publish, row_writer,
-                                   shard_writer, storage)
+from imagerecords.pipeline import (array_rows, codec, dataset_files, download, input_files, phases, planning, publish,
+                                   row_writer, shard_writer, staged_check, storage)
 from imagerecords.pipeline import fingerprint as fingerprint_lib
 from imagerecords.format import records
 from imagerecords.pipeline import refs as refs_lib
@@ -245,7 +245,7 @@ class ShardWriter:
           observe: called as images are done; may raise KeyboardInterrupt to stop the write.
         """
         split, index, num_shards = shard
-        _hooks.pause("before_shards")
+        phases.reached("before_shards")
         rows = isinstance(refs, array_rows.RowShard)
         if self.source and len(refs):  # an arrays build: this process's cached arrays must be this input's
             from imagerecords.pipeline import arrays
@@ -272,7 +272,7 @@ class ShardWriter:
             if observe:
                 observe(filename, done + len(duplicates), rejected + len(duplicates), len(refs))
             if done == len(kept) // 2:
-                _hooks.fail_once(filename)
+                phases.reached("mid_shard", filename=filename)
 
         try:
             with storage.create(tmp) as stream:
@@ -286,7 +286,7 @@ class ShardWriter:
                     stats, rejected = shard_writer.write_shard(
                         kept, stream, read_bytes=read_bytes, preset=self.preset, labels=labels, options=self.options,
                         executor=executor, window=window, on_progress=on_progress, features=self.features)
-            _hooks.pause("before_rename")
+            phases.reached("before_rename", filename=filename)
             if not publish.owns_output(self.output, self.build_id):
                 raise BuildAbandoned(f"build {self.build_id} no longer holds the lock of {self.output}: {filename} "
                                      "was not staged")
@@ -297,7 +297,7 @@ class ShardWriter:
             raise
         if observe:
             observe(filename, len(refs), len(duplicates) + len(rejected), len(refs))
-        _hooks.log_writer(filename, stats.count)
+        phases.reached("shard_staged", filename=filename, records=stats.count)
         index_file = index_sha256 = index_crc32c = None
         if self.write_index:
             # tfrecord2idx format (records.format_index), in the index folder no shard glob reaches.
@@ -305,7 +305,7 @@ class ShardWriter:
             index_data = records.format_index(records.index_entries(stats.offsets, stats.num_bytes))
             index_sha256 = hashlib.sha256(index_data).hexdigest()
             index_crc32c = records.crc32c_of(index_data)
-            publish.write_bytes(storage.join(staging, index_file), index_data)
+            storage.write_bytes(storage.join(staging, index_file), index_data)
         result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
                                           stats.passthrough, index_file, index_sha256, stats.kinds),
                              stats.crc32c, index_crc32c, storage.checked_identity(storage.join(staging, filename),
@@ -326,13 +326,13 @@ class ShardWriter:
                        if self.contents else [])
             out = StagedShard(result, duplicates + rejected, written, stats.passthrough)
             spelled = None
-        publish.write_bytes(storage.join(staging, dataset_files.keys_name(filename)), keys)
+        storage.write_bytes(storage.join(staging, dataset_files.keys_name(filename)), keys)
         # Its digest goes to the manifest with the shard: --append trusts no other keys file.
         out.result = dataclasses.replace(out.result, shard=dataclasses.replace(
             out.result.shard, keys_sha256=dataset_files.keys_digest(keys)))
-        publish.write_bytes(storage.join(staging, filename + publish.STAGED_RECORD), _staged_record_bytes(
+        storage.write_bytes(storage.join(staging, filename + publish.STAGED_RECORD), _staged_record_bytes(
             fingerprint, out, spelled))
-        _hooks.pause("mid_shards")
+        phases.reached("mid_shards")
         return out
 
 
@@ -415,7 +415,7 @@ def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: 
                                                   storage.join(target, staged.result.shard.index_file))
             if staged.result.shard.index_file else None)
         record["staged"]["result"] = staged.result.to_json()
-        publish.write_bytes(storage.join(target, filename + publish.STAGED_RECORD), _record_bytes(
+        storage.write_bytes(storage.join(target, filename + publish.STAGED_RECORD), _record_bytes(
             {"fingerprint": fingerprint, "staged": record["staged"], "reused": True}))
         return staged
     return None
@@ -432,9 +432,9 @@ def _staged_damage(folder: str, result: ShardResult) -> Optional[str]:
         if seen is not None and seen == storage.identity(storage.join(folder, name)):
             continue
         try:
-            got_sha, got_size = publish.sha256_and_size(storage.join(folder, name))
+            got_sha, got_size = staged_check.sha256_and_size(storage.join(folder, name))
         except OSError as e:
-            return f"{name} cannot be read ({publish.os_reason(e)})"
+            return f"{name} cannot be read ({storage.os_reason(e)})"
         if (num_bytes >= 0 and got_size != num_bytes) or got_sha != sha256:
             return f"{name} is {got_size} bytes with sha256 {got_sha[:12]}..., its writer recorded " \
                    f"{num_bytes if num_bytes >= 0 else '?'} bytes with sha256 {sha256[:12]}..."
@@ -466,9 +466,9 @@ def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected],
     """Writes errors.jsonl, duplicates.jsonl (when looked for) and, last, results.json into staging:
     the presence of results.json says every shard was written."""
     staging = publish.staging_dir(output, build["build_id"])
-    publish.write_bytes(storage.join(staging, ERRORS), errors_jsonl(rejected))
+    storage.write_bytes(storage.join(staging, ERRORS), errors_jsonl(rejected))
     if find_duplicates:
-        publish.write_bytes(storage.join(staging, DUPLICATES), duplicates_jsonl(duplicates))
+        storage.write_bytes(storage.join(staging, DUPLICATES), duplicates_jsonl(duplicates))
     skipped = sum(1 for r in rejected if r.skipped)
     # An append's rows of keys the dataset holds are counted apart: present, not duplicated.
     groups = [g for g in duplicates if not g.already_present]
@@ -478,5 +478,5 @@ def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected],
                                num_leaking_groups=sum(1 for g in groups if g.leaks),
                                num_label_conflicts=sum(1 for g in groups if g.conflicts),
                                num_already_present=len(duplicates) - len(groups), **build)
-    publish.write_bytes(storage.join(staging, publish.RESULTS), publish.dumps(out.to_json()))
+    storage.write_bytes(storage.join(staging, publish.RESULTS), publish.dumps(out.to_json()))
     return out

@@ -8,16 +8,21 @@ Both sides raise OSError (Beam's BeamIOError is one) for a failed operation.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
-from typing import BinaryIO, Dict, List, Optional, Tuple
+import uuid
+from typing import BinaryIO, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from imagerecords.format import records
 from imagerecords.format.paths import has_scheme, join  # join: re-exported as the builder's one path join
 
 __all__ = ["is_local", "join", "open_read", "read_bytes", "open_if_exists", "create", "rename", "link", "checked_identity",
            "moved_identity", "exists", "delete",
-           "delete_all", "list_names", "list_tree", "list_folder", "gcs_objects", "gcs_client"]
+           "delete_all", "delete_quietly", "list_names", "list_tree", "list_folder", "gcs_objects", "gcs_client",
+           "write_bytes", "os_reason", "is_no_space"]
+
+log = logging.getLogger(__name__)
 
 
 def _filesystems():
@@ -240,3 +245,42 @@ def _split_gs(folder: str) -> Tuple[str, str]:
     bucket, _, name = folder[len("gs://"):].partition("/")
     name = name.rstrip("/")
     return bucket, name + "/" if name else ""
+
+
+def write_bytes(uri: str, data: Union[bytes, Iterable[bytes]]) -> None:
+    """Writes a file through a temporary name and a rename, so readers never see half of it; the
+    temporary file does not outlive a failed write. `data` may be the bytes, or pieces of them
+    written one by one (errors.jsonl and duplicates.jsonl row by row: never a whole copy in memory)."""
+    tmp = f"{uri}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with create(tmp) as f:
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                f.write(data)
+            else:
+                for piece in data:
+                    f.write(piece)
+        rename(tmp, uri)
+    except BaseException:
+        delete_quietly([tmp])
+        raise
+
+
+def delete_quietly(paths: Sequence[str]) -> None:
+    for path in paths:
+        try:
+            if exists(path):
+                delete(path)
+        except OSError as e:
+            log.warning("could not remove %s: %s", path, e)
+
+
+def os_reason(e: BaseException) -> str:
+    """An OSError's reason without the run-dependent parts ('No space left on device')."""
+    if isinstance(e, OSError) and e.errno:
+        return os.strerror(e.errno)
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def is_no_space(e: BaseException) -> bool:
+    text = str(e)
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in text

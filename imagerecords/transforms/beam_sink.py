@@ -13,7 +13,9 @@ import apache_beam as beam
 
 from imagerecords.pipeline import codec, shard_writer, storage
 from imagerecords.format import records, schema
-from imagerecords.format.manifest import Shard, shard_prefix
+from imagerecords.format.manifest import Shard
+from imagerecords.format import record_format
+from imagerecords.format.record_format import shard_prefix
 from imagerecords.pipeline.dataset_files import ShardResult
 from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.transforms.common import REJECTED
@@ -49,7 +51,7 @@ def _summarize(path: str, split: str, preset: str, kinds: bool = False) -> Shard
     count = 0
     with storage.open_read(path) as f:
         stream = records.HashingReader(f)
-        for record in records.read_records(stream, path):
+        for record in record_format.read(stream, path):
             histogram[schema.read_int64(record, label_key)] += 1
             if kinds:
                 kind_counts[codec.stored_kind(schema.parse_example(record, only=(keys.image,))[keys.image][0])] += 1

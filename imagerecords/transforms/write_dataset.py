@@ -11,7 +11,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from imagerecords.format.manifest import MANIFEST
-from imagerecords.pipeline import download, input_files, publish, shard_writer, stages, storage
+from imagerecords.pipeline import download, input_files, output_lock, publish, shard_writer, stages, storage
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.sources.manifests import ManifestSource
@@ -134,7 +134,7 @@ class _CheckRowFn(beam.DoFn):
 
 
 def _new_build_id(_) -> str:
-    return publish.new_build_id()
+    return output_lock.new_build_id()
 
 
 def _carried_shard(pair: Tuple[ImageRef, bytes], labels: LabelMap, plans, splits, split_seed: int, seed: int

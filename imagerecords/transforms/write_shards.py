@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from imagerecords.pipeline import publish, stages, storage
+from imagerecords.pipeline import output_lock, stages, storage
 from imagerecords.pipeline.config import BuildConfig, make_config
 from imagerecords.pipeline.dataset_files import ShardResult
 from imagerecords.pipeline.refs import ImageRef, LabelMap
@@ -99,7 +99,7 @@ class WriteShards(beam.PTransform):
     Args:
       output: the output folder (local path or FileSystems URI).
       labels: a singleton PCollection of LabelMap (AssignLabels' 'labels').
-      build_id: names the staging area; None for a new one (publish.new_build_id()).
+      build_id: names the staging area; None for a new one (output_lock.new_build_id()).
       config: a whole BuildConfig instead of `options` (the build graph's own use).
       source: the sources.Source the refs come from, which reads them; None: refs that name files.
       **options: BuildConfig's field names (name, schema, write_index, features, threads, ...) and
@@ -118,7 +118,7 @@ class WriteShards(beam.PTransform):
             config = options_config("WriteShards", output, options)
         elif config.output != output:
             raise ValueError(f"WriteShards: output {output!r} differs from the config's {config.output!r}")
-        self.build_id = build_id or publish.new_build_id()
+        self.build_id = build_id or output_lock.new_build_id()
         self._fn = _WriteShardFn(stages.ShardWriter.of(config, self.build_id, source), config.threads)
         self._labels = labels
         self._build_ids = build_ids  # a singleton PCollection naming the build when it runs (WriteDataset)

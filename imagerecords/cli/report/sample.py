@@ -11,7 +11,7 @@ import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from imagerecords.format import features as feature_spec
-from imagerecords.format import records, schema
+from imagerecords.format import record_format, records, schema
 from imagerecords.format.features import Feature
 from imagerecords.format.manifest import Manifest, Split
 from imagerecords.pipeline.storage import join, open_if_exists
@@ -241,7 +241,7 @@ class _Picker:
         self.sample.shards_read.append(filename)
         try:
             with stream:
-                for index, raw in enumerate(records.read_records(stream, filename)):
+                for index, raw in enumerate(record_format.read(stream, filename)):
                     self.sample.records_read += 1
                     self.take(schema.parse_example(raw, only=self.wanted), filename, index)
                     if self.done():

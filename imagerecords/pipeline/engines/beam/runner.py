@@ -192,7 +192,7 @@ def _descendants(root: int, skip=frozenset()) -> List[int]:
 
 
 def _alive(pid: int) -> bool:
-    from imagerecords.pipeline.publish import is_zombie
+    from imagerecords.pipeline.output_lock import is_zombie
 
     try:
         os.kill(pid, 0)

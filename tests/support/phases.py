@@ -1,20 +1,37 @@
-"""Test and debug hooks, in one place: each call is a no-op unless its environment variable is set.
+"""The tests' observer of a build's phases (imagerecords.pipeline.phases), set for every test by
+conftest.py; each behaviour is off unless its variable is set, so a build that sets none runs as a
+user's does.
 
 IMAGERECORDS_TEST_PAUSE=PHASE makes the process that reaches PHASE write its pid to
 IMAGERECORDS_TEST_PAUSE_DIR/PHASE and wait there: until it is killed, or, with
 IMAGERECORDS_TEST_RELEASE=PATH, until PATH exists (a writer held past its launcher's death).
+IMAGERECORDS_TEST_FAIL_ONCE=PATH: the first shard writer half-way through a shard creates PATH and
+fails, so a test sees the runner retry a shard mid-write.
+IMAGERECORDS_WRITER_LOG=DIR: each staged shard's writer (host, pid, ppid, cpu_s) as DIR/<shard>.json,
+so a test sees where the work ran (on a cluster DIR is a folder of each worker's host).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import time
 
+OBSERVER = "tests.support.phases:observe"
 
-def pause(phase: str) -> None:
-    if os.environ.get("IMAGERECORDS_TEST_PAUSE") != phase:
-        return
+
+def observe(phase: str, **facts) -> None:
+    if phase == "mid_shard":
+        _fail_once(facts["filename"])
+    elif phase == "shard_staged":
+        _log_writer(facts["filename"], facts["records"])
+    if os.environ.get("IMAGERECORDS_TEST_PAUSE") == phase:
+        _pause(phase)
+
+
+def _pause(phase: str) -> None:
     marker_dir = os.environ.get("IMAGERECORDS_TEST_PAUSE_DIR", ".")
     with open(os.path.join(marker_dir, phase), "w") as f:
         f.write(str(os.getpid()))
@@ -23,16 +40,14 @@ def pause(phase: str) -> None:
         if release:
             if os.path.exists(release):
                 return
-            time.sleep(0.05)
+            time.sleep(0.05)  # polls a file the test creates; the condition, not the time, ends it
         elif hasattr(signal, "pause"):
             signal.pause()
         else:
             time.sleep(3600)
 
 
-def fail_once(filename: str) -> None:
-    """With IMAGERECORDS_TEST_FAIL_ONCE=PATH, the first shard writer to get half-way through a shard
-    creates PATH and fails, so a test sees the runner retry a shard mid-write."""
+def _fail_once(filename: str) -> None:
     marker = os.environ.get("IMAGERECORDS_TEST_FAIL_ONCE")
     if not marker:
         return
@@ -44,16 +59,10 @@ def fail_once(filename: str) -> None:
     raise RuntimeError(f"test hook: failing once in the middle of {filename}")
 
 
-def log_writer(filename: str, count: int) -> None:
-    """With IMAGERECORDS_WRITER_LOG=DIR, records which process wrote each shard as DIR/<shard>.json
-    ({shard, records, host, pid, ppid, cpu_s}), so a test or an operator sees where the work ran (on
-    a cluster DIR is a local folder of each worker's host). The last successful attempt wins."""
+def _log_writer(filename: str, count: int) -> None:
     log_dir = os.environ.get("IMAGERECORDS_WRITER_LOG")
     if not log_dir:
         return
-    import json
-    import socket
-
     os.makedirs(log_dir, exist_ok=True)
     path = os.path.join(log_dir, filename + ".json")
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -61,12 +70,3 @@ def log_writer(filename: str, count: int) -> None:
         json.dump({"shard": filename, "records": count, "host": socket.gethostname(), "pid": os.getpid(),
                    "ppid": os.getppid(), "cpu_s": time.process_time()}, f)
     os.replace(tmp, path)
-
-
-def columns_from() -> int:
-    """Shards per split from which the manifest holds the split as columns (format.manifest.COLUMNS_FROM);
-    IMAGERECORDS_TEST_COLUMNS_FROM=N lowers it, so tests write the columnar form on small real builds."""
-    from imagerecords.format.manifest import COLUMNS_FROM
-
-    value = os.environ.get("IMAGERECORDS_TEST_COLUMNS_FROM")
-    return int(value) if value else COLUMNS_FROM
