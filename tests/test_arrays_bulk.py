@@ -168,7 +168,7 @@ def test_blocks_are_bounded_by_bytes_and_still_the_same_records(tmp_path, monkey
     x = r.random((N, 4, 4), dtype=np.float32)
     x[40, 0, 0] = np.nan
     np.savez(tmp_path / "b.npz", image=x, label=label)
-    monkeypatch.setattr(arrays, "BLOCK_BYTES", 1000)  # 13 rows of 72 bytes per block
+    monkeypatch.setattr(array_encode, "BLOCK_BYTES", 1000)  # 13 rows of 72 bytes per block
     refs, labels = _refs(tmp_path / "b.npz")
     blocks = [item for item in array_encode.encode_rows(refs, "tfds", labels, codec.ImageOptions())
               if isinstance(item, array_encode.Block)]

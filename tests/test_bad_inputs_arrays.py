@@ -75,7 +75,7 @@ def test_the_list_rows_transform_refuses_a_mixed_folder_at_construction(tmp_path
     np.save(tmp_path / "stray.npy", np.arange(3))
     with pytest.raises(ValueError) as e:
         ReadArrays(str(tmp_path), "tfds", "png")
-    assert str(e.value) == (f"ReadArrays: --input {tmp_path}: holds .npy arrays (stray.npy) and other entries (cat/); "
+    assert str(e.value) == (f"ReadArrays: input={str(tmp_path)!r}: holds .npy arrays (stray.npy) and other entries (cat/); "
                             "an arrays input is a folder of .npy files only: move the .npy files into a folder of "
                             "their own, or out of this one to build it as class folders")
 

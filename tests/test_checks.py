@@ -18,6 +18,15 @@ from imagerecords.pipeline.config import BuildConfig, parse_splits
 from imagerecords.pipeline.errors import InputError, OutputError, UsageError
 from imagerecords.pipeline import checks as preflight
 from imagerecords.cli.exit_codes import exit_code
+from imagerecords.pipeline.naming import flag_names
+
+
+@pytest.fixture(autouse=True)
+def command_line_names():
+    """These checks run for the command and the library alike; here they are pinned in the command's
+    words (--input). test_library.py pins a Python caller's (input='...')."""
+    with flag_names():
+        yield
 
 
 def _config(input_path, output_path="unused-out", **kwargs):

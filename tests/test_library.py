@@ -18,6 +18,7 @@ import imagerecords
 from imagerecords.cli import main as cli
 from imagerecords.pipeline import errors, output_lock, publish, session
 from imagerecords.pipeline.options import BuildOptions
+from imagerecords.pipeline.naming import flag_names
 from tests.conftest import build, shard_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,10 +173,13 @@ def test_an_expected_failure_is_an_imagerecords_error_and_the_command_keeps_its_
     with pytest.raises(imagerecords.Error) as e:
         imagerecords.build(str(root), str(out), max_reject_fraction=0.05)
     assert isinstance(e.value, errors.OutputError) and "not empty" in str(e.value)
+    # A Python caller reads the setting's keyword; the command's line is the same sentence in flags.
+    assert "pass overwrite=True to replace" in str(e.value) and "--" not in str(e.value)
     capsys.readouterr()
     code = cli.main(["build", "--input", str(root), "--output", str(out), "--no_progress"])
     err = capsys.readouterr().err
-    assert code == 4 and err == f"imagerecords build: error: {e.value}\n"
+    said = str(e.value).replace("overwrite=True", "--overwrite")
+    assert code == 4 and err == f"imagerecords build: error: {said}\n"
     assert (out / "notes.txt").read_text() == "mine" and sorted(os.listdir(out)) == ["notes.txt"]
 
 
@@ -214,6 +218,10 @@ def test_a_stopped_build_counts_its_staged_shards_in_words(tmp_path, staged, say
         open(os.path.join(staging, f"s{i}{publish.STAGED_RECORD}"), "w").close()
     e = session._interrupted(errors.Stopped(signal.SIGTERM), "engine", BuildConfig(input="in", output=str(out)),
                              build_id)
+    assert f"; {says}: rerun the same call with resume=True to reuse them" in str(e)
+    with flag_names():  # the command's words
+        e = session._interrupted(errors.Stopped(signal.SIGTERM), "engine", BuildConfig(input="in", output=str(out)),
+                                 build_id)
     assert f"; {says}: rerun the same command with --resume to reuse them" in str(e)
 
 
@@ -260,3 +268,30 @@ def test_stopping_a_beam_build_spares_the_callers_own_processes():
         for proc in (bystander, engine_child):
             if proc is not None:
                 proc.wait()
+
+
+def test_a_python_caller_reads_settings_by_their_keywords_and_the_command_by_its_flags(tmp_path, capsys):
+    """The same refusal, from imagerecords.build and from the command: each names the settings as its
+    caller gave them, and the library's names no flag at all."""
+    tree = tmp_path / "in"
+    (tree / "cat").mkdir(parents=True)
+    with pytest.raises(ValueError) as e:
+        imagerecords.build(str(tree), str(tmp_path / "out"), append=True, writer="beam")
+    assert str(e.value) == "invalid build configuration: append=True needs writer='shards'"
+    code = cli.main(["build", "--input", str(tree), "--output", str(tmp_path / "out"), "--append", "--writer", "beam"])
+    assert code == 2 and capsys.readouterr().err == \
+        "imagerecords build: error: invalid build configuration: --append needs --writer shards\n"
+    with pytest.raises(imagerecords.Error) as e:
+        imagerecords.build(str(tmp_path / "nowhere"), str(tmp_path / "out2"))
+    assert str(e.value) == f"input={str(tmp_path / 'nowhere')!r}: no such file or folder"
+    assert os.environ.get("IMAGERECORDS_SETTING_NAMES") is None  # the command's words did not outlive it
+
+
+def test_a_setting_renders_as_a_flag_or_a_keyword():
+    from imagerecords.pipeline.naming import setting
+
+    assert (setting("overwrite"), setting("num_shards"), setting("writer", "shards")) == \
+        ("overwrite=True", "num_shards", "writer='shards'")
+    with flag_names():
+        assert (setting("overwrite"), setting("num_shards"), setting("writer", "shards")) == \
+            ("--overwrite", "--num_shards", "--writer shards")

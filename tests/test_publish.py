@@ -13,6 +13,15 @@ from imagerecords.pipeline import dataset_files, errors, output_lock, publish, s
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, Shard, Split
 from imagerecords.pipeline.dataset_files import ShardResult
 from imagerecords.cli.exit_codes import exit_code
+from imagerecords.pipeline.naming import flag_names
+
+
+@pytest.fixture(autouse=True)
+def command_line_names():
+    """These checks run for the command and the library alike; here they are pinned in the command's
+    words (--input). test_library.py pins a Python caller's (input='...')."""
+    with flag_names():
+        yield
 
 
 def _results(name="images", shards=(("train", 0, b"new0"), ("train", 1, b"new1")), rejected=0, budget=0.5,

@@ -410,6 +410,13 @@ def parse_args(argv: Sequence[str]) -> Parsed:
         --input/--output, or an invalid setting (BuildConfig's message).
       SystemExit: for --help, after printing it (argparse's own behaviour).
     """
+    from imagerecords.pipeline.naming import flag_names
+
+    with flag_names():  # a flag's value that BuildConfig refuses is named as the flag
+        return _parse_args(argv)
+
+
+def _parse_args(argv: Sequence[str]) -> Parsed:
     known, rest = parser().parse_known_args(list(argv))
     check_beam_args(rest)
     values = vars(known)

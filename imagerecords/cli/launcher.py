@@ -120,10 +120,17 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
       errors.BuildError: an expected failure, one line (see README, "When things go wrong");
         errors.Interrupted for SIGINT, SIGTERM and SIGHUP.
     """
+    from imagerecords.pipeline.naming import flag_names
+
+    with flag_names():  # command-line arguments: messages name settings as flags
+        return _run(sys.argv[1:] if argv is None else argv)
+
+
+def _run(argv: Sequence[str]) -> Optional[Manifest]:
     from imagerecords.cli import flags
     from imagerecords.pipeline import sources
 
-    parsed = flags.parse_args(sys.argv[1:] if argv is None else argv)
+    parsed = flags.parse_args(argv)
     launcher = parsed.launcher
     options = parsed.options
     unit = sources.of(options.config.input).unit

@@ -188,9 +188,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from imagerecords.cli.exit_codes import exit_code
     from imagerecords.pipeline import errors
 
+    from imagerecords.pipeline.naming import flag_names
+
     command, rest = argv[0], argv[1:]
     try:
-        code = _command(command, rest)
+        with flag_names():  # the command's messages name settings as its flags
+            code = _command(command, rest)
         sys.stdout.flush()  # here, so a closed pipe is caught below and not at exit
         return code
     except BrokenPipeError:

@@ -11,6 +11,7 @@ from imagerecords.format import record_format, schema
 from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError
 from imagerecords.pipeline import codec, download, errors, refs as refs_lib, storage
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.naming import setting
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,8 @@ class Base:
 
 
 def _one_line(text: str) -> errors.UsageError:
-    return errors.UsageError(f"--append refused: {text}; append with the settings the dataset was built with, or "
-                             "rebuild with --overwrite")
+    return errors.UsageError(f"{setting('append')} refused: {text}; append with the settings the dataset was built with, or "
+                             f"rebuild with {setting('overwrite')}")
 
 
 def _shown(value: Any) -> str:
@@ -81,8 +82,8 @@ def _shown(value: Any) -> str:
 
 
 def _differs(name: str, mine: Any, theirs: Any) -> errors.UsageError:
-    return errors.UsageError(f"--append refused: {name} {_shown(mine)} differs from the dataset's {_shown(theirs)}; "
-                             "leave it out to take the dataset's, or rebuild with --overwrite")
+    return errors.UsageError(f"{setting('append')} refused: {name} {_shown(mine)} differs from the dataset's {_shown(theirs)}; "
+                             f"leave it out to take the dataset's, or rebuild with {setting('overwrite')}")
 
 
 def _check_compatible(config, manifest: Manifest) -> None:
@@ -208,7 +209,7 @@ def with_dataset_settings(config, given: Optional[Collection[str]] = None):
     try:
         return config_lib.make_config(settings)
     except ValueError as e:
-        raise errors.UsageError(f"--append refused: with the dataset's settings, {e}") from None
+        raise errors.UsageError(f"{setting('append')} refused: with the dataset's settings, {e}") from None
 
 
 def _started_ns(folder: str) -> Optional[int]:
@@ -289,22 +290,22 @@ def load_base(config) -> Base:
     """
     path = storage.join(config.output, MANIFEST)
     if not storage.exists(path):
-        raise errors.UsageError(f"--append refused: {config.output} holds no published dataset to append to; "
-                                "build it first (without --append)")
+        raise errors.UsageError(f"{setting('append')} refused: {config.output} holds no published dataset to append to; "
+                                f"build it first (without {setting('append')})")
     data = storage.read_bytes(path)
     try:
         # Its side files too: the merged manifest writes every shard's histogram again.
         manifest = Manifest.loads(data, path).with_details(config.output, storage.read_bytes)
     except ManifestError as e:
-        raise errors.OutputError(f"--append refused: {e}") from None
+        raise errors.OutputError(f"{setting('append')} refused: {e}") from None
     _check_compatible(config, manifest)
     cached = _CACHE.get((config.output, data))
     if cached is None:
         try:
             cached = Base(manifest, _scan(config.output, manifest))
         except (OSError, ValueError) as e:
-            raise errors.OutputError(f"--append refused: a shard of {config.output} cannot be read ({e}); "
-                                     "rebuild with --overwrite") from None
+            raise errors.OutputError(f"{setting('append')} refused: a shard of {config.output} cannot be read ({e}); "
+                                     f"rebuild with {setting('overwrite')}") from None
         _CACHE.clear()
         _CACHE[(config.output, data)] = cached
     return cached
@@ -319,7 +320,7 @@ def grow_labels(base: LabelMap, seen: Iterable[str], declared: Optional[LabelMap
     """
     if declared is not None:
         if tuple(declared.names[:len(base.names)]) != tuple(base.names):
-            raise _one_line("--label_map must list the dataset's classes first, in their order, new ones after")
+            raise _one_line(f"{setting('label_map')} must list the dataset's classes first, in their order, new ones after")
         return dataclasses.replace(declared, offset=base.offset, lists=base.lists)
     seen = set(seen)
     if base.integer:

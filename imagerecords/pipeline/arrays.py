@@ -32,6 +32,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 from imagerecords.pipeline.errors import InputError, UsageError
 from imagerecords.pipeline.refs import MAX_INT_LABELS, ImageRef, Rejected, label_problem
 from imagerecords.format import features, schema
+from imagerecords.pipeline.naming import setting
 
 # A row's key and uri: "<file or folder name>:<row, 9 digits>" and "<path>#row=<row>". Spelled here
 # alone; the columnar writers (array_rows, row_writer) format many rows at once from these prefixes.
@@ -109,7 +110,7 @@ def _headers(path: str) -> Dict[str, Tuple[Tuple[int, ...], Any]]:
         with zipfile.ZipFile(path) as z:
             for member in sorted(z.namelist()):
                 if not member.endswith(".npy"):
-                    raise InputError(f"--input {path}: member {member!r} is not a NumPy array (.npy); an .npz input "
+                    raise InputError(f"{setting('input', path)}: member {member!r} is not a NumPy array (.npy); an .npz input "
                                      "holds arrays only: save it again without that member (np.savez)")
                 with z.open(member) as f:
                     shape, dtype = _member_header(np, z, member, f)
@@ -267,19 +268,19 @@ def check_input(path: str, preset: str, image_encoding: str) -> int:
       UsageError: the arrays do not fit together (columns_of).
     """
     if "://" in path:
-        raise InputError(f"--input {path}: arrays are read from a local file or folder; copy it to this "
+        raise InputError(f"{setting('input', path)}: arrays are read from a local file or folder; copy it to this "
                          "machine (or to a disk the workers mount) and rerun with its local path")
     if not os.path.exists(path):
-        raise InputError(f"--input {path}: no such file or folder")
+        raise InputError(f"{setting('input', path)}: no such file or folder")
     if os.path.isdir(path):
         _check_only_arrays(path)
     try:
         headers = _headers(path)
     except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise InputError(f"--input {path}: cannot read it as NumPy arrays ({e})") from None
+        raise InputError(f"{setting('input', path)}: cannot read it as NumPy arrays ({e})") from None
     n, _ = columns_of(headers, preset, image_encoding)
     if n == 0:
-        raise InputError(f"--input {path}: holds 0 rows (every array's first dimension is 0): nothing to build")
+        raise InputError(f"{setting('input', path)}: holds 0 rows (every array's first dimension is 0): nothing to build")
     return n
 
 
@@ -290,7 +291,7 @@ def _check_only_arrays(folder: str) -> None:
     npys = [n for n in names if n.endswith(".npy") and os.path.isfile(os.path.join(folder, n))]
     others = [n + ("/" if os.path.isdir(os.path.join(folder, n)) else "") for n in names if n not in npys]
     if others:
-        raise InputError(f"--input {folder}: holds .npy arrays ({_some(npys)}) and other entries ({_some(others)}); "
+        raise InputError(f"{setting('input', folder)}: holds .npy arrays ({_some(npys)}) and other entries ({_some(others)}); "
                          "an arrays input is a folder of .npy files only: move the .npy files into a folder of "
                          "their own, or out of this one to build it as class folders")
 

@@ -15,6 +15,7 @@ from imagerecords.pipeline.errors import OutputError
 from imagerecords.pipeline.sources import InputInfo, check_input
 from imagerecords.pipeline.sources.base import first_line as _first_line
 from imagerecords.pipeline.sources.manifests import ignored_columns, read_manifest_head
+from imagerecords.pipeline.naming import setting
 
 __all__ = ["InputInfo", "PROBE_PREFIX", "check_input", "check_output", "ignored_columns", "read_manifest_head",
            "remove_created_output"]
@@ -43,23 +44,24 @@ def _check_not_in_input(config: BuildConfig, output: str, remote: bool) -> None:
         where = f"is inside the input folder {config.input}"
     else:
         return
-    raise OutputError(f"--output {output}: {where}; the next build would read the dataset as a class. "
+    raise OutputError(f"{setting('output', output)}: {where}; the next build would read the dataset as a class. "
                       "Choose a folder outside the input")
 
 
+# {output}: the setting's name, filled when the message is made (a flag or a keyword).
 _ADVICE = {
-    errno.ENOSPC: "free some space or choose another --output",
-    errno.EDQUOT: "free some space or choose another --output",
-    errno.EROFS: "choose an --output on a writable filesystem",
-    errno.EACCES: "fix the folder's permissions or choose another --output",
-    errno.EPERM: "fix the folder's permissions or choose another --output",
+    errno.ENOSPC: "free some space or choose another {output}",
+    errno.EDQUOT: "free some space or choose another {output}",
+    errno.EROFS: "choose an {output} on a writable filesystem",
+    errno.EACCES: "fix the folder's permissions or choose another {output}",
+    errno.EPERM: "fix the folder's permissions or choose another {output}",
 }
 
 
 def _write_error(output: str, e: OSError, doing: str) -> OutputError:
     reason = os.strerror(e.errno) if e.errno else str(e)
-    advice = _ADVICE.get(e.errno, "choose another --output")
-    return OutputError(f"--output {output}: cannot {doing} ({reason}); {advice}")
+    advice = _ADVICE.get(e.errno, "choose another {output}").format(output=setting("output"))
+    return OutputError(f"{setting('output', output)}: cannot {doing} ({reason}); {advice}")
 
 
 def _probe(output: str) -> None:
@@ -101,14 +103,14 @@ def _check_local_output(config: BuildConfig) -> Optional[str]:
     output = config.output
     if os.path.lexists(output) and not os.path.isdir(output):
         what = "is a broken symlink" if os.path.islink(output) and not os.path.exists(output) else "is a file"
-        raise OutputError(f"--output {output}: {what}, not a folder; choose a folder path")
+        raise OutputError(f"{setting('output', output)}: {what}, not a folder; choose a folder path")
     _check_not_in_input(config, output, remote=False)
     created = _topmost_missing(output)
     try:
         try:
             os.makedirs(output, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
-            raise OutputError(f"--output {output}: a part of the path is a file, not a folder; "
+            raise OutputError(f"{setting('output', output)}: a part of the path is a file, not a folder; "
                               "choose a folder path") from None
         except OSError as e:
             raise _write_error(output, e, "create the folder") from None
@@ -128,9 +130,9 @@ def _check_remote_output(config: BuildConfig) -> None:
     try:
         found = FileSystems.match([output.rstrip("/")], limits=[1])[0].metadata_list
     except BeamIOError as e:
-        raise OutputError(f"--output {output}: cannot check it ({_first_line(e)})") from None
+        raise OutputError(f"{setting('output', output)}: cannot check it ({_first_line(e)})") from None
     if any(m.path.rstrip("/") == output.rstrip("/") for m in found):
-        raise OutputError(f"--output {output}: is a file, not a folder; choose a folder path")
+        raise OutputError(f"{setting('output', output)}: is a file, not a folder; choose a folder path")
 
 
 def check_output(config: BuildConfig) -> Optional[str]:

@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 from PIL import Image
 
 from imagerecords.pipeline.input_files import stable_text
+from imagerecords.pipeline import naming
 
 # Decompression-bomb guard: an image above this many pixels is refused with our own error, from
 # the dimensions in its header, before anything is decoded. Pillow's process-wide
@@ -173,6 +174,7 @@ def sniff_format(data: bytes) -> Optional[str]:
     return None
 
 
+@naming.declare
 @dataclasses.dataclass(frozen=True)
 class ImageOptions:
     """How images are prepared.

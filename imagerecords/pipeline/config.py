@@ -15,6 +15,8 @@ from imagerecords.pipeline import codec, download
 from imagerecords.pipeline.codec import ImageOptions
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.refs import MAX_NAME_LENGTH, ManifestColumns, split_name_problem
+from imagerecords.pipeline import naming
+from imagerecords.pipeline.naming import setting
 
 WRITERS = ("shards", "beam")
 LABEL_TYPES = ("auto", "name", "int")
@@ -54,13 +56,13 @@ def parse_splits(text: str) -> Tuple[Tuple[str, float], ...]:
     for part in text.split(","):
         name, sep, frac = part.strip().partition("=")
         if not sep or not name:
-            raise ValueError(f"--splits: {part!r} is not NAME=FRACTION")
+            raise ValueError(f"{setting('splits')}: {part!r} is not NAME=FRACTION")
         try:
             value = float(frac)
         except ValueError:
-            raise ValueError(f"--splits: {frac!r} in {part!r} is not a number") from None
+            raise ValueError(f"{setting('splits')}: {frac!r} in {part!r} is not a number") from None
         parts.append((name, value))
-    return checked_splits(parts, "--splits", repr(text))
+    return checked_splits(parts, f"{setting('splits')}", repr(text))
 
 
 def checked_splits(pairs: Any, what: str = "splits", shown: Optional[str] = None) -> Tuple[Tuple[str, float], ...]:
@@ -106,6 +108,7 @@ MAX_SHARDS = 99_999
 _HTTP = download.HttpSettings()  # the download settings' defaults, spelled there
 
 
+@naming.declare
 @dataclasses.dataclass(frozen=True)
 class BuildConfig:
     """Everything a build needs besides the Beam pipeline options.
@@ -227,9 +230,9 @@ class BuildConfig:
             if f.name in taken:
                 problems.append(f"feature {f.name!r}: the {self.schema} schema stores this key itself")
         if self.features and self.writer == "beam":
-            problems.append("--writer beam does not write declared features; use the default writer (shards)")
+            problems.append(f"{setting('writer', 'beam')} does not write declared features; use the default writer (shards)")
         if self.image.image_encoding == "raw" and self.writer == "beam":
-            problems.append("--writer beam does not write --image_encoding raw; use the default writer (shards)")
+            problems.append(f"{setting('writer', 'beam')} does not write {setting('image_encoding', 'raw')}; use the default writer (shards)")
         sources = [f.source for f in self.features]
         for column in sorted({c for c in sources if sources.count(c) > 1}):
             problems.append(f"features: column {column!r} feeds more than one feature")
@@ -272,10 +275,10 @@ class BuildConfig:
         if self.http_retries < 0:
             problems.append(f"http_retries must be >= 0, got {self.http_retries}")
         if self.append and self.overwrite:
-            problems.append("append and overwrite exclude each other: --append adds to the published dataset, "
-                            "--overwrite replaces it")
+            problems.append(f"append and overwrite exclude each other: {setting('append')} adds to the published dataset, "
+                            f"{setting('overwrite')} replaces it")
         if self.append and self.writer == "beam":
-            problems.append("--append needs --writer shards")
+            problems.append(f"{setting('append')} needs {setting('writer', 'shards')}")
         if self.version_name is not None and version_name_problem(self.version_name):
             problems.append(f"version_name {version_name_problem(self.version_name)}")
         if problems:

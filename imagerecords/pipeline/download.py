@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.parse
 from typing import Dict, Mapping, Optional, Tuple
+from imagerecords.pipeline.naming import setting
 
 MAX_REDIRECTS = 5
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -83,7 +84,7 @@ def read_headers(path: str) -> Tuple[Tuple[str, str], ...]:
             name, sep, value = text.partition(":")
             name = name.strip()
             if not sep or not name or any(c in name for c in " \t()<>@,;\\\"/[]?={}"):
-                raise ValueError(f"--http_headers {path}: line {number} is not 'Name: value'")
+                raise ValueError(f"{setting('http_headers', path)}: line {number} is not 'Name: value'")
             out.append((name, value.strip()))
     return tuple(out)
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, FrozenSet, Optional, Sequence, Tuple
 
 from imagerecords.pipeline import config as config_lib
 from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline import naming
 
 __all__ = ["BuildOptions", "Progress", "RUN_FIELDS"]
 
@@ -33,6 +34,7 @@ class Progress:
     final: bool = False
 
 
+@naming.declare
 @dataclasses.dataclass(frozen=True)
 class BuildOptions:
     """One build: what to write (the BuildConfig) and how to run it (engine, runner, lock).

@@ -22,6 +22,7 @@ from imagerecords.format.manifest import LOCK
 from imagerecords.format.paths import segment_problem
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.errors import LockHeld, OutputError
+from imagerecords.pipeline.naming import setting
 
 log = logging.getLogger(__name__)
 
@@ -209,9 +210,9 @@ class OutputLock:
                 continue
             if isinstance(holder, UnreadableLock):
                 raise LockHeld(f"the lock file {self._path} is unreadable ({holder.reason}); if no build is running "
-                               f"into {self._output}, rerun with --break_lock")
+                               f"into {self._output}, rerun with {setting('break_lock')}")
             raise LockHeld(f"{self._output} is locked by {holder.describe()}; wait for it to end, or, if no build "
-                           f"is running there any more, rerun with --break_lock")
+                           f"is running there any more, rerun with {setting('break_lock')}")
         if storage.is_local(self._path) and os.path.isdir(self._path):
             raise OutputError(f"{self._path} is a folder, not a lock file; remove it (rm -r {self._path}) and rerun")
         raise LockHeld(f"could not take the lock {self._path} after 3 tries (another build keeps taking it)")
@@ -222,11 +223,11 @@ class OutputLock:
             return None
         holder = self.took_over.describe()
         if isinstance(self.took_over, UnreadableLock):
-            return f"broke the {holder} at your request (--break_lock)"
+            return f"broke the {holder} at your request ({setting('break_lock')})"
         return {"gone": f"took over the lock of {holder}, whose process is no longer running",
                 "detached": f"took over the lock of {holder}, whose detached job has staged its results",
                 "own": f"took over the lock of {holder}, this job's own launcher",
-                "broken": f"broke the lock of {holder} at your request (--break_lock)"}[self._took_over_because]
+                "broken": f"broke the lock of {holder} at your request ({setting('break_lock')})"}[self._took_over_because]
 
     def _finishes_detached(self, holder: LockInfo) -> bool:
         """`finish` takes over a detached build's lock once its job has staged its results."""

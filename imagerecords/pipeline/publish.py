@@ -37,6 +37,7 @@ from imagerecords.format.manifest import (COLUMNS_FROM, DUPLICATES, ERRORS, FLAT
 from imagerecords.format.record_format import is_shard_name
 from imagerecords.format.paths import inside_problem, segment_problem
 from imagerecords.pipeline.config import version_name_problem
+from imagerecords.pipeline.naming import setting
 
 log = logging.getLogger(__name__)
 
@@ -168,14 +169,14 @@ class BuildResults:
             raise BudgetExceeded(f"nothing to append: every input is already in {output}; the dataset is unchanged")
         if total == 0:
             raise BudgetExceeded(f"no image was found in the input ({self.num_skipped} entries skipped); "
-                                 f"nothing was published to {output}; fix --input and rerun the build with "
-                                 "--overwrite")
+                                 f"nothing was published to {output}; fix {setting('input')} and rerun the build with "
+                                 f"{setting('overwrite')}")
         if self.num_rejected > self.max_reject_fraction * total:
             raise BudgetExceeded(
                 f"{self.num_rejected} of {total} inputs rejected ({100 * self.num_rejected / total:.2f}%), over the "
-                f"budget of {100 * self.max_reject_fraction:g}% (--max_reject_fraction); reasons are in "
+                f"budget of {100 * self.max_reject_fraction:g}% ({setting('max_reject_fraction')}); reasons are in "
                 f"{storage.join(staging_dir(output, self.build_id), ERRORS)}; the dataset was not published; fix or "
-                "remove those inputs (or raise --max_reject_fraction) and rerun the build with --overwrite")
+                f"remove those inputs (or raise {setting('max_reject_fraction')}) and rerun the build with {setting('overwrite')}")
 
     def manifest(self, created: Optional[str] = None) -> Manifest:
         """The manifest that publishes this build: its shards named inside its version folder."""
@@ -578,7 +579,7 @@ def check_version_free(output: str, name: str) -> None:
     """
     if version_taken(output, name):
         raise OutputError(f"version {name!r} already exists in {output} (versions are never rewritten); "
-                          "choose another --version_name; nothing was published")
+                          f"choose another {setting('version_name')}; nothing was published")
 
 
 def _named_versions(output: str, published: Optional[Manifest]) -> set:

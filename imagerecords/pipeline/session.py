@@ -18,6 +18,8 @@ from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.options import BuildOptions, Progress
 from imagerecords.format.manifest import ERRORS, LOCK, MANIFEST, STAGING, Manifest
+from imagerecords.pipeline import naming
+from imagerecords.pipeline.naming import setting
 
 if TYPE_CHECKING:
     from imagerecords.pipeline.checks import InputInfo
@@ -36,7 +38,7 @@ def _claim_output(config: BuildConfig) -> int:
     published = storage.exists(storage.join(config.output, MANIFEST))
     if config.resume:
         if published and not config.overwrite and not config.append:
-            raise errors.OutputError(f"{config.output} holds a published dataset; pass --overwrite with --resume to "
+            raise errors.OutputError(f"{config.output} holds a published dataset; pass {setting('overwrite')} with {setting('resume')} to "
                                      "replace it")
         return sum(1 for b in staged for p in storage.list_tree(publish.staging_dir(config.output, b))
                    if p.endswith(publish.STAGED_RECORD))
@@ -47,20 +49,20 @@ def _claim_output(config: BuildConfig) -> int:
     if staged:
         if publish.holds_only_reasons(config.output):
             raise errors.OutputError(f"{config.output} holds only the reject reasons of a build that failed its "
-                                     f"budget ({STAGING}/{ERRORS}; nothing was published); rerun with --overwrite "
+                                     f"budget ({STAGING}/{ERRORS}; nothing was published); rerun with {setting('overwrite')} "
                                      "to replace them")
         if not publish.results_staged(config.output):
             raise errors.OutputError(f"{config.output} holds the staging area of a build that failed or was stopped "
-                                     f"before its shards were all written ({STAGING}); rerun with --resume to reuse "
-                                     "its complete shards, or --overwrite to start over")
-        raise errors.OutputError(f"{config.output} holds an unfinished build in {STAGING}; rerun with --overwrite "
+                                     f"before its shards were all written ({STAGING}); rerun with {setting('resume')} to reuse "
+                                     f"its complete shards, or {setting('overwrite')} to start over")
+        raise errors.OutputError(f"{config.output} holds an unfinished build in {STAGING}; rerun with {setting('overwrite')} "
                                  f"to replace it, or `imagerecords finish {config.output}` to publish it")
     if config.append and published:
         return 0  # the published dataset stays; this build adds a version that lists its shards
     if names or published:
         shown = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
         raise errors.OutputError(f"output folder {config.output} is not empty ({len(names)} files: {shown}); pass "
-                                 "--overwrite to replace a dataset this tool wrote there (other files are left alone)")
+                                 f"{setting('overwrite')} to replace a dataset this tool wrote there (other files are left alone)")
     return 0
 
 
@@ -70,7 +72,7 @@ def _read_label_map(config: BuildConfig) -> Optional[refs_lib.LabelMap]:
     try:
         text = storage.read_bytes(config.label_map).decode("utf-8")
     except OSError as e:
-        raise errors.UsageError(f"--label_map {config.label_map}: {storage.os_reason(e)}") from None
+        raise errors.UsageError(f"{setting('label_map', config.label_map)}: {storage.os_reason(e)}") from None
     try:
         return refs_lib.read_label_map(text, config.label_map, config.label_offset)
     except ValueError as e:
@@ -95,14 +97,14 @@ def _failure(e: BaseException, config: BuildConfig, log_path: Optional[str]) -> 
     """Turns an exception from the runner into one line."""
     if storage.is_no_space(e):
         return errors.OutputError(f"no space left on device while writing {config.output}; the published dataset "
-                                  "(if any) is untouched; free space and rerun with --overwrite")
+                                  f"(if any) is untouched; free space and rerun with {setting('overwrite')}")
     from concurrent.futures.process import BrokenProcessPool  # here: it imports multiprocessing
 
     where = f"; full log: {log_path}" if log_path else ""
     if isinstance(e, BrokenProcessPool):  # the local engine lost a worker (SIGKILL, OOM killer)
         how = _worker_exits(getattr(e, "worker_exits", ()))
         return errors.PipelineFailed(f"a worker process of the local engine ended abruptly ({how}); nothing was "
-                                     f"published; rerun, or build in this process with --local_workers 0{where}")
+                                     f"published; rerun, or build in this process with {setting('local_workers', 0)}{where}")
     text = str(e).strip().splitlines()
     # The runner wraps the worker's exception; its last line names it ("ValueError: ...").
     detail = next((line.strip() for line in reversed(text) if line.strip()), type(e).__name__)
@@ -179,15 +181,15 @@ def run(options: BuildOptions, *, notify: Optional[Callable[[str], None]] = None
                                                                                       options.settings_given))
     config = options.config
     if config.writer == "beam" and config.write_index:
-        raise errors.UsageError("--write_index needs --writer shards (the Beam sink reports no record offsets)")
+        raise errors.UsageError(f"{setting('write_index')} needs {setting('writer', 'shards')} (the Beam sink reports no record offsets)")
     if config.writer == "beam" and config.resume:
-        raise errors.UsageError("--resume needs --writer shards (the Beam sink's shards have no fingerprints)")
+        raise errors.UsageError(f"{setting('resume')} needs {setting('writer', 'shards')} (the Beam sink's shards have no fingerprints)")
     input_info = checks.check_input(config, ignore_split_column=options.ignore_split_column)
     if config.append:
         from imagerecords.pipeline import appending
 
         if options.detached or any(a.startswith("--template_location") for a in options.pipeline_options):
-            raise errors.UsageError("--append needs the build to end in this process (no --detached, no template): "
+            raise errors.UsageError(f"{setting('append')} needs the build to end in this process (no {setting('detached')}, no template): "
                                     "the version it adds to is read now and could be replaced before a later job")
         appending.load_base(config)  # refused here, in one line, before the lock and the engine
     created = checks.check_output(config)
@@ -403,7 +405,8 @@ def _interrupted(e: KeyboardInterrupt, stage: str, config: BuildConfig, build_id
     if publish.staged_builds(out):
         staged = sum(1 for p in storage.list_tree(publish.staging_dir(out, build_id)) if p.endswith(publish.STAGED_RECORD))
     held = "1 complete shard is" if staged == 1 else f"{staged} complete shards are"
-    resume = (f"; {held} staged: rerun the same command with --resume to reuse them"
+    resume = (f"; {held} staged: rerun the same {'command' if naming.as_flags() else 'call'} with {setting('resume')} "
+              "to reuse them"
               if staged else "; rerun the same command")
     return errors.Interrupted(f"{what}; nothing was published and {out} is as it was{resume}", signum)
 

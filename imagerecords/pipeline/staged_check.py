@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 from imagerecords.format.manifest import Manifest
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.errors import OutputError
+from imagerecords.pipeline.naming import setting
 
 def sha256_and_size(path: str) -> Tuple[str, int]:
     """The sha256 (hex) and length of a file, read in 1 MiB blocks."""
@@ -86,7 +87,7 @@ def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
             if problem:
                 raise OutputError(f"refusing to publish {output}: {problem}; it changed after it was written "
                                   f"(damaged, or another process wrote into this build's files); nothing was "
-                                  f"published; rerun with --overwrite")
+                                  f"published; rerun with {setting('overwrite')}")
 
 
 def check_link_sizes(output: str, manifest: Manifest, links: Mapping[str, str]) -> None:
@@ -107,7 +108,7 @@ def check_link_sizes(output: str, manifest: Manifest, links: Mapping[str, str]) 
             if size != shard.num_bytes:
                 raise OutputError(f"refusing to append to {output}: {storage.join(output, origin)} is {size} bytes, "
                                   f"its manifest says {shard.num_bytes}; it changed after it was published; run "
-                                  f"`imagerecords verify {output}`, then restore it or rebuild with --overwrite; "
+                                  f"`imagerecords verify {output}`, then restore it or rebuild with {setting('overwrite')}; "
                                   "nothing was published")
 
 

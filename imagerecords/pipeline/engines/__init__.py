@@ -14,6 +14,7 @@ from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.errors import UsageError
 from imagerecords.pipeline.refs import LabelMap
 from imagerecords.pipeline.sources import InputInfo
+from imagerecords.pipeline.naming import setting
 
 
 class Engine(Protocol):
@@ -66,7 +67,7 @@ def choose(config: BuildConfig, runner: Optional[str], pipeline_options: Sequenc
 
         return LocalEngine(config, local_workers)
     if local_workers is not None:
-        raise UsageError("--local_workers is for the local engine (local paths, no Beam options); on Beam use the "
+        raise UsageError(f"{setting('local_workers')} is for the local engine (local paths, no Beam options); on Beam use the "
                          "runner's options (--direct_num_workers, ...)")
     from imagerecords.pipeline.engines.beam.runner import BeamEngine
 

@@ -12,6 +12,7 @@ from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.errors import InputError
 from imagerecords.pipeline.refs import Rejected
 from imagerecords.pipeline.sources.base import InputInfo, Listed, Source, first_line as _first_line
+from imagerecords.pipeline.naming import setting
 
 # Bounds that keep the checks to a few seconds on any input: the listing is the pipeline's job.
 _MAX_FOLDERS_WALKED = 2000  # folders visited looking for one file under the class folders
@@ -59,17 +60,17 @@ def _root(path: str) -> str:
 
 def _flat_folder_error(path: str, images: Sequence[str] = (), parent: Optional[str] = None) -> InputError:
     if images and parent:
-        return InputError(f"--input {path}: has no class folders (expected INPUT/<label>/<image>), only images "
-                          f"({_shown(images)}); if it is one class's folder, pass its parent {parent} as --input; "
+        return InputError(f"{setting('input', path)}: has no class folders (expected INPUT/<label>/<image>), only images "
+                          f"({_shown(images)}); if it is one class's folder, pass its parent {parent} as {setting('input')}; "
                           f"otherwise {_MANIFEST_HINT}")
-    return InputError(f"--input {path}: has no class folders (expected INPUT/<label>/<image>); "
+    return InputError(f"{setting('input', path)}: has no class folders (expected INPUT/<label>/<image>); "
                       f"for a flat folder, {_MANIFEST_HINT}")
 
 
 def _one_class_error(path: str, images: Sequence[str], folder: str, parent: str) -> InputError:
-    return InputError(f"--input {path}: looks like one class's folder, not a folder of class folders: it holds "
+    return InputError(f"{setting('input', path)}: looks like one class's folder, not a folder of class folders: it holds "
                       f"images ({_shown(images)}) beside one sub-folder, '{folder}', which would be the only class "
-                      f"and the images skipped; pass its parent {parent} as --input")
+                      f"and the images skipped; pass its parent {parent} as {setting('input')}")
 
 
 def _shown(names: Sequence[str]) -> str:
@@ -155,19 +156,19 @@ def _has_file_below(folders: List[str]) -> bool:
 
 def _check_local_folder(path: str) -> None:
     if not os.path.lexists(path):
-        raise InputError(f"--input {path}: no such file or folder")
+        raise InputError(f"{setting('input', path)}: no such file or folder")
     if not os.path.exists(path):
-        raise InputError(f"--input {path}: is a broken symlink (it points to {os.readlink(path)})")
+        raise InputError(f"{setting('input', path)}: is a broken symlink (it points to {os.readlink(path)})")
     if not os.path.isdir(path):
-        raise InputError(f"--input {path}: is a file but not a manifest; give a class-folder root "
+        raise InputError(f"{setting('input', path)}: is a file but not a manifest; give a class-folder root "
                          "(INPUT/<label>/<image>) or a .csv/.jsonl manifest")
     try:
         with os.scandir(path) as it:
             entries = [e for e in it if not e.name.startswith(".")]
     except OSError as e:
-        raise InputError(f"--input {path}: cannot read the folder ({e.strerror or e})") from None
+        raise InputError(f"{setting('input', path)}: cannot read the folder ({e.strerror or e})") from None
     if not entries:
-        raise InputError(f"--input {path}: the folder is empty (expected INPUT/<label>/<image>)")
+        raise InputError(f"{setting('input', path)}: the folder is empty (expected INPUT/<label>/<image>)")
     class_folders, root_files = [], []
     for entry in entries:
         try:
@@ -188,7 +189,7 @@ def _check_local_folder(path: str) -> None:
     if not _has_file_below(class_folders):
         names = ", ".join(os.path.basename(p) for p in class_folders[:3])
         more = ", ..." if len(class_folders) > 3 else ""
-        raise InputError(f"--input {path}: the class folders ({names}{more}) hold no files "
+        raise InputError(f"{setting('input', path)}: the class folders ({names}{more}) hold no files "
                          "(expected INPUT/<label>/<image>)")
 
 
@@ -200,10 +201,10 @@ def _check_remote_folder(path: str) -> None:
     try:
         matched = FileSystems.match([root + "**"], limits=[_REMOTE_MATCH_LIMIT])[0].metadata_list
     except BeamIOError as e:
-        raise InputError(f"--input {path}: cannot list it ({_first_line(e)})") from None
+        raise InputError(f"{setting('input', path)}: cannot list it ({_first_line(e)})") from None
     paths = [m.path for m in matched if m.path.startswith(root) and not refs_lib.is_hidden(m.path, root)]
     if not paths:
-        raise InputError(f"--input {path}: no such folder, or no files under it (expected INPUT/<label>/<image>)")
+        raise InputError(f"{setting('input', path)}: no such folder, or no files under it (expected INPUT/<label>/<image>)")
     relative = [p[len(root):] for p in paths]
     folders = sorted({r.split("/", 1)[0] for r in relative if "/" in r})
     complete = len(matched) < _REMOTE_MATCH_LIMIT

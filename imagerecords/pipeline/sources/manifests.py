@@ -14,6 +14,7 @@ from imagerecords.pipeline import download, input_files, stages, storage
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.errors import InputError, UsageError
 from imagerecords.pipeline.sources.base import InputInfo, Listed, Source, first_line as _first_line
+from imagerecords.pipeline.naming import setting
 
 _MAX_HEAD_LINES = 1000  # lines read to find a manifest's first row (blank lines are skipped)
 # A manifest is listed in parts of about this many bytes (some 15,000 rows), one per task.
@@ -48,7 +49,7 @@ class ManifestSource(Source):
             try:
                 download.read_headers(config.http_headers)
             except (OSError, UnicodeDecodeError) as e:
-                raise UsageError(f"--http_headers {config.http_headers}: cannot read it "
+                raise UsageError(f"{setting('http_headers', config.http_headers)}: cannot read it "
                                  f"({getattr(e, 'strerror', None) or type(e).__name__})") from None
             except ValueError as e:
                 raise UsageError(str(e)) from None
@@ -56,8 +57,8 @@ class ManifestSource(Source):
         if info.kind == "csv":
             _check_csv_columns(config, info)
         if config.splits and config.split_column in info.columns and not ignore_split_column:
-            raise UsageError(f"--splits would replace the '{config.split_column}' column of {path}: drop --splits "
-                             "to keep the manifest's splits, or add --ignore_split_column to reassign every row by hash")
+            raise UsageError(f"{setting('splits')} would replace the '{config.split_column}' column of {path}: drop {setting('splits')} "
+                             f"to keep the manifest's splits, or add {setting('ignore_split_column')} to reassign every row by hash")
         return info
 
     def parts(self, config, info: InputInfo, workers: int) -> Sequence[Part]:
@@ -141,23 +142,23 @@ def _open_input(path: str) -> Iterator[IO[bytes]]:
         try:
             found = FileSystems.match([path], limits=[1])[0].metadata_list
         except BeamIOError as e:
-            raise InputError(f"--input {path}: cannot read it ({_first_line(e)})") from None
+            raise InputError(f"{setting('input', path)}: cannot read it ({_first_line(e)})") from None
         if not found or found[0].path.rstrip("/") != path.rstrip("/"):
-            raise InputError(f"--input {path}: no such file")
+            raise InputError(f"{setting('input', path)}: no such file")
         try:
             f = storage.open_read(path)
         except (BeamIOError, OSError) as e:
-            raise InputError(f"--input {path}: cannot read it ({_first_line(e)})") from None
+            raise InputError(f"{setting('input', path)}: cannot read it ({_first_line(e)})") from None
     else:
         if os.path.isdir(path):
-            raise InputError(f"--input {path}: is a folder named like a manifest; give the .csv/.jsonl file, "
+            raise InputError(f"{setting('input', path)}: is a folder named like a manifest; give the .csv/.jsonl file, "
                              "or rename the folder")
         try:
             f = storage.open_read(path)
         except FileNotFoundError:
-            raise InputError(f"--input {path}: no such file") from None
+            raise InputError(f"{setting('input', path)}: no such file") from None
         except OSError as e:
-            raise InputError(f"--input {path}: cannot read it ({e.strerror or e})") from None
+            raise InputError(f"{setting('input', path)}: cannot read it ({e.strerror or e})") from None
     with f:
         yield f
 
@@ -178,7 +179,7 @@ def _non_blank_lines(path: str, f: IO[bytes], wanted: int, strict: Optional[int]
         except UnicodeDecodeError as e:
             if len(lines) >= strict:
                 continue
-            raise InputError(f"--input {path}: line {i + 1} is not UTF-8 text ({e.reason}); "
+            raise InputError(f"{setting('input', path)}: line {i + 1} is not UTF-8 text ({e.reason}); "
                              "save the manifest as UTF-8") from None
         if text.strip():
             lines.append(text)
@@ -201,7 +202,7 @@ def read_manifest_head(path: str) -> InputInfo:
         lines = (_non_blank_lines(path, f, 2) if kind == "csv"
                  else _non_blank_lines(path, f, JSONL_COLUMN_ROWS, strict=1, limit=JSONL_COLUMN_ROWS * 2))
     if not lines:
-        raise InputError(f"--input {path}: the manifest is empty; it needs "
+        raise InputError(f"{setting('input', path)}: the manifest is empty; it needs "
                          + ("a header line (path,label) and one line per image" if kind == "csv"
                             else "one JSON object per line, such as {\"path\": ..., \"label\": ...}"))
     if kind == "csv":
@@ -209,9 +210,9 @@ def read_manifest_head(path: str) -> InputInfo:
         try:
             columns = tuple(c.strip() for c in next(csv.reader([header])))
         except csv.Error as e:
-            raise InputError(f"--input {path}: the CSV header is not a CSV line ({e})") from None
+            raise InputError(f"{setting('input', path)}: the CSV header is not a CSV line ({e})") from None
         if len(lines) < 2:
-            raise InputError(f"--input {path}: the CSV manifest has a header ({header}) but no rows")
+            raise InputError(f"{setting('input', path)}: the CSV manifest has a header ({header}) but no rows")
         return InputInfo("csv", columns, header)
     while True:
         try:
@@ -220,12 +221,12 @@ def read_manifest_head(path: str) -> InputInfo:
         except RecursionError:  # a row too deep to parse: the build rejects it; the next rows name the columns
             lines = lines[1:]
             if not lines:
-                raise InputError(f"--input {path}: no row of the manifest's start can be read: each holds "
+                raise InputError(f"{setting('input', path)}: no row of the manifest's start can be read: each holds "
                                  "a JSON value nested deeper than the parser's limit") from None
         except ValueError as e:
-            raise InputError(f"--input {path}: the first row is not JSON ({e})") from None
+            raise InputError(f"{setting('input', path)}: the first row is not JSON ({e})") from None
     if not isinstance(row, dict):
-        raise InputError(f"--input {path}: the first row is not a JSON object; each line must be one, "
+        raise InputError(f"{setting('input', path)}: the first row is not a JSON object; each line must be one, "
                          "such as {\"path\": ..., \"label\": ...}")
     columns = dict.fromkeys(_printable(k) for k in row)
     for line in lines[1:]:  # rows may differ in their keys: the columns seen in the first rows
@@ -258,8 +259,8 @@ def _check_csv_columns(config, info: InputInfo) -> None:
     path_ok = config.path_column in columns or (config.path_column == "path" and "uri" in columns)
     if not path_ok:
         also = " (or 'uri')" if config.path_column == "path" else ""
-        raise InputError(f"--input {config.input}: the CSV header has no '{config.path_column}'{also} column "
-                         f"(columns: {listed}); name the image path column with --path_column")
+        raise InputError(f"{setting('input', config.input)}: the CSV header has no '{config.path_column}'{also} column "
+                         f"(columns: {listed}); name the image path column with {setting('path_column')}")
     if config.label_column not in columns:
-        raise InputError(f"--input {config.input}: the CSV header has no '{config.label_column}' column "
-                         f"(columns: {listed}); name the label column with --label_column")
+        raise InputError(f"{setting('input', config.input)}: the CSV header has no '{config.label_column}' column "
+                         f"(columns: {listed}); name the label column with {setting('label_column')}")

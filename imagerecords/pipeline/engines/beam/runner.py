@@ -12,6 +12,7 @@ from typing import List, Mapping, Optional, Sequence
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.errors import PipelineFailed, UsageError
 from imagerecords.pipeline.sources import InputInfo
+from imagerecords.pipeline.naming import setting
 
 
 class BeamEngine:
@@ -116,10 +117,10 @@ def _check_detached(options) -> None:
     runner = str(options.view_as(StandardOptions).runner or "")
     master = options.view_as(FlinkRunnerOptions).flink_master or ""
     if "flink" not in runner.lower() or master in ("", "[local]", "[auto]"):
-        raise UsageError("--detached needs --runner=FlinkRunner and --flink_master=HOST:PORT of a Flink cluster")
+        raise UsageError(f"{setting('detached')} needs {setting('runner')}=FlinkRunner and --flink_master=HOST:PORT of a Flink cluster")
     environment = (options.view_as(PortableOptions).environment_type or "").upper()
     if environment in ("", "LOOPBACK"):
-        raise UsageError("--detached needs SDK workers on the cluster (--environment_type=EXTERNAL, PROCESS or "
+        raise UsageError(f"{setting('detached')} needs SDK workers on the cluster (--environment_type=EXTERNAL, PROCESS or "
                          "DOCKER); with LOOPBACK they run inside this process")
 
 
@@ -146,7 +147,7 @@ def _wait_until_on_flink(options, result, timeout: float = 600.0) -> str:
             if job.get("name") == name:
                 return job["jid"]
         time.sleep(1.0)
-    raise PipelineFailed(f"--detached: Flink at {_flink_rest(options)} did not list job {name} within "
+    raise PipelineFailed(f"{setting('detached')}: Flink at {_flink_rest(options)} did not list job {name} within "
                          f"{timeout:.0f} s of the submit")
 
 

@@ -1,0 +1,70 @@
+"""How an expected failure names a build setting: in the words of whoever gave it. The command line
+reads `--append`, `--writer shards`; a Python caller of imagerecords.build reads `append=True`,
+`writer='shards'`. Every message of the builder names a setting through `setting`.
+
+The command sets IMAGERECORDS_SETTING_NAMES=flags for its process and, through the environment, its
+workers; without it (the library, a user's Beam pipeline) settings are keyword arguments. A Beam
+pipeline option (--runner's companions: --flink_master, --direct_num_workers, ...) is a flag in both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Any, FrozenSet, Iterator, Set
+
+VARIABLE = "IMAGERECORDS_SETTING_NAMES"
+FLAGS = "flags"
+
+
+def as_flags() -> bool:
+    return os.environ.get(VARIABLE) == FLAGS
+
+
+@contextlib.contextmanager
+def flag_names() -> Iterator[None]:
+    """Messages made inside (and in the processes started inside) name settings as flags."""
+    before = os.environ.get(VARIABLE)
+    os.environ[VARIABLE] = FLAGS
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(VARIABLE, None)
+        else:
+            os.environ[VARIABLE] = before
+
+
+def setting(name: str, value: Any = None) -> str:
+    """`name` (a BuildConfig, ImageOptions or BuildOptions field), with `value` when the message
+    names one: '--writer shards' / "writer='shards'"; a flag without a value: '--append' / 'append=True'."""
+    if as_flags():
+        return f"--{name}" if value is None else f"--{name} {value}"
+    if value is not None:
+        return f"{name}={value!r}"
+    return f"{name}=True" if name in _switches() else name
+
+
+_SWITCHES: Set[str] = set()  # filled by `declare` as the settings' classes are defined
+_SETTINGS: Set[str] = set()
+
+
+def declare(cls: type) -> type:
+    """Records a settings class's fields (BuildConfig, ImageOptions, BuildOptions call it): its bool
+    fields are switches, named alone on the command line. This module imports none of them."""
+    for field in dataclasses.fields(cls):
+        if field.name not in ("config", "progress", "settings_given"):
+            _SETTINGS.add(field.name)
+            if field.type in ("bool", bool):
+                _SWITCHES.add(field.name)
+    return cls
+
+
+def _switches() -> FrozenSet[str]:
+    return frozenset(_SWITCHES)
+
+
+def settings() -> FrozenSet[str]:
+    """Every declared build setting's name (what `setting` may be given)."""
+    return frozenset(_SETTINGS)
