@@ -19,7 +19,11 @@ Groups (printed as one table each):
            (codec.prepare_image: draft-check RGB JPEGs, convert the rest) on every core.
   peers    a serial loop (tf.train.Example + tf.io.TFRecordWriter), pass-through and re-encode;
            TFDS's Beam path (GeneratorBasedBuilder whose _generate_examples returns a PTransform,
-           DirectRunner with the same worker count) on the same images.
+           DirectRunner with the same worker count) on the same images; Ray Data (when
+           IMAGERECORDS_RAY_PYTHON names a python with ray[data], tensorflow and crc32c: Ray runs in
+           an environment of its own) on a local Ray with one CPU per core, the pipeline its docs
+           show (read_binary_files with paths -> map to image bytes, class index, key ->
+           random_shuffle -> write_tfrecords), pass-through only; its records counted with tf.data.
   build    `python -m imagerecords build` (the real CLI, --no_progress): the default (local
            engine, --writer shards), the same with --local_workers=0 (threads), on
            --runner=DirectRunner, and --writer beam; each
@@ -163,9 +167,11 @@ def _memory(p) -> int:
         return p.memory_info().rss
 
 
-def run_watched(cmd: Sequence[str], env: Optional[dict] = None) -> Tuple[float, float]:
+def run_watched(cmd: Sequence[str], env: Optional[dict] = None,
+                seen: Optional[Dict[int, float]] = None) -> Tuple[float, float]:
     """Runs `cmd`; returns (wall seconds, peak memory in MB summed over its process tree: PSS, or
-    RSS where there is no PSS; sampled per 0.1 s).
+    RSS where there is no PSS; sampled per 0.1 s). `seen`, when given, gets every process the tree
+    held at a sample, pid -> create time (to find any that outlive the command).
 
     Raises:
       RuntimeError: with the tail of stderr when the command fails.
@@ -182,6 +188,8 @@ def run_watched(cmd: Sequence[str], env: Optional[dict] = None) -> Tuple[float, 
             try:
                 for p in [root] + root.children(recursive=True):
                     try:
+                        if seen is not None and p.pid not in seen:
+                            seen[p.pid] = p.create_time()
                         total += _memory(p)
                     except psutil.Error:
                         pass
@@ -265,7 +273,84 @@ def bench_codec(res: Results, blobs: List[bytes]):
 # --- the groups that run commands
 
 
-def bench_peers(res: Results, root: str, work: str, n: int, tfds: bool, quick: bool, r: int):
+def count_records(folder: str) -> int:
+    """Records in every file under `folder`, read with tf.data (TFRecordDataset) in a process of its own."""
+    files = sorted(os.path.join(d, f) for d, _, names in os.walk(folder) for f in names)
+    code = ("import sys, tensorflow as tf\n"
+            "print(sum(1 for _ in tf.data.TFRecordDataset(sys.argv[1:])))")
+    out = subprocess.run([sys.executable, "-c", code, *files], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    return int(out.stdout.split()[-1])
+
+
+def _leftovers(seen: Dict[int, float]) -> List[str]:
+    """Processes of `seen` (pid -> create time) still running, ended here: "pid name" of each."""
+    import psutil
+
+    left = []
+    for pid, created in seen.items():
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() != created:  # the pid was reused by another process
+                continue
+            left.append(f"{pid} {p.name()}")
+            p.kill()
+        except psutil.Error:
+            pass
+    return left
+
+
+def raydata_usable() -> Tuple[Optional[str], Optional[str]]:
+    """(python, None) when Ray Data can be measured, else (None, the reason it is skipped). Ray runs
+    under an interpreter of its own (ray[data] pins other numpy, pyarrow and protobuf versions than
+    ours; write_tfrecords also needs tensorflow and crc32c there): IMAGERECORDS_RAY_PYTHON."""
+    python = os.environ.get("IMAGERECORDS_RAY_PYTHON")
+    if not python:
+        return None, "set IMAGERECORDS_RAY_PYTHON to a python with ray[data]"
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        return None, f"IMAGERECORDS_RAY_PYTHON={python} is not an executable file"
+    return python, None
+
+
+def bench_raydata(res: Results, root: str, work: str, n: int, python: str, r: int) -> bool:
+    """True when measured (else a note says why not). Ray Data's files -> TFRecords pipeline (benchmarks.workloads raydata) on a local Ray with one
+    CPU per core: wall time (imports, ray.init and shutdown included) and peak memory of the whole
+    tree (the driver, GCS, raylet with its object store, the agents and the workers are all
+    descendants of the workload's process); the records written counted back with tf.data."""
+    folder = os.path.join(work, f"raydata-{r}")
+    out, js = os.path.join(folder, "out"), os.path.join(folder, "raydata.json")
+    seen: Dict[int, float] = {}
+    try:
+        try:
+            wall, rss = run_watched([python, "-m", "benchmarks.workloads", "raydata", "--input", root, "--output", out,
+                                     "--num_cpus", str(CORES), "--json", js], seen=seen)
+        except RuntimeError as e:  # a peer's failure is a finding, not the end of the run
+            res.notes.append(f"round {r + 1}: Ray Data failed: {str(e).strip().splitlines()[-1][:200]}")
+            return False
+        finally:
+            time.sleep(0.5)  # ray.shutdown() has returned; give its children a moment to exit
+            left = _leftovers(seen)
+            if left:
+                res.notes.append(f"round {r + 1}: Ray Data left {len(left)} processes running, killed: "
+                                 f"{', '.join(left[:8])}")
+        with open(js) as f:
+            ray = json.load(f)
+        written = count_records(out)
+        if written != n:
+            res.notes.append(f"round {r + 1}: Ray Data's output was short: tf.data read {written} records of {n} images")
+        res.add("peers", "raydata_pass_wall", n / wall, "img/s")
+        res.add("peers", "raydata_pass_peak_rss", rss, "MB", higher_is_better=False)
+        res.notes.append(f"Ray Data {ray['ray_version']} ran read_binary_files -> map -> random_shuffle -> "
+                         f"write_tfrecords on a local Ray, num_cpus={CORES}, {len(seen)} processes in its tree; "
+                         f"ray.init took {ray['pass_init_seconds']:.1f} s")
+        return True
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def bench_peers(res: Results, root: str, work: str, n: int, tfds: bool, quick: bool, r: int,
+                ray_python: Optional[str] = None) -> bool:
+    """The peers; True when Ray Data was measured in this round."""
     out = os.path.join(work, f"loop-{r}")
     js = os.path.join(work, "loop.json")
     wall, rss = run_watched([sys.executable, "-m", "benchmarks.workloads", "loop", "--input", root, "--output", out,
@@ -276,8 +361,9 @@ def bench_peers(res: Results, root: str, work: str, n: int, tfds: bool, quick: b
     res.add("peers", "loop_reencode", n / loop["reencode_seconds"], "img/s")
     res.add("peers", "loop_peak_rss", rss, "MB", higher_is_better=False)
     shutil.rmtree(out, ignore_errors=True)
+    raydata = bool(ray_python) and bench_raydata(res, root, work, n, ray_python, r)
     if not tfds:
-        return
+        return raydata
     # The same DirectRunner setup our CLI picks locally; --quick runs in process to stay short.
     beam = (["--direct_running_mode=in_memory"] if quick else
             [f"--direct_num_workers={CORES}", "--direct_running_mode=multi_processing"])
@@ -295,6 +381,7 @@ def bench_peers(res: Results, root: str, work: str, n: int, tfds: bool, quick: b
         res.add("peers", f"tfds_{path}_wall", n / wall, "img/s")
         res.add("peers", f"tfds_{path}_peak_rss", rss, "MB", higher_is_better=False)
         shutil.rmtree(out, ignore_errors=True)
+    return raydata
 
 
 # Our build configurations: the local default (the local engine, --writer shards: worker
@@ -304,7 +391,8 @@ BUILDS = (("shards", []), ("threads", ["--local_workers=0"]), ("direct", ["--run
           ("beam", ["--writer", "beam"]))
 
 
-def bench_builds(res: Results, root: str, work: str, n: int, keep: str, r: int, tfds: bool):
+def bench_builds(res: Results, root: str, work: str, n: int, keep: str, r: int, tfds: bool,
+                 raydata: bool = False):
     for writer, extra in BUILDS:
         for path in ("pass", "reencode"):
             out = os.path.join(work, f"build-{writer}-{path}-{r}")
@@ -325,6 +413,8 @@ def bench_builds(res: Results, root: str, work: str, n: int, keep: str, r: int, 
                 baseline=f"peers/loop_{'passthrough' if path == 'pass' else 'reencode'}")
         if tfds:
             res.add("build", f"shards_{path}_vs_tfds", ours, "img/s", baseline=f"peers/tfds_{path}_wall")
+        if raydata and path == "pass":  # Ray Data measured in this round (pass-through only)
+            res.add("build", f"shards_{path}_vs_raydata", ours, "img/s", baseline=f"peers/raydata_{path}_wall")
         res.add("build", f"shards_{path}_vs_beam_writer", ours, "img/s", baseline=f"build/beam_{path}_img_s")
         res.add("build", f"shards_{path}_vs_direct", ours, "img/s", baseline=f"build/direct_{path}_img_s")
         res.add("build", f"shards_{path}_vs_threads", ours, "img/s", baseline=f"build/threads_{path}_img_s")
@@ -666,6 +756,9 @@ def main(argv=None) -> int:
     reason = tfds_usable() if "tfds" not in skip else "skipped with --skip tfds"
     if reason:
         res.notes.append(f"TFDS Beam writer not measured: {reason}")
+    ray_python, ray_reason = raydata_usable()
+    if ray_reason and "peers" not in skip:
+        res.notes.append(f"Ray Data not measured ({ray_reason})")
     work = tempfile.mkdtemp(prefix="imagerecords-bench-")
     try:
         tiny_root = os.path.join(work, "tree16")
@@ -682,10 +775,11 @@ def main(argv=None) -> int:
         for r in range(a.repeats):
             if "codec" not in skip:
                 bench_codec(res, blobs)
+            raydata = False
             if "peers" not in skip:
-                bench_peers(res, corpus.root, work, n, reason is None, a.quick, r)
+                raydata = bench_peers(res, corpus.root, work, n, reason is None, a.quick, r, ray_python)
             if "build" not in skip:
-                bench_builds(res, corpus.root, work, n, data, r, reason is None)
+                bench_builds(res, corpus.root, work, n, data, r, reason is None, raydata)
             if "encodings" not in skip:
                 bench_encodings(res, corpus.root, work, n, r)
             if "arrays" not in skip:

@@ -2,8 +2,13 @@
 
     python -m benchmarks.workloads loop   --input ROOT --output DIR [--paths pass,reencode] --json PATH
     python -m benchmarks.workloads tfds   --input ROOT --output DIR [--paths pass,reencode] --json PATH [beam flags]
+    RAY_PYTHON -m benchmarks.workloads raydata --input ROOT --output DIR --json PATH [--num_cpus N]
     python -m benchmarks.workloads reader --data DIR --json PATH [--batches N] [--repeats R]
     python -m benchmarks.workloads train  --data DIR --json PATH [--model resnet50|tiny] [--steps N]
+
+`raydata` runs under another interpreter, one with ray[data] installed (its own environment: Ray
+pins other numpy/pyarrow/protobuf versions than ours), so this module imports nothing at the top
+that such an environment may lack.
 
 Each writes a JSON object of its figures (seconds exclude the process's imports unless the name
 says "wall"). A separate process per workload keeps TensorFlow's thread pools and memory out of
@@ -16,7 +21,9 @@ import argparse
 import io
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from typing import Dict, List, Tuple
 
@@ -127,6 +134,44 @@ def run_tfds(root: str, output: str, recode: bool, beam_args: List[str]) -> Dict
     if written != len(items):
         raise SystemExit(f"TFDS wrote {written} examples of {len(items)}")
     return {"seconds": seconds, "images": len(items)}
+
+
+# --- Ray Data: the pipeline its docs show for files -> TFRecords
+
+
+def run_raydata(root: str, output: str, num_cpus: int) -> Dict[str, float]:
+    """read_binary_files(include_paths) -> map (one row per image: its bytes as they are, the class
+    index of its parent folder, a key) -> random_shuffle -> write_tfrecords, on a local Ray started
+    here with num_cpus CPUs and shut down before returning (its raylet, object store and workers
+    are this process's descendants, so the parent measures them with the rest of the tree)."""
+    import ray
+
+    names = sorted(c for c in os.listdir(root) if os.path.isdir(os.path.join(root, c)))
+    label = {c: i for i, c in enumerate(names)}
+
+    def to_row(row):
+        folder, name = os.path.split(row["path"])
+        cls = os.path.basename(folder)
+        return {"image": row["bytes"], "label": label[cls], "key": f"{cls}/{name}"}
+
+    start = time.perf_counter()
+    # A session folder of its own, so nothing is shared with any other Ray on the machine; short
+    # (Ray's unix sockets live under it and a socket path has at most 107 bytes) and deleted after.
+    session = tempfile.mkdtemp(prefix="ray-")
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _temp_dir=session)
+    try:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        started = time.perf_counter()
+        (ray.data.read_binary_files(root, include_paths=True)
+         .map(to_row)
+         .random_shuffle()
+         .write_tfrecords(output))  # one file per block, named *.tar by Ray, TFRecords inside
+        seconds = time.perf_counter() - started
+    finally:
+        ray.shutdown()
+        shutil.rmtree(session, ignore_errors=True)
+    return {"seconds": seconds, "init_seconds": started - start, "images": len(list_tree(root)),
+            "ray_version": ray.__version__}
 
 
 # --- the reader against plain tf.data and the decode limit
@@ -372,7 +417,7 @@ def run_train(data: str, model_name: str, steps: int, repeats: int, batch_size: 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("loop", "tfds", "reader", "train"))
+    p.add_argument("what", choices=("loop", "tfds", "raydata", "reader", "train"))
     p.add_argument("--input")
     p.add_argument("--output")
     p.add_argument("--data")
@@ -384,6 +429,7 @@ def main(argv=None):
     p.add_argument("--batch_size", type=int, default=128, help="train: images per step")
     p.add_argument("--image_size", type=int, default=224, help="train: side of the square input")
     p.add_argument("--precision", default="auto", choices=("auto", "mixed_bfloat16", "float32"))
+    p.add_argument("--num_cpus", type=int, default=os.cpu_count() or 1, help="raydata: Ray's CPUs")
     p.add_argument("--json", required=True)
     a, rest = p.parse_known_args(argv)
     result = {}
@@ -394,6 +440,10 @@ def main(argv=None):
             r = run_loop(a.input, out, recode, tag) if a.what == "loop" else run_tfds(a.input, out, recode, rest)
             result[f"{tag}_seconds"] = r["seconds"]
             result["images"] = r["images"]
+    elif a.what == "raydata":
+        r = run_raydata(a.input, a.output, a.num_cpus)
+        result = {"pass_seconds": r["seconds"], "pass_init_seconds": r["init_seconds"], "images": r["images"],
+                  "ray_version": r["ray_version"]}
     elif a.what == "train":
         result = run_train(a.data, a.model, a.steps, a.repeats, a.batch_size, a.image_size, a.precision)
     else:

@@ -111,3 +111,15 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
 
 def figures_in(data, group, name):
     return data["groups"][group][name]
+
+
+def test_raydata_is_opt_in_by_its_own_python(monkeypatch, tmp_path):
+    from benchmarks import run
+
+    monkeypatch.delenv("IMAGERECORDS_RAY_PYTHON", raising=False)
+    assert run.raydata_usable() == (None, "set IMAGERECORDS_RAY_PYTHON to a python with ray[data]")
+    monkeypatch.setenv("IMAGERECORDS_RAY_PYTHON", str(tmp_path / "nowhere"))
+    python, reason = run.raydata_usable()
+    assert python is None and "not an executable file" in reason
+    monkeypatch.setenv("IMAGERECORDS_RAY_PYTHON", sys.executable)
+    assert run.raydata_usable() == (sys.executable, None)
