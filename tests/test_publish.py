@@ -207,6 +207,8 @@ def _lock_text(**fields):
     return json.dumps({k: v for k, v in holder.items() if v is not ...})
 
 
+# Ids of their own: the default ones would hold os.getpid(), which differs between pytest-xdist's
+# workers, and every worker must collect the same tests.
 @pytest.mark.parametrize("text,reason", [
     (_lock_text(pid="abc"), 'its pid is "abc", not an integer'),
     (_lock_text(pid=True), "its pid is true, not an integer"),
@@ -215,7 +217,7 @@ def _lock_text(**fields):
     (_lock_text(owner="me"), "unknown field 'owner'"),
     ("[1, 2]", "not a JSON object"),
     ("{half", "not JSON"),
-])
+], ids=["pid-a-string", "pid-true", "pid-null", "no-pid", "unknown-field", "not-an-object", "not-json"])
 def test_an_unreadable_lock_blocks_naming_the_file_until_broken(tmp_path, text, reason):
     out = tmp_path / "out"
     out.mkdir()
