@@ -276,7 +276,8 @@ def test_string_labels_are_class_names(tmp_path):
 
 
 def _readme_blocks():
-    with open(os.path.join(ROOT, "README.md")) as f:
+    """The NumPy example's three blocks (make arrays, build, read), in docs/building.md."""
+    with open(os.path.join(ROOT, "docs", "building.md")) as f:
         text = f.read()
     section = text.split("<!-- arrays-example -->")[1]
     return re.findall(r"```(\w+)\n(.*?)```", section, re.S)[:3]
