@@ -85,6 +85,36 @@ def test_the_launcher_downloads_nothing_and_the_rows_plan_by_count(server, tmp_p
     listed = [r for _, r in local.list_inputs(config, info)]
     assert [r.size for r in listed] == [-1] * GOOD  # not stat-ed: no request made by the listing
     assert sum(server.requests.values()) == 0
+    assert not info.sizes_known  # so the shards are planned by count
+
+
+def test_the_summary_says_when_shards_were_planned_by_count(server, tmp_path, capsys):
+    from imagerecords.cli import main as cli
+
+    rows = [(server.url(f"/img/p{i:02d}.jpg"), "cat") for i in range(GOOD)]
+    by_count = "  shards planned by count: no input size was known (URL rows, or --skip_stat)"
+    path = _manifest(tmp_path, rows)
+    args = ["--path_column", "url", "--no_progress", "--target_shard_mb", "0.5", "--min_shards", "1"]
+    assert cli.main(["build", "--input", str(path), "--output", str(tmp_path / "a"), *args]) == 0
+    said = capsys.readouterr().out
+    assert by_count in said and "counted as 110 KB" in said
+    # 12 images at 110 KB against 0.5 MB shards: 3 shards, by count alone
+    assert "      12 records      3 shards" in said, said
+    sized = tmp_path / "sized.csv"  # the same URLs with their sizes: planned by bytes, and no line
+    sized.write_text("url,label,size\n" + "".join(f"{u},{l},{len(IMAGES[u.rsplit('/', 1)[1]])}\n" for u, l in rows))
+    assert cli.main(["build", "--input", str(sized), "--output", str(tmp_path / "b"), *args]) == 0
+    said = capsys.readouterr().out
+    assert by_count not in said and "      12 records      1 shards" in said, said  # a few KB each: one shard
+    files = tmp_path / "files"  # local paths: stat-ed, so by bytes; with --skip_stat, by count
+    files.mkdir()
+    for name, data in IMAGES.items():
+        (files / name).write_bytes(data)
+    local_rows = tmp_path / "local.csv"
+    local_rows.write_text("url,label\n" + "".join(f"{files / n},cat\n" for n in sorted(IMAGES)[:GOOD]))
+    for extra, planned in (([], False), (["--skip_stat"], True)):
+        out = str(tmp_path / f"local{len(extra)}")
+        assert cli.main(["build", "--input", str(local_rows), "--output", out, *args, *extra]) == 0
+        assert (by_count in capsys.readouterr().out) == planned, extra
 
 
 def _two_splits(server, tmp_path):

@@ -13,6 +13,7 @@ from typing import Iterator, Optional, Sequence, TextIO
 from imagerecords.format.manifest import DUPLICATES, ERRORS, Manifest
 from imagerecords.pipeline import session
 from imagerecords.pipeline.options import Progress
+from imagerecords.pipeline.planning import UNSIZED_IMAGE_BYTES
 
 LOG_DIR = os.path.join(tempfile.gettempdir(), "imagerecords-logs")
 
@@ -154,7 +155,7 @@ def _run(argv: Sequence[str]) -> Optional[Manifest]:
         print(outcome.handed_off)
         return None
     print_summary(outcome.manifest, options.config.output, outcome.seconds, engine=outcome.engine,
-                  ignored=outcome.ignored_columns, unit=unit)
+                  ignored=outcome.ignored_columns, unit=unit, by_count=outcome.planned_by_count)
     return outcome.manifest
 
 
@@ -165,10 +166,11 @@ def finish(output: str, break_lock: bool = False) -> Manifest:
 
 
 def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, engine: str = "",
-                  built: bool = True, ignored: Sequence[str] = (), unit: str = "images") -> None:
+                  built: bool = True, ignored: Sequence[str] = (), unit: str = "images",
+                  by_count: bool = False) -> None:
     """Prints what was published; `built` False for `finish`, which only commits (no rate);
     `ignored`: the manifest columns nothing read, named so that none is dropped unseen; `unit`:
-    what the rate counts ('rows' for an arrays input)."""
+    what the rate counts ('rows' for an arrays input); `by_count`: the shards were planned by count."""
     stream = stream or sys.stdout  # looked up per call: a caller's redirect_stdout applies
     stream.write(f"imagerecords: wrote {output}\n")
     for split in manifest.splits:
@@ -190,6 +192,10 @@ def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, 
     if ignored:
         stream.write(f"  ignored columns: {', '.join(ignored)} (no setting or feature reads them; declare one "
                      "with --feature NAME=DTYPE)\n")
+    if by_count:
+        stream.write(f"  shards planned by count: no input size was known (URL rows, or --skip_stat), so each "
+                     f"image counted as {UNSIZED_IMAGE_BYTES // 1000} KB against --target_shard_mb; a size "
+                     "column plans them by bytes\n")
     if not built:
         stream.write(f"  {seconds:.1f} s to publish the staged build\n")
         return

@@ -141,6 +141,8 @@ class Outcome:
       ignored_columns: manifest columns that no setting or feature read.
       handed_off: when the job goes on without this process (a detached submit, a Dataflow
         template), the line saying so and how to publish it later; else None.
+      planned_by_count: the shards were planned by count, as no input size was known (URL rows,
+        --skip_stat without a size column) and no num_shards was given.
     """
 
     manifest: Optional[Manifest]
@@ -148,6 +150,7 @@ class Outcome:
     engine: str
     ignored_columns: Tuple[str, ...] = ()
     handed_off: Optional[str] = None
+    planned_by_count: bool = False
 
 
 def _log_note(text: str) -> None:
@@ -268,7 +271,8 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
     if log_path and os.path.exists(log_path):
         os.remove(log_path)
     return Outcome(manifest, time.monotonic() - start, engine.description,
-                   ignored_columns=tuple(checks.ignored_columns(config, input_info)))
+                   ignored_columns=tuple(checks.ignored_columns(config, input_info)),
+                   planned_by_count=config.num_shards is None and not input_info.sizes_known)
 
 
 def _run_engine(engine: engines.Engine, options: BuildOptions, *, build_id: str, label_map, input_info,

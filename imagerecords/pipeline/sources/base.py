@@ -27,11 +27,16 @@ class InputInfo:
         JSONL rows); () for a folder.
       header: a CSV manifest's header line as written (BOM and line break removed), else None;
         ReadManifest parses every data line with it.
+      first_row: a manifest's first data row, its text values by column ((column, value), ...).
+      sizes_known: whether the listing learns each input's size (a stat, a size column); without
+        them (URL rows, --skip_stat) the shards are planned by count (planning.UNSIZED_IMAGE_BYTES).
     """
 
     kind: str
     columns: Tuple[str, ...] = ()
     header: Optional[str] = None
+    first_row: Tuple[Tuple[str, str], ...] = ()
+    sizes_known: bool = True
 
 
 class Source:

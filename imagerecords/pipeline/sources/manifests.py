@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import json
 import os
 from typing import IO, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -56,6 +57,12 @@ class ManifestSource(Source):
         info = read_manifest_head(path)
         if info.kind == "csv":
             _check_csv_columns(config, info)
+        first = dict(info.first_row)
+        first_path = first.get(config.path_column) or (first.get("uri") if config.path_column == "path" else None)
+        if config.size_column not in info.columns:
+            # No size column: every size is a stat, which URL rows and --skip_stat do not make.
+            info = dataclasses.replace(info, sizes_known=not config.skip_stat
+                                       and not (first_path and download.is_url(first_path)))
         if config.splits and config.split_column in info.columns and not ignore_split_column:
             raise UsageError(f"{setting('splits')} would replace the '{config.split_column}' column of {path}: drop {setting('splits')} "
                              f"to keep the manifest's splits, or add {setting('ignore_split_column')} to reassign every row by hash")
@@ -213,7 +220,11 @@ def read_manifest_head(path: str) -> InputInfo:
             raise InputError(f"{setting('input', path)}: the CSV header is not a CSV line ({e})") from None
         if len(lines) < 2:
             raise InputError(f"{setting('input', path)}: the CSV manifest has a header ({header}) but no rows")
-        return InputInfo("csv", columns, header)
+        try:
+            first = dict(zip(columns, next(csv.reader([lines[1]]))))
+        except csv.Error:
+            first = {}  # the build rejects that line, naming it
+        return InputInfo("csv", columns, header, first_row=_texts(first))
     while True:
         try:
             row = json.loads(lines[0])
@@ -236,7 +247,11 @@ def read_manifest_head(path: str) -> InputInfo:
             continue  # the build rejects that row, naming the line
         if isinstance(later, dict):
             columns.update(dict.fromkeys(_printable(k) for k in later))
-    return InputInfo("jsonl", tuple(columns))
+    return InputInfo("jsonl", tuple(columns), first_row=_texts(row))
+
+
+def _texts(row) -> Tuple[Tuple[str, str], ...]:
+    return tuple((str(k), v) for k, v in row.items() if isinstance(v, str))
 
 
 def _printable(name: str) -> str:
