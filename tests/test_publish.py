@@ -390,3 +390,52 @@ def test_a_commit_record_whose_identity_entry_is_not_a_map_of_texts_is_refused(t
                                                  r"is not a map of file names to texts\)"):
         publish.commit(str(out))
     assert Manifest.loads((out / MANIFEST).read_bytes()) == old
+
+
+def test_a_pipelines_commit_leaves_the_staging_of_other_pipelines_writing_into_the_same_folder(tmp_path):
+    """Three WriteDataset jobs into one OUT each stage, then commit in turn: each commit removes its own
+    staging only (it removed every build's, and the later commits found their shards gone)."""
+    out = tmp_path / "out"
+    builds = [_results(shards=[("train", 0, b"job%d-0" % i), ("train", 1, b"job%d-1" % i)],
+                       build_id=f"20261201T00000{i}Z-{i:06d}") for i in range(3)]
+    for i, results in enumerate(builds):
+        _stage(out, results, [b"job%d-0" % i, b"job%d-1" % i])
+    for i, results in enumerate(builds):
+        manifest = publish.commit_results(str(out), results, overwrite=True)
+        assert manifest.version == publish.version_folder(results.build_id)
+        left = sorted(os.listdir(out / STAGING)) if (out / STAGING).exists() else []
+        assert left == [b.build_id for b in builds[i + 1:]]  # the later jobs' staging, whole
+    assert not (out / STAGING).exists() and not (out / LOCK).exists()
+    shards = Manifest.loads((out / MANIFEST).read_bytes()).split("train").shards
+    assert [(out / s.filename).read_bytes() for s in shards] == [b"job2-0", b"job2-1"]
+
+
+def test_a_pipelines_commit_waits_while_another_pipelines_commit_holds_the_lock(tmp_path):
+    import threading
+
+    out = tmp_path / "out"
+    out.mkdir()
+    held = output_lock.OutputLock(str(out), "first-job", command=output_lock.COMMIT).acquire()
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(
+        output_lock.OutputLock(str(out), "second-job", command=output_lock.COMMIT, wait_for_commits_s=60).acquire()))
+    waiter.start()
+    seen = output_lock.read_lock(str(out))
+    assert seen.build_id == "first-job" and not got  # the second waits: no LockHeld, no take-over
+    held.release()
+    waiter.join(timeout=60)
+    assert got and output_lock.read_lock(str(out)).build_id == "second-job", "the waiting commit never took the lock"
+    got[0].release()
+    # A command build's lock is not a commit's: no wait, one line as before.
+    with output_lock.OutputLock(str(out), "a-build"):
+        with pytest.raises(errors.LockHeld, match="is locked by build"):
+            output_lock.OutputLock(str(out), "third-job", command=output_lock.COMMIT, wait_for_commits_s=60).acquire()
+
+
+def test_a_pipelines_writers_go_on_while_another_pipeline_commits_but_not_under_a_build(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with output_lock.OutputLock(str(out), "other-job", command=output_lock.COMMIT):
+        assert publish.owns_output(str(out), "my-job")  # it touches its own staging only
+    with output_lock.OutputLock(str(out), "a-build"):
+        assert not publish.owns_output(str(out), "my-job")  # a build owns the whole folder

@@ -355,3 +355,38 @@ def test_over_the_reject_budget_nothing_is_published_and_the_reasons_stay(rows, 
     staged = {f: os.path.join(dp, f) for dp, _, fs in os.walk(out / STAGING) for f in fs}
     assert sorted(staged) == ["duplicates.jsonl", "errors.jsonl"]  # the shards went; the reasons stay
     assert len(open(staged["errors.jsonl"]).readlines()) == 3
+
+
+@pytest.mark.slow
+def test_three_pipelines_into_one_folder_each_publish_in_turn(rows, tmp_path):
+    """Three user pipelines ending in WriteDataset(overwrite=True) into one OUT, held until all three
+    have staged, then let go at once: each commit waits for the one before, none loses its shards
+    (the first commit used to delete the others' staging: 'neither staged nor in place')."""
+    out = tmp_path / "ds"
+    release = tmp_path / "release"
+    jobs = []
+    for i in range(3):
+        pause = tmp_path / f"pause-{i}"
+        pause.mkdir()
+        job_rows = [dict(r, key=f"job{i}-{r['key']}") for r in rows[:20 + 10 * i]]
+        jobs.append((pause, len(job_rows), _start(tmp_path, job_rows, out, dict(OPTIONS, overwrite=True), DIRECT,
+                                                  IMAGERECORDS_TEST_PAUSE="before_commit",
+                                                  IMAGERECORDS_TEST_PAUSE_DIR=str(pause),
+                                                  IMAGERECORDS_TEST_RELEASE=str(release))))
+    deadline = time.monotonic() + 300
+    while not all((pause / "before_commit").exists() for pause, _, _ in jobs):
+        assert time.monotonic() < deadline, "not every pipeline staged its shards and reached its commit"
+        assert all(proc.poll() is None for _, _, proc in jobs), [proc.communicate()[1][-2000:] for _, _, proc in jobs
+                                                                 if proc.poll() is not None]
+        time.sleep(0.1)
+    assert len(os.listdir(out / STAGING)) == 3  # three builds staged side by side
+    release.touch()
+    for _, _, proc in jobs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["num_examples"] in {n for _, n, _ in jobs}  # one job's dataset, whole
+    assert not (out / STAGING).exists() and not (out / LOCK).exists()
+    done = subprocess.run([sys.executable, "-m", "imagerecords", "verify", str(out)], env=_env(), capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

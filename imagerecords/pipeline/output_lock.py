@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from typing import Callable, Optional
 
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 
 DETACHED = "detached"  # LockInfo.command of a build whose job runs on without its launcher
 JOB_COMMIT = "job-commit"  # LockInfo.command of a job's own last step, publishing what its launcher locked
+# LockInfo.command of a pipeline's commit (WriteDataset): it held no lock while it wrote, touches only
+# its own staging, and holds the lock for seconds; other pipelines' writers go on, their commits wait.
+COMMIT = "commit"
+COMMIT_POLL_S = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,11 +175,13 @@ class OutputLock:
     """
 
     def __init__(self, output: str, build_id: str, command: str = "build", break_lock: bool = False,
-                 detached_job_done: Optional[Callable[[], bool]] = None):
+                 detached_job_done: Optional[Callable[[], bool]] = None, wait_for_commits_s: float = 0.0):
         """`detached_job_done` (given by `finish`): whether a detached job has staged its results, so
-        that its lock may be taken over."""
+        that its lock may be taken over. `wait_for_commits_s`: how long to wait while another
+        pipeline's commit (COMMIT, JOB_COMMIT) holds the lock, before LockHeld."""
         self._output = output
         self._detached_job_done = detached_job_done
+        self._wait_for_commits_s = wait_for_commits_s
         self._path = storage.join(output, LOCK)
         self.info = LockInfo(build_id, socket.gethostname(), os.getpid(),
                              datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), command)
@@ -184,6 +191,20 @@ class OutputLock:
         self._took_over_because = ""
 
     def acquire(self) -> "OutputLock":
+        deadline = time.monotonic() + self._wait_for_commits_s
+        while True:
+            try:
+                return self._acquire_once()
+            except LockHeld:
+                holder = read_lock(self._output)
+                if (holder is None or holder.command not in (COMMIT, JOB_COMMIT)
+                        or time.monotonic() >= deadline):
+                    if holder is None:
+                        continue  # released meanwhile
+                    raise
+                time.sleep(COMMIT_POLL_S)  # another pipeline's commit: seconds, then it releases
+
+    def _acquire_once(self) -> "OutputLock":
         data = json.dumps(dataclasses.asdict(self.info), sort_keys=True).encode()
         for _ in range(3):
             try:

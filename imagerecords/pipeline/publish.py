@@ -239,10 +239,11 @@ def _untrusted(output: str, path: str, e: BaseException) -> OutputError:
 
 
 def owns_output(output: str, build_id: str) -> bool:
-    """Whether `build_id` may still write into `output`: its lock names no other build. A writer
-    whose launcher died and whose lock another build took over must not touch anything."""
+    """Whether `build_id` may still write into `output`: its lock names no other build, or only
+    another pipeline's commit (which touches its own staging alone). A writer whose launcher died
+    and whose lock another build took over must not touch anything."""
     holder = output_lock.read_lock(output)
-    return holder is None or holder.build_id == build_id
+    return holder is None or holder.build_id == build_id or holder.command == output_lock.COMMIT
 
 
 def holds_only_reasons(output: str) -> bool:
@@ -354,7 +355,8 @@ def _listed_folders(manifest: Manifest, published: Optional[Manifest]) -> Dict[s
     return listed
 
 
-def commit(output: str, results: Optional[BuildResults] = None, keep_versions: int = 2) -> Manifest:
+def commit(output: str, results: Optional[BuildResults] = None, keep_versions: int = 2,
+           keep_other_staging: bool = False) -> Manifest:
     """Publishes the staged build in `output`; redoes a commit that was cut short.
 
     Args:
@@ -363,6 +365,8 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         commit recorded in staging (or, if none was recorded, to commit the newest staged results).
       keep_versions: published versions kept in `output`, this one included (at least 1): a reader
         that loaded an older manifest can read its files until they fall out of this count.
+      keep_other_staging: remove only this build's staging (a pipeline's commit: other pipelines
+        may be staging into `output` now); else every build's (the lock's holder owns the output).
 
     Returns:
       The published manifest.
@@ -527,7 +531,12 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     if flat and FLAT_LAYOUT not in kept:
         storage.delete_quietly([storage.join(output, n) for n in flat])
         _remove_empty_folders(output, flat)
-    remove_staging(output)
+    if keep_other_staging:
+        remove_staging(output, build_id)
+        if not storage.list_tree(staging_root(output)):
+            remove_staging(output)  # the root, when no other build stages there
+    else:
+        remove_staging(output)
     return manifest
 
 
@@ -535,7 +544,7 @@ def commit_results(output: str, results: BuildResults, *, keep_versions: int = 2
                    own_job: bool = False) -> Manifest:
     """The launcher's last steps for a build with no launcher (a pipeline ending in WriteDataset, a
     detached or templated command's job): take the output's lock (`own_job`: the one its launcher
-    took under the same build id), refuse to replace a published dataset without `overwrite`, apply
+    took under the same build id; else waiting out other pipelines' commits), refuse to replace a published dataset without `overwrite`, apply
     the reject budget, commit, release the lock. A commit cut short is finished by `imagerecords finish`.
 
     Raises:
@@ -544,7 +553,8 @@ def commit_results(output: str, results: BuildResults, *, keep_versions: int = 2
       BudgetExceeded: too many rows were rejected (the staged shards are removed, errors.jsonl stays).
     """
     phases.reached("before_commit")
-    with output_lock.OutputLock(output, results.build_id, command=output_lock.JOB_COMMIT if own_job else "build"):
+    command = output_lock.JOB_COMMIT if own_job else output_lock.COMMIT
+    with output_lock.OutputLock(output, results.build_id, command=command, wait_for_commits_s=COMMIT_WAIT_S):
         if not overwrite and _published(output) is not None:
             raise OutputError(f"{output} holds a published dataset; pass overwrite=True to replace it (nothing was "
                               f"published; this build's shards stay in {staging_dir(output, results.build_id)})")
@@ -553,7 +563,12 @@ def commit_results(output: str, results: BuildResults, *, keep_versions: int = 2
         except BudgetExceeded:
             discard_staged_shards(output, results)  # errors.jsonl stays, for the reasons
             raise
-        return commit(output, results, keep_versions=keep_versions)
+        return commit(output, results, keep_versions=keep_versions, keep_other_staging=not own_job)
+
+
+# How long a pipeline's commit waits while another pipeline's commit holds the lock (a commit of a
+# large gs:// dataset renames and checks for minutes).
+COMMIT_WAIT_S = 900.0
 
 
 def _columns_from() -> int:
