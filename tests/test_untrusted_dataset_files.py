@@ -57,6 +57,34 @@ def test_a_fifo_in_a_shards_or_index_files_place_is_named_by_verify_and_the_read
         Files().read_range(path, 0, 16)
 
 
+@pytest.mark.parametrize("which", ["shard", "index"])
+def test_a_link_in_a_shards_or_index_files_place_is_refused_though_its_target_holds_the_same_bytes(
+        dataset, which, tmp_path):
+    """Shards and index files are regular files inside the dataset's folder: a symbolic link to a copy
+    outside is refused by name (every reader followed it, and `verify` said ok); links above the
+    dataset's own files (the folder itself linked elsewhere) are fine."""
+    from imagerecords import reader
+    from imagerecords.format.files import Files
+
+    out, shard = dataset
+    path = os.path.join(out, shard.filename if which == "shard" else shard.index_file)
+    copy = tmp_path / "outside"
+    os.rename(path, copy)
+    os.symlink(copy, path)
+    said = f"{path} is a symbolic link to {copy}, not a regular file"
+    done = _verify(out)
+    assert done.returncode != 0 and said in done.stdout + done.stderr and "Traceback" not in done.stderr
+    with pytest.raises(NotRegularFile, match="symbolic link"):  # a shard at the call, an index file when read
+        next(iter(reader.make_dataset(str(out), "train", batch_size=1, image_size=4)))
+    with pytest.raises(imagerecords.Error, match="symbolic link"):  # the torch and Grain readers' file access
+        Files().read_range(path, 0, 16)
+    os.remove(path)
+    os.rename(copy, path)
+    linked = tmp_path / "linked-dataset"  # the dataset's folder reached through a link: read as ever
+    os.symlink(out, linked)
+    assert _verify(linked).returncode == 0
+
+
 @pytest.mark.parametrize("target", ["/dev/zero", "folder"])
 def test_a_manifest_that_is_not_a_regular_file_is_one_line_not_a_read_without_end(dataset, target):
     from imagerecords import reader
@@ -69,7 +97,7 @@ def test_a_manifest_that_is_not_a_regular_file_is_one_line_not_a_read_without_en
     else:
         os.symlink(target, manifest)
     done = _verify(out)
-    kind = "a character device" if target == "/dev/zero" else "a folder"
+    kind = "a symbolic link to /dev/zero" if target == "/dev/zero" else "a folder"
     assert done.returncode == 3 and done.stderr.count("\n") == 1, done.stderr
     assert f"{manifest} is {kind}, not a regular file" in done.stderr
     with pytest.raises(NotRegularFile, match=kind):

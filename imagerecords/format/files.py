@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -18,6 +19,13 @@ _KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character de
 
 
 def _check_regular(path: str, mode: int) -> None:
+    if stat.S_ISLNK(mode):
+        try:
+            kind = f"a symbolic link to {os.readlink(path)}"
+        except OSError:
+            kind = "a symbolic link"
+        raise NotRegularFile(f"{path} is {kind}, not a regular file: a dataset's files are regular files inside its "
+                             "folder, so it is refused rather than followed; put the dataset's own file there")
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "not a file")
         raise NotRegularFile(f"{path} is {kind}, not a regular file: a dataset's files are regular files, so it "
@@ -28,9 +36,14 @@ def open_local_fd(path: str) -> int:
     """A descriptor of the local regular file `path`, opened to read; anything else is refused
     before a byte is read (opened non-blocking, so a FIFO without a writer does not hang the open)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # no effect on a regular file's reads
+        # O_NOFOLLOW: a link in the file's own place is refused (its folders may be links).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)  # no effect on a regular file's reads
     except FileNotFoundError:
         raise FilesMissing(f"{path} does not exist") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            _check_regular(path, os.lstat(path).st_mode)
+        raise
     try:
         _check_regular(path, os.fstat(fd).st_mode)
     except BaseException:
@@ -45,9 +58,10 @@ def open_local(path: str, buffering: int = -1) -> BinaryIO:
 
 
 def local_size(path: str) -> int:
-    """The size of the local regular file `path`; anything else is refused (a FIFO's size is 0)."""
+    """The size of the local regular file `path`; anything else (a FIFO, whose size is 0; a link)
+    is refused."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         raise FilesMissing(f"{path} does not exist") from None
     _check_regular(path, st.st_mode)
