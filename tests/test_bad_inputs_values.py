@@ -98,6 +98,33 @@ def test_raw_rejects_a_16_bit_colour_png_it_cannot_hold_exactly(tmp_path):
     assert np.array_equal(np.frombuffer(stored["a/rgb8.png"]["image"][0], "<f4").reshape(4, 5, 3), rgb)
 
 
+@pytest.mark.parametrize("encoding,how", [("png", "it cannot be re-encoded"),
+                                          ("raw", "--image_encoding raw cannot hold it"), ("keep", None)])
+def test_a_16_bit_grey_png_with_a_transparent_level_is_kept_whole_or_rejected_never_made_opaque(tmp_path, encoding,
+                                                                                                 how):
+    """Its tRNS chunk makes one grey level transparent; no Pillow mode holds that at 16 bits, so 'png'
+    and 'raw' dropped the transparency silently. 'keep' stores the file's own bytes."""
+    root = tmp_path / "in"
+    (root / "a").mkdir(parents=True)
+    grey16 = RNG.integers(1, 65536, (4, 5), dtype=np.uint16)
+    _png(root / "a", "keyed.png", grey16, transparency=int(grey16[0, 0]))
+    _png(root / "a", "plain.png", grey16)
+    source = (root / "a" / "keyed.png").read_bytes()
+    assert b"tRNS" in source
+    out = tmp_path / "out"
+    manifest = build(root, out, "--image_encoding", encoding, "--max_reject_fraction", 0.5, "--num_shards", 1)
+    stored = _stored(out)
+    if how is None:
+        assert manifest.num_rejected == 0 and stored["a/keyed.png"]["image"][0] == source
+        return
+    assert manifest.num_rejected == 1 and sorted(stored) == ["a/plain.png"]
+    row = _errors(out)["a/keyed.png"]
+    assert (row["stage"], row["error"]) == ("decode", "ImageError")
+    assert row["reason"] == (f"a 16-bit greyscale PNG with a transparent grey level (tRNS): {how} without losing its "
+                             "transparency; store it unchanged with --image_encoding keep (without --max_side, "
+                             "--short_side or --reencode)")
+
+
 def test_an_image_feature_rejects_a_16_bit_colour_png_too(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()

@@ -449,6 +449,20 @@ def deep_colour_png(fmt: str, data: bytes) -> bool:
     return fmt == "png" and len(data) > 25 and data[24] == 16 and data[25] != 0
 
 
+def keyed_sixteen_bit_grey_png(fmt: str, data: bytes) -> bool:
+    """A 16-bit greyscale PNG with a transparent grey level (a tRNS chunk): no Pillow mode holds it with its
+    transparency, so re-encoding it would drop the transparency."""
+    if fmt != "png" or len(data) < 26 or data[24] != 16 or data[25] != 0:
+        return False
+    return _png_header(data)[2]
+
+
+def _keyed_grey_error(what: str) -> ImageError:
+    return ImageError(f"a 16-bit greyscale PNG with a transparent grey level (tRNS): {what} without losing its "
+                      "transparency; store it unchanged with --image_encoding keep (without --max_side, "
+                      "--short_side or --reencode)")
+
+
 def _deep_colour_error(what: str) -> ImageError:
     return ImageError(f"a 16-bit-per-channel colour PNG: Pillow reads it as 8 bits, so {what}; store it unchanged "
                       "with --image_encoding keep (without --max_side, --short_side or --reencode)")
@@ -461,6 +475,8 @@ def _raw(data: bytes, fmt: str, options: ImageOptions) -> PreparedImage:
 
     if deep_colour_png(fmt, data):
         raise _deep_colour_error("--image_encoding raw cannot hold its pixels exactly")
+    if keyed_sixteen_bit_grey_png(fmt, data):
+        raise _keyed_grey_error("--image_encoding raw cannot hold it")
     try:
         img = Image.open(io.BytesIO(data), formats=[_PILLOW_FORMATS[fmt]])
         _check_pixels(*img.size)
@@ -551,9 +567,11 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
             img.draft(img.mode if img.mode in ("RGB", "L") else None, (tw, th))
         img.load()
         if target == "png":
+            how = "resized or rotated" if options.image_encoding == "keep" else "re-encoded"
             if deep_colour_png(fmt, data):
-                how = "resized or rotated" if options.image_encoding == "keep" else "re-encoded"
                 raise _deep_colour_error(f"it cannot be {how} exactly")
+            if keyed_sixteen_bit_grey_png(fmt, data):
+                raise _keyed_grey_error(f"it cannot be {how}")
             img = _lossless(img)
         elif not (keep and img.mode == "L"):
             img = _to_rgb(img)
