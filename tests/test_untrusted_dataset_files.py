@@ -161,3 +161,30 @@ def test_a_frame_header_claiming_a_terabyte_ends_verify_records_at_the_files_end
                           text=True, timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert f"{path}: truncated record at byte 0 (its header says 1,099,511,627,776 bytes" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_a_crafted_frame_length_behind_a_valid_header_checksum_is_an_error_not_a_crash(dataset, policy):
+    """A shard's first header rewritten to say 2**40 bytes, its length checksum made to match, the
+    file's size kept: TensorFlow's record reader crashed the process (SIGSEGV) in as_dataset. It is
+    handed only the frames that fit in the file now; 'fail' names the shard, 'skip' reads the rest."""
+    import struct
+
+    from imagerecords.format.records import masked_crc32c
+
+    out, shard = dataset
+    path = os.path.join(out, shard.filename)
+    with open(path, "r+b") as f:
+        header = struct.pack("<Q", 2**40)
+        f.write(header + struct.pack("<I", masked_crc32c(header)))
+    code = (f"from imagerecords import reader\n"
+            f"print('read', sum(1 for _ in reader.as_dataset({str(out)!r}, 'train', corrupt_records={policy!r})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+    assert done.returncode in (0, 1), f"the reader's process died: {done.returncode}\n{done.stderr[-2000:]}"
+    if policy == "fail":
+        assert done.returncode == 1 and f"shard {path} is corrupt, truncated or unreadable" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr[-2000:]
+        total = sum(s.count for s in next(iter(load_manifest(str(out)).splits)).shards)
+        assert f"read {total - 1}\n" in done.stdout  # the crafted frame skipped, every other record read

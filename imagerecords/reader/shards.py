@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from imagerecords.format import access
+from imagerecords.format import access, files
 from imagerecords.format import records as records_lib
+from imagerecords.format.errors import Error
 from imagerecords.format.paths import has_scheme
 from imagerecords.reader.info import file_size
 
@@ -124,7 +126,9 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
 
     A healthy shard's records thus pass through TensorFlow's own dataset ops only (no Python-made
     function runs per record): a per-record check or filter function costs about as much as
-    reading the record itself.
+    reading the record itself. Before TensorFlow reads a local shard, its frame headers are walked
+    once (12 bytes each): TensorFlow is handed only the frames whose length fits in the file, as a
+    crafted length (2**40 behind a valid header checksum) made its reader crash the process.
 
     Args:
       path: scalar tf.string, the shard file.
@@ -138,9 +142,13 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
       A dataset of serialized records (scalar tf.string).
     """
 
+    # Frames TensorFlow may read: those before the first header that fails or runs past the file.
+    fit = tf.py_function(_frames_that_fit, [path, count], tf.int64)
+    fit.set_shape([])
+
     def records_read() -> tf.Tensor:
         # Only on the error paths: count what TFRecordDataset can read before a bad frame or the end.
-        return (tf.data.TFRecordDataset(path).ignore_errors()
+        return (tf.data.TFRecordDataset(path).ignore_errors().take(fit)
                 .reduce(tf.constant(0, tf.int64), _no_autograph(lambda n, _: n + 1)))
 
     def nothing() -> tf.data.Dataset:
@@ -183,11 +191,36 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
     records = (tf.data.Dataset.range(1).flat_map(gone)
                .concatenate(tf.data.TFRecordDataset(path)
                             .ignore_errors()  # ends the file at the first frame that fails its checks
+                            .take(fit)
                             .concatenate(tf.data.Dataset.range(1).flat_map(short))
                             .take(count)))
     # Every host sees the same records in the same order, so selecting by position keeps the
     # hosts' shares disjoint and complete even after skipped records.
     return records.shard(stride, offset)
+
+
+def _frames_that_fit(path: tf.Tensor, count: tf.Tensor) -> int:
+    """How many of a local shard's first `count` frames have a header that passes its checksum and a
+    length within the file (headers only read); `count` for a remote shard, whose headers would each
+    cost a request (TensorFlow's reader is then trusted as it is)."""
+    name, wanted = path.numpy().decode("utf-8"), int(count.numpy())
+    if has_scheme(name):
+        return wanted
+    try:
+        fd = files.open_local_fd(name)
+    except (OSError, Error):
+        return wanted  # missing or refused: the read that follows says so
+    try:
+        size, pos, fit = os.fstat(fd).st_size, 0, 0
+        while fit < wanted:
+            length = records_lib.unpack_header(os.pread(fd, records_lib.FRAME_HEADER, pos))
+            if length is None or pos + length + records_lib.FRAME_OVERHEAD > size:
+                break
+            pos += length + records_lib.FRAME_OVERHEAD
+            fit += 1
+        return fit
+    finally:
+        os.close(fd)
 
 
 def _text(*parts) -> tf.Tensor:
