@@ -160,8 +160,15 @@ def special_tree(tmp_path):
     os.symlink("gone.jpg", root / "cls/dangling.jpg")
     os.mkfifo(root / "cls/x.jpg")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(str(root / "cls/s.jpg"))  # the socket file stays after close, as a stale one would
-    sock.close()
+    # Bound by a relative name: a socket's path may hold 107 bytes, and pytest's (with CI's TMPDIR
+    # and a worker's folder) can hold more. The socket file stays after close, as a stale one would.
+    here = os.getcwd()
+    os.chdir(root / "cls")
+    try:
+        sock.bind("s.jpg")
+    finally:
+        os.chdir(here)
+        sock.close()
     return root, size
 
 

@@ -234,7 +234,7 @@ def test_the_runner_option_chooses_beam_and_writes_the_local_engines_bytes(image
     local = imagerecords.build(str(root), str(tmp_path / "local"), **settings)
     assert beam.num_examples == local.num_examples == 40
     _same_shards(tmp_path / "beam", tmp_path / "local")
-    with pytest.raises(errors.UsageError, match="--local_workers is for the local engine"):
+    with pytest.raises(errors.UsageError, match="^local_workers is for the local engine"):
         imagerecords.build(str(root), str(tmp_path / "x"), runner="DirectRunner", local_workers=2, **settings)
 
 

@@ -150,6 +150,9 @@ def test_dockerfile_uses_the_pinned_beam_sdk_image_and_lints():
 @pytest.mark.slow
 def test_wheel_installs_in_a_fresh_venv_and_builds_the_same_bytes(image_tree, tmp_path):
     root, _ = image_tree
+    # A user's environment: not this checkout on PYTHONPATH (pip would take its egg-info for the
+    # installed package), nor the tests' phase observer (conftest.py).
+    user_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "IMAGERECORDS_PHASE_OBSERVER")}
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), REPO], check=True)
     wheels = list(dist.glob("imagerecords-*.whl"))
@@ -158,16 +161,17 @@ def test_wheel_installs_in_a_fresh_venv_and_builds_the_same_bytes(image_tree, tm
     venv.create(env_dir, with_pip=True)
     py = str(env_dir / "bin" / "python")
     subprocess.run([py, "-m", "pip", "install", "-q", "-c", os.path.join(REPO, "constraints.txt"),
-                    f"imagerecords[build] @ {wheels[0].as_uri()}"], check=True)
-    subprocess.run([py, "-m", "pip", "check"], check=True)
+                    f"imagerecords[build] @ {wheels[0].as_uri()}"], check=True, env=user_env)
+    subprocess.run([py, "-m", "pip", "check"], check=True, env=user_env)
     where = subprocess.run([py, "-c", "import imagerecords; print(imagerecords.__file__)"], cwd=tmp_path,
-                           capture_output=True, text=True, check=True).stdout.strip()
+                           capture_output=True, text=True, env=user_env)
+    assert where.returncode == 0, where.stderr[-2000:]
+    where = where.stdout.strip()
     assert "site-packages" in where and not where.startswith(os.path.join(REPO, ""))  # REPO/, not a sibling such as REPO + "tmp"
     installed_out = tmp_path / "installed"
     args = ["build", "--input", str(root), "--output", str(installed_out), "--num_shards", "2",
             "--max_reject_fraction", "0.05", "--no_progress", "--direct_num_workers=1"]
-    subprocess.run([str(env_dir / "bin" / "imagerecords"), *args], cwd=tmp_path, check=True,
-                   env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    subprocess.run([str(env_dir / "bin" / "imagerecords"), *args], cwd=tmp_path, check=True, env=user_env)
     source_out = tmp_path / "source"
     build(root, source_out, "--num_shards", 2, "--max_reject_fraction", 0.05)
     assert [os.path.basename(p) for p in shard_files(installed_out)] == [os.path.basename(p) for p in shard_files(source_out)]

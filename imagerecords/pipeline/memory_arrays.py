@@ -63,4 +63,4 @@ def build_arrays(arrays: Mapping[str, Any], output: str, *, splits: Optional[Map
             return session.run(BuildOptions.make(folder, output, **layers)).manifest
         finally:
             arrays_lib.open_arrays.cache_clear()  # its memory maps point into the folder about to go
-            arrays_lib._source.cache_clear()
+            arrays_lib.opened.cache_clear()
