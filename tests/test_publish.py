@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -439,3 +440,16 @@ def test_a_pipelines_writers_go_on_while_another_pipeline_commits_but_not_under_
         assert publish.owns_output(str(out), "my-job")  # it touches its own staging only
     with output_lock.OutputLock(str(out), "a-build"):
         assert not publish.owns_output(str(out), "my-job")  # a build owns the whole folder
+
+
+def test_a_pipelines_commit_removes_a_staging_area_untouched_for_hours_and_keeps_a_recent_one(tmp_path):
+    out = tmp_path / "out"
+    killed, recent, mine = (_results(build_id=f"20261201T00000{i}Z-{i:06d}") for i in (1, 2, 3))
+    for results in (killed, recent, mine):
+        _stage(out, results, [b"new0", b"new1"])
+    old = time.time() - publish.ABANDONED_STAGING_S - 60
+    for folder, _, names in os.walk(out / STAGING / killed.build_id):
+        for name in names:
+            os.utime(os.path.join(folder, name), (old, old))
+    publish.commit_results(str(out), mine)
+    assert sorted(os.listdir(out / STAGING)) == [recent.build_id]  # the killed job's went, a live one's stays

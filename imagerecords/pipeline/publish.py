@@ -104,6 +104,29 @@ def remove_staging(output: str, build_id: Optional[str] = None) -> None:
     storage.delete_all(storage.list_tree(staging))
 
 
+# A pipeline's staging area untouched this long is a killed job's: a live one stages a shard every few
+# minutes. A pipeline's commit removes such areas; newer ones may be other pipelines' writing now.
+ABANDONED_STAGING_S = 6 * 3600
+
+
+def _remove_abandoned_staging(output: str) -> None:
+    """Removes the local staging areas no file of which changed in ABANDONED_STAGING_S (gs:// areas
+    stay: their times are a request each; the next command build or `finish` clears them)."""
+    if not storage.is_local(output):
+        return
+    import shutil
+    import time
+
+    for build in staged_builds(output):
+        folder = staging_dir(output, build)
+        newest = max((os.lstat(os.path.join(d, n)).st_mtime for d, _, names in os.walk(folder) for n in names),
+                     default=os.lstat(folder).st_mtime)
+        if time.time() - newest > ABANDONED_STAGING_S:
+            log.warning("removing %s: a build's staging area untouched for %.0f hours (a killed job's)", folder,
+                        (time.time() - newest) / 3600)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 # The build's results (written by the graph, read by the launcher or `finish`) --------------------
 
 
@@ -533,6 +556,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         _remove_empty_folders(output, flat)
     if keep_other_staging:
         remove_staging(output, build_id)
+        _remove_abandoned_staging(output)
         if not storage.list_tree(staging_root(output)):
             remove_staging(output)  # the root, when no other build stages there
     else:
