@@ -213,7 +213,8 @@ def test_broken_symlink_input(tmp_path):
 def test_csv_manifest_passes_and_reports_its_header(tmp_path):
     path = _write(tmp_path / "m.csv", "\ufeffpath,label,split\r\na.jpg,cat,train\r\n")
     info = preflight.check_input(_config(path))
-    assert info == preflight.InputInfo("csv", ("path", "label", "split"), "path,label,split")
+    assert info == preflight.InputInfo("csv", ("path", "label", "split"), "path,label,split",
+                                       first_row=(("path", "a.jpg"), ("label", "cat"), ("split", "train")))
 
 
 def test_csv_manifest_with_uri_column_passes(tmp_path):
@@ -262,7 +263,8 @@ def test_csv_manifest_that_is_not_utf8(tmp_path):
 
 def test_jsonl_manifest_passes_and_reports_its_first_row_keys(tmp_path):
     path = _write(tmp_path / "m.jsonl", '\n{"path": "a.jpg", "label": "cat", "key": "k1"}\n')
-    assert preflight.check_input(_config(path)) == preflight.InputInfo("jsonl", ("path", "label", "key"))
+    assert preflight.check_input(_config(path)) == preflight.InputInfo(
+        "jsonl", ("path", "label", "key"), first_row=(("path", "a.jpg"), ("label", "cat"), ("key", "k1")))
 
 
 def test_empty_jsonl_manifest(tmp_path):
