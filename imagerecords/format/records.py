@@ -304,13 +304,15 @@ def record_of_frame(frame: bytes, length: int, where: str, mend: str = "") -> by
 
 def scan_headers(stream: BinaryIO, count: int) -> List[Tuple[int, int]]:
     """(offset, frame length) of the first `count` frames of a seekable stream, reading only their
-    12-byte headers; stops early at a header whose checksum fails or at the end of the file."""
+    12-byte headers; stops early at a header whose checksum fails, at a frame that runs past the end
+    of the file (a crafted length behind a valid checksum), or at the end of the file."""
     out: List[Tuple[int, int]] = []
+    end = stream.seek(0, 2)
     pos = 0
     for _ in range(count):
         stream.seek(pos)
         length = unpack_header(stream.read(FRAME_HEADER))
-        if length is None:
+        if length is None or pos + length + FRAME_OVERHEAD > end:
             break
         out.append((pos, length + FRAME_OVERHEAD))
         pos += length + FRAME_OVERHEAD

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Any, FrozenSet, Iterator, Set
+from typing import Any, Iterator, Set
 
 VARIABLE = "IMAGERECORDS_SETTING_NAMES"
 FLAGS = "flags"
@@ -43,28 +43,14 @@ def setting(name: str, value: Any = None) -> str:
         return f"--{name}" if value is None else f"--{name} {value}"
     if value is not None:
         return f"{name}={value!r}"
-    return f"{name}=True" if name in _switches() else name
+    return f"{name}=True" if name in _SWITCHES else name
 
 
 _SWITCHES: Set[str] = set()  # filled by `declare` as the settings' classes are defined
-_SETTINGS: Set[str] = set()
 
 
 def declare(cls: type) -> type:
-    """Records a settings class's fields (BuildConfig, ImageOptions, BuildOptions call it): its bool
-    fields are switches, named alone on the command line. This module imports none of them."""
-    for field in dataclasses.fields(cls):
-        if field.name not in ("config", "progress", "settings_given"):
-            _SETTINGS.add(field.name)
-            if field.type in ("bool", bool):
-                _SWITCHES.add(field.name)
+    """Records a settings class's bool fields (BuildConfig, ImageOptions, BuildOptions call it): they
+    are switches, named alone on the command line. This module imports none of those classes."""
+    _SWITCHES.update(f.name for f in dataclasses.fields(cls) if f.type in ("bool", bool))
     return cls
-
-
-def _switches() -> FrozenSet[str]:
-    return frozenset(_SWITCHES)
-
-
-def settings() -> FrozenSet[str]:
-    """Every declared build setting's name (what `setting` may be given)."""
-    return frozenset(_SETTINGS)

@@ -197,10 +197,9 @@ class OutputLock:
                 return self._acquire_once()
             except LockHeld:
                 holder = read_lock(self._output)
-                if (holder is None or holder.command not in (COMMIT, JOB_COMMIT)
-                        or time.monotonic() >= deadline):
-                    if holder is None:
-                        continue  # released meanwhile
+                if holder is None:
+                    continue  # released meanwhile
+                if holder.command not in (COMMIT, JOB_COMMIT) or time.monotonic() >= deadline:
                     raise
                 time.sleep(COMMIT_POLL_S)  # another pipeline's commit: seconds, then it releases
 

@@ -239,13 +239,19 @@ class ManifestColumns:
 DEEP_JSON = "a JSON value nested deeper than the parser's limit"
 
 
+def row_path(row: Mapping[str, object], columns: ManifestColumns) -> object:
+    """A manifest row's image path: its path column, or 'uri' when the default 'path' is empty."""
+    path = row.get(columns.path)
+    if path in (None, "") and columns.path == "path":
+        path = row.get("uri")
+    return path
+
+
 def parse_manifest_row(
     row: Mapping[str, object], base: str, columns: ManifestColumns
 ) -> Tuple[Optional[ImageRef], Optional[Rejected]]:
     """Makes the ref of one manifest row (CSV or JSONL, already a mapping)."""
-    path = row.get(columns.path)
-    if path in (None, "") and columns.path == "path":
-        path = row.get("uri")
+    path = row_path(row, columns)
     raw = json.dumps(dict(row), sort_keys=True, ensure_ascii=False, default=str)
     if path in (None, ""):
         return None, Rejected(raw, f"manifest row has no {columns.path!r} value", stage="list")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
@@ -201,26 +200,17 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
 
 def _frames_that_fit(path: tf.Tensor, count: tf.Tensor) -> int:
     """How many of a local shard's first `count` frames have a header that passes its checksum and a
-    length within the file (headers only read); `count` for a remote shard, whose headers would each
-    cost a request (TensorFlow's reader is then trusted as it is)."""
+    length within the file (records.scan_headers: headers only read); `count` for a remote shard,
+    whose headers would each cost a request (TensorFlow's reader is then trusted as it is)."""
     name, wanted = path.numpy().decode("utf-8"), int(count.numpy())
     if has_scheme(name):
         return wanted
     try:
-        fd = files.open_local_fd(name)
+        stream = files.open_local(name, buffering=0)
     except (OSError, Error):
         return wanted  # missing or refused: the read that follows says so
-    try:
-        size, pos, fit = os.fstat(fd).st_size, 0, 0
-        while fit < wanted:
-            length = records_lib.unpack_header(os.pread(fd, records_lib.FRAME_HEADER, pos))
-            if length is None or pos + length + records_lib.FRAME_OVERHEAD > size:
-                break
-            pos += length + records_lib.FRAME_OVERHEAD
-            fit += 1
-        return fit
-    finally:
-        os.close(fd)
+    with stream:
+        return len(records_lib.scan_headers(stream, wanted))
 
 
 def _text(*parts) -> tf.Tensor:

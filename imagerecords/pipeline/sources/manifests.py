@@ -57,12 +57,11 @@ class ManifestSource(Source):
         info = read_manifest_head(path)
         if info.kind == "csv":
             _check_csv_columns(config, info)
-        first = dict(info.first_row)
-        first_path = first.get(config.path_column) or (first.get("uri") if config.path_column == "path" else None)
+        first_path = refs_lib.row_path(dict(info.first_row), config.manifest_columns())
         if config.size_column not in info.columns:
             # No size column: every size is a stat, which URL rows and --skip_stat do not make.
             info = dataclasses.replace(info, sizes_known=not config.skip_stat
-                                       and not (first_path and download.is_url(first_path)))
+                                       and not (isinstance(first_path, str) and download.is_url(first_path)))
         if config.splits and config.split_column in info.columns and not ignore_split_column:
             raise UsageError(f"{setting('splits')} would replace the '{config.split_column}' column of {path}: drop {setting('splits')} "
                              f"to keep the manifest's splits, or add {setting('ignore_split_column')} to reassign every row by hash")
