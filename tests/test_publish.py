@@ -451,5 +451,9 @@ def test_a_pipelines_commit_removes_a_staging_area_untouched_for_hours_and_keeps
     for folder, _, names in os.walk(out / STAGING / killed.build_id):
         for name in names:
             os.utime(os.path.join(folder, name), (old, old))
+    odd = out / STAGING / "not\\a-build"  # a name no build id has: left alone, never a failed commit
+    odd.mkdir()
+    (odd / "notes.txt").write_text("mine")
+    os.utime(odd / "notes.txt", (old, old))
     publish.commit_results(str(out), mine)
-    assert sorted(os.listdir(out / STAGING)) == [recent.build_id]  # the killed job's went, a live one's stays
+    assert sorted(os.listdir(out / STAGING)) == sorted([recent.build_id, odd.name])  # the killed job's went

@@ -118,7 +118,10 @@ def _remove_abandoned_staging(output: str) -> None:
     import time
 
     for build in staged_builds(output):
-        folder = staging_dir(output, build)
+        try:
+            folder = staging_dir(output, build)
+        except ValueError:
+            continue  # not a build id (a folder someone else made there): not ours to remove
         newest = max((os.lstat(os.path.join(d, n)).st_mtime for d, _, names in os.walk(folder) for n in names),
                      default=os.lstat(folder).st_mtime)
         if time.time() - newest > ABANDONED_STAGING_S:
