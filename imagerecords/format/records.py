@@ -307,7 +307,8 @@ def scan_headers(stream: BinaryIO, count: int) -> List[Tuple[int, int]]:
     12-byte headers; stops early at a header whose checksum fails, at a frame that runs past the end
     of the file (a crafted length behind a valid checksum), or at the end of the file."""
     out: List[Tuple[int, int]] = []
-    end = stream.seek(0, 2)
+    stream.seek(0, 2)  # tell(), not seek's result: TensorFlow's GFile.seek returns None
+    end = stream.tell()
     pos = 0
     for _ in range(count):
         stream.seek(pos)
