@@ -141,14 +141,18 @@ def test_direct_runner_downloads_the_same_bytes(server, tmp_path):
     assert local == direct
 
 
-def test_no_more_connections_at_once_than_the_per_host_limit(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2], ids=["threads", "two_worker_processes"])
+def test_no_more_connections_at_once_than_the_per_host_limit(tmp_path, workers):
+    # Two worker processes each write a shard at once: the limit holds across them, not per process.
     with Server(IMAGES, delay=0.05) as server:
         rows = [(server.url(f"/img/p{i % GOOD:02d}.jpg?copy={i}"), "cat") for i in range(60)]
         server.images.update({f"p{i % GOOD:02d}.jpg?copy={i}": IMAGES[f"p{i % GOOD:02d}.jpg"] for i in range(60)})
-        build(_manifest(tmp_path, rows), tmp_path / "out", *FAST, "--http_per_host", 2, "--threads", 8,
-              "--skip_duplicate_check")
-        assert server.max_in_flight == 2, server.max_in_flight  # reached, never passed
-        assert server.max_open <= 2, server.max_open
+        manifest = build(_manifest(tmp_path, rows), tmp_path / "out", *FAST, "--http_per_host", 2, "--threads", 8,
+                         "--skip_duplicate_check", "--local_workers", workers)
+        assert manifest.num_examples == 60
+        assert server.max_in_flight == 2, server.max_in_flight  # reached, never passed, across the processes
+        # Idle keep-alive connections are each process's own: at most the limit per process.
+        assert server.max_open <= 2 * max(workers, 1), server.max_open
 
 
 def test_headers_reach_the_server_and_no_file_or_log(server, tmp_path, capfd):

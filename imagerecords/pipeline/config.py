@@ -155,7 +155,8 @@ class BuildConfig:
       threads: decode threads inside each shard writer.
       http_workers: downloads at once per worker process, for manifest rows that are http(s) URLs (each
         shard writer fetches with its `threads` image threads: the smaller bound wins).
-      http_per_host: connections at once to one host per worker process.
+      http_per_host: requests at once to one host: across the local engine's workers, per worker
+        process on Beam.
       http_timeout: seconds to connect to a server, and to wait for its next byte.
       http_deadline: seconds one URL may take in all (retries and redirects included); a server that
         drips its body is cut off then.

@@ -4,17 +4,22 @@ enforced while streaming, at most MAX_REDIRECTS redirects and only to http(s)), 
 failure is a Failed naming what happened; its row's stage is 'download').
 
 One Downloader per worker process (a pool of keep-alive connections per host); it is made where
-the shard writer's reader is made (Source.reader), never in the launcher.
+the shard writer's reader is made (Source.reader), never in the launcher. The per-host limit holds
+across the local engine's worker processes (HostSlots, made by the launcher before it forks them);
+on a Beam runner it holds per worker process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import email.utils
+import multiprocessing
 import random
+import sys
 import threading
 import time
 import urllib.parse
+import zlib
 from typing import Dict, Mapping, Optional, Tuple
 from imagerecords.pipeline.naming import setting
 
@@ -51,7 +56,8 @@ class HttpSettings:
 
     Attributes:
       workers: downloads at once per worker process.
-      per_host: connections at once to one host per worker process.
+      per_host: requests at once to one host, per worker process (across the local engine's
+        workers where the launcher shares HostSlots).
       timeout: seconds to connect, and without a byte while reading.
       deadline: seconds one URL may take in all, its retries and redirects included.
       retries: further tries after a connection error, a timeout, a 5xx or a 429.
@@ -89,10 +95,47 @@ def read_headers(path: str) -> Tuple[Tuple[str, str], ...]:
     return tuple(out)
 
 
+class HostSlots:
+    """The per-host limit shared by every process forked after it is made: SLOTS process-shared
+    semaphores of `per_host` each, a host taking the one its name hashes to. Two hosts on one slot
+    share one limit (stricter, never looser); with 256 slots that is rare among the hosts a build
+    downloads from at once (--http_workers per worker)."""
+
+    SLOTS = 256
+
+    def __init__(self, per_host: int):
+        # The local engine's own start method (fork on Linux): a forked worker inherits the
+        # semaphores, and a fork context unlinks them at once (no resource tracker process).
+        linux_fork = sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if linux_fork else "spawn")
+        self.per_host = per_host
+        self._slots = [ctx.BoundedSemaphore(per_host) for _ in range(self.SLOTS)]
+
+    def of(self, host: str):
+        return self._slots[zlib.crc32(host.encode("utf-8")) % self.SLOTS]
+
+    def __reduce__(self):
+        # Semaphores pass only to a process being started; pickled anywhere else (a task's
+        # arguments, a Beam closure) the share is left behind and each process limits itself.
+        if multiprocessing.context.get_spawning_popen() is None:
+            return _unshared, ()
+        return _shared_slots, (self.per_host, self._slots)
+
+
+def _unshared() -> None:
+    return None
+
+
+def _shared_slots(per_host: int, slots: list) -> HostSlots:
+    shared = HostSlots.__new__(HostSlots)
+    shared.per_host, shared._slots = per_host, slots
+    return shared
+
+
 class Downloader:
     """Fetches URLs whole for one worker process; thread-safe (the shard writer's image threads share it)."""
 
-    def __init__(self, settings: HttpSettings, max_bytes: Optional[int]):
+    def __init__(self, settings: HttpSettings, max_bytes: Optional[int], shared: Optional[HostSlots] = None):
         import urllib3
 
         from imagerecords import __version__
@@ -107,9 +150,12 @@ class Downloader:
         self._workers = threading.BoundedSemaphore(settings.workers)
         self._hosts: Dict[str, threading.BoundedSemaphore] = {}
         self._lock = threading.Lock()
+        self._shared = shared if shared is not None and shared.per_host == settings.per_host else None
 
-    def _host(self, url: str) -> threading.BoundedSemaphore:
+    def _host(self, url: str):
         host = urllib.parse.urlsplit(url).netloc.lower()
+        if self._shared is not None:
+            return self._shared.of(host)
         with self._lock:
             if host not in self._hosts:
                 self._hosts[host] = threading.BoundedSemaphore(self._settings.per_host)
@@ -267,24 +313,28 @@ def _protocol_reason(e: BaseException, got: int, declared: Optional[str]) -> str
     return f"connection broken ({_first_reason(e)})"
 
 
-def reader(settings: HttpSettings, max_bytes: Optional[int], files) -> "UrlReader":
-    """A reader of http(s) URLs (downloaded) and of everything else (`files`, the file reader)."""
-    return UrlReader(settings, max_bytes, files)
+def reader(settings: HttpSettings, max_bytes: Optional[int], files,
+           shared: Optional[HostSlots] = None) -> "UrlReader":
+    """A reader of http(s) URLs (downloaded) and of everything else (`files`, the file reader);
+    `shared`: the per-host limit the launcher shares with its worker processes."""
+    return UrlReader(settings, max_bytes, files, shared)
 
 
 class UrlReader:
     """read_bytes for a manifest whose rows may be URLs: a URL is downloaded (one Downloader, made on
     first use in this process), any other uri read by `files`. Picklable before its first URL."""
 
-    def __init__(self, settings: HttpSettings, max_bytes: Optional[int], files):
+    def __init__(self, settings: HttpSettings, max_bytes: Optional[int], files, shared: Optional[HostSlots] = None):
         self._settings = settings
         self._max_bytes = max_bytes
         self._files = files
+        self._shared = shared
         self._downloader: Optional[Downloader] = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> Mapping:
-        return {"_settings": self._settings, "_max_bytes": self._max_bytes, "_files": self._files}
+        return {"_settings": self._settings, "_max_bytes": self._max_bytes, "_files": self._files,
+                "_shared": self._shared}
 
     def __setstate__(self, state: Mapping) -> None:
         self.__dict__.update(state)
@@ -297,5 +347,5 @@ class UrlReader:
         if self._downloader is None:
             with self._lock:
                 if self._downloader is None:
-                    self._downloader = Downloader(self._settings, self._max_bytes)
+                    self._downloader = Downloader(self._settings, self._max_bytes, self._shared)
         return self._downloader.fetch(uri)

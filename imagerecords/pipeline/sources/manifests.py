@@ -31,6 +31,7 @@ class ManifestSource(Source):
 
     def __init__(self, http: download.HttpSettings = download.HttpSettings()):
         self._http = http  # how rows that are http(s) URLs are downloaded (by the shard writers)
+        self._hosts: Optional[download.HostSlots] = None  # the per-host limit the launcher shares
 
     def claims(self, path: str) -> bool:
         return _manifest_kind(path) is not None
@@ -42,7 +43,11 @@ class ManifestSource(Source):
             deadline=config.http_deadline, retries=config.http_retries, user_agent=config.http_user_agent, headers=headers))
 
     def reader(self, options):
-        return download.reader(self._http, options.max_file_bytes, input_files.limited_reader(options))
+        return download.reader(self._http, options.max_file_bytes, input_files.limited_reader(options), self._hosts)
+
+    def prepare(self, config) -> None:
+        # The local engine's worker processes inherit this: --http_per_host then holds across them.
+        self._hosts = download.HostSlots(self._http.per_host)
 
     def check(self, config, *, ignore_split_column: bool = False) -> InputInfo:
         path = config.input
