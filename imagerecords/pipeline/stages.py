@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, S
 
 
 from imagerecords.pipeline import (array_rows, codec, dataset_files, download, input_files, phases, planning, publish,
-                                   row_writer, shard_writer, staged_check, storage)
+                                   shard_members, staged_check, storage)
 from imagerecords.pipeline import fingerprint as fingerprint_lib
 from imagerecords.format import records
 from imagerecords.pipeline import refs as refs_lib
@@ -239,53 +239,50 @@ class ShardWriter:
         Args:
           shard: (split, shard index, number of shards of the split).
           refs: the refs, or an arrays build's RowShard (the same shard written from its columns,
-            row_writer; its StagedShard's contents are then an array_rows.RowContents).
+            row_writer; its StagedShard's contents are then an array_rows.RowContents); both are
+            written through shard_members, so everything around the records is spelled here once.
           read_bytes: reads an input (ShardWriter.reader), one per worker.
           executor, window: where images are read and prepared, and how many at once (bounded memory).
           observe: called as images are done; may raise KeyboardInterrupt to stop the write.
         """
         split, index, num_shards = shard
         phases.reached("before_shards")
-        rows = isinstance(refs, array_rows.RowShard)
-        if self.source and len(refs):  # an arrays build: this process's cached arrays must be this input's
+        members = shard_members.of(refs)
+        if self.source and len(members):  # an arrays build: this process's cached arrays must be this input's
             from imagerecords.pipeline import arrays
 
-            arrays.forget_if_changed(refs.path if rows else arrays.row_of(refs[0].uri)[0], self.source)
+            arrays.forget_if_changed(members.arrays_path(), self.source)
         filename = planning.shard_name(self.name, split, index, num_shards)
         staging = publish.staging_dir(self.output, self.build_id)
-        fingerprint = fingerprint_lib.shard_fingerprint(shard, () if rows else refs, name=self.name, preset=self.preset,
-                                        labels=labels, options=self.options, write_index=self.write_index,
-                                        contents=self.contents, features=self.features, source=self.source,
-                                        lines=row_writer.fingerprint_text(refs) if rows else None)
+        fingerprint_refs, fingerprint_lines = members.fingerprint()
+        fingerprint = fingerprint_lib.shard_fingerprint(shard, fingerprint_refs, name=self.name, preset=self.preset,
+                                                        labels=labels, options=self.options,
+                                                        write_index=self.write_index, contents=self.contents,
+                                                        features=self.features, source=self.source,
+                                                        lines=fingerprint_lines)
         if self.resume_from:
             reused = _reuse_staged(self.output, self.build_id, self.resume_from, filename, fingerprint)
             if reused is not None:
                 if observe:
-                    observe(filename, len(refs), len(reused.rejected), len(refs))
+                    observe(filename, len(members), len(reused.rejected), len(members))
                 return reused
         # A unique temporary name per attempt: a retried or speculative bundle never writes into
         # another attempt's file, and the last rename wins with identical bytes.
         tmp = storage.join(staging, f".{filename}.{uuid.uuid4().hex}.tmp")
-        kept, duplicates = (refs, []) if rows else shard_writer.dedupe_sorted(refs)  # rows never repeat
+        to_write = members.to_write()
+        duplicates = members.duplicates
 
         def on_progress(done: int, rejected: int) -> None:
             if observe:
-                observe(filename, done + len(duplicates), rejected + len(duplicates), len(refs))
-            if done == len(kept) // 2:
+                observe(filename, done + len(duplicates), rejected + len(duplicates), len(members))
+            if done == to_write // 2:
                 phases.reached("mid_shard", filename=filename)
 
         try:
             with storage.create(tmp) as stream:
-                if rows:
-                    written, rejected, positions, digests = row_writer.write_shard(
-                        refs, stream, preset=self.preset, labels=labels, options=self.options, on_progress=on_progress)
-                    stats = shard_writer.ShardStats(written.count, written.num_bytes, written.sha256(),
-                                                    row_writer.histogram(refs, positions), 0, written.offsets,
-                                                    crc32c=written.crc32c())
-                else:
-                    stats, rejected = shard_writer.write_shard(
-                        kept, stream, read_bytes=read_bytes, preset=self.preset, labels=labels, options=self.options,
-                        executor=executor, window=window, on_progress=on_progress, features=self.features)
+                stats, rejected = members.write(stream, read_bytes=read_bytes, preset=self.preset, labels=labels,
+                                                options=self.options, features=self.features, executor=executor,
+                                                window=window, on_progress=on_progress)
             phases.reached("before_rename", filename=filename)
             if not publish.owns_output(self.output, self.build_id):
                 raise BuildAbandoned(f"build {self.build_id} no longer holds the lock of {self.output}: {filename} "
@@ -296,7 +293,7 @@ class ShardWriter:
                 storage.delete(tmp)
             raise
         if observe:
-            observe(filename, len(refs), len(duplicates) + len(rejected), len(refs))
+            observe(filename, len(members), len(duplicates) + len(rejected), len(members))
         phases.reached("shard_staged", filename=filename, records=stats.count)
         index_file = index_sha256 = index_crc32c = None
         if self.write_index:
@@ -312,20 +309,8 @@ class ShardWriter:
                                                                                   stats.crc32c),
                              storage.checked_identity(storage.join(staging, index_file), index_crc32c)
                              if index_file else None)
-        # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
-        names, offset = labels.names, labels.offset
-        if rows:
-            keys, spelled = row_writer.written_lines(refs, positions, digests, labels, self.contents)
-            out = StagedShard(result, rejected, array_rows.RowContents(
-                digests if self.contents else b"", refs.rows[positions] if self.contents else refs.rows[:0]), 0)
-        else:
-            keys = dataset_files.format_keys(
-                [(r.key, names[r.label_id - offset] if 0 <= r.label_id - offset < len(names) else "", r.size, digest)
-                 for digest, r in stats.contents])
-            written = ([(digest, (r.key, r.split, r.uri, names[r.label_id - offset])) for digest, r in stats.contents]
-                       if self.contents else [])
-            out = StagedShard(result, duplicates + rejected, written, stats.passthrough)
-            spelled = None
+        keys, written, passthrough, spelled = members.staged(labels, self.contents)
+        out = StagedShard(result, duplicates + rejected, written, passthrough)
         storage.write_bytes(storage.join(staging, dataset_files.keys_name(filename)), keys)
         # Its digest goes to the manifest with the shard: --append trusts no other keys file.
         out.result = dataclasses.replace(out.result, shard=dataclasses.replace(
