@@ -9,7 +9,6 @@ import glob
 import io
 import json
 import os
-import re
 import shlex
 
 import numpy as np
@@ -17,10 +16,10 @@ import pytest
 from PIL import Image
 
 from conftest import build, manifest_without_time, shard_files
+from support.doc_blocks import blocks
 from imagerecords.cli import main as cli
 
 N = 120
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _arrays(seed=0):
@@ -277,10 +276,7 @@ def test_string_labels_are_class_names(tmp_path):
 
 def _readme_blocks():
     """The NumPy example's three blocks (make arrays, build, read), in docs/building.md."""
-    with open(os.path.join(ROOT, "docs", "building.md")) as f:
-        text = f.read()
-    section = text.split("<!-- arrays-example -->")[1]
-    return re.findall(r"```(\w+)\n(.*?)```", section, re.S)[:3]
+    return [(b.lang, b.code) for b in blocks("docs/building.md", after="<!-- arrays-example -->")[:3]]
 
 
 @pytest.mark.slow

@@ -3,17 +3,10 @@ folders of generated images): the build example publishes OUT, the reading examp
 
 import contextlib
 import io
-import os
-import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def python_blocks(path):
-    with open(path, encoding="utf-8") as f:
-        return re.findall(r"```python\n(.*?)```", f.read(), re.S)
+from support.doc_blocks import python_blocks
 
 
 @pytest.mark.slow
@@ -22,7 +15,7 @@ def test_the_readmes_python_examples_run_as_written(tmp_path, monkeypatch):
 
     example_images.write_tree(str(tmp_path / "photos"), per_class=10, broken=False)
     monkeypatch.chdir(tmp_path)
-    blocks = python_blocks(os.path.join(ROOT, "README.md"))
+    blocks = python_blocks("README.md")
     assert len(blocks) == 2, "a new README example: give it the folder it needs here"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

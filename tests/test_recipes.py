@@ -10,18 +10,16 @@ import numpy as np
 import pytest
 
 from conftest import build, skip_unless_ci
+from support.doc_blocks import python_blocks
 from test_index import without_tensorflow
 
-RECIPES = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "recipes.md")
 SPLITS = "train=0.7,validation=0.3"
 
 
 def recipes():
     """{name: code} of every ```python block of docs/recipes.md whose first line is `# recipe: NAME`."""
-    with open(RECIPES, encoding="utf-8") as f:
-        text = f.read()
     out = {}
-    for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+    for block in python_blocks("docs/recipes.md"):
         first = block.splitlines()[0]
         if first.startswith("# recipe: "):
             out[first[len("# recipe: "):].split(" (")[0]] = block
