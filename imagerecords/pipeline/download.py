@@ -33,6 +33,11 @@ def is_url(uri: str) -> bool:
     return lower.startswith("http://") or lower.startswith("https://")
 
 
+def host_of(url: str) -> str:
+    """The host a download is limited by (--http_per_host): the URL's netloc, lower-cased."""
+    return urllib.parse.urlsplit(url).netloc.lower()
+
+
 class Failed(OSError):
     """A URL that gave no image bytes; str() is the errors.jsonl reason, `error` its short kind."""
 
@@ -109,7 +114,7 @@ class Downloader:
         self._lock = threading.Lock()
 
     def _host(self, url: str) -> threading.BoundedSemaphore:
-        host = urllib.parse.urlsplit(url).netloc.lower()
+        host = host_of(url)
         with self._lock:
             if host not in self._hosts:
                 self._hosts[host] = threading.BoundedSemaphore(self._settings.per_host)
