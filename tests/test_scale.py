@@ -105,3 +105,48 @@ def test_simulation_builds_columnar_sizes_past_the_label_pairs_with_one_label_hi
     assert large["measured"] and large["columns"] and large["one_label_histograms"]
     assert large["records"] == 30000 and large["shards"] == 600 and large["label_pairs"] == 600 * 5
     assert "columns + side file" in scale_sim.table(rows)
+
+
+def test_url_listing_makes_no_stat_and_no_connection_and_the_counters_see_both(tmp_path):
+    path = str(tmp_path / "urls.csv")
+    written = scale_sim.write_url_manifest(path, 2000, hosts=50, zipf=1.0, classes=20)
+    assert written["url_chars"] == pytest.approx(63, abs=0.5)
+    listed = scale_sim.list_urls(path)
+    assert listed["rows"] == 2000 and listed["rejected"] == 0 and len(listed["refs"]) == 2000
+    assert (listed["stat_calls"], listed["connections"], listed["sizes_known"]) == (0, 0, False)
+    assert all(ref.key == ref.uri and ref.size == -1 and ref.split == "train" for _, ref in listed["refs"])
+    files = tmp_path / "files.csv"  # the same listing of local paths stats each row: the counter is live
+    files.write_text("url,label\n" + "".join(f"{tmp_path / f'gone{i}.jpg'},a\n" for i in range(3)))
+    assert scale_sim.list_urls(str(files))["stat_calls"] == 3
+
+
+def test_download_simulation_keeps_the_per_host_limit_and_sums_workers_exactly():
+    # One host: a worker process is held to --http_per_host (4) fetches at once, so 4 per 0.2 s.
+    one = scale_sim.simulate_downloads([["h"] * 400] * 4, "h", slots=16, per_host=4, threads=4, writers=4,
+                                       latency_s=0.2, sigma=0.01, num_pools=64)
+    assert one["img_s"] == pytest.approx(20, rel=0.05) and one["busiest_in_flight"][4] > 0.99
+    assert one["new_connection_share"] == pytest.approx(4 / one["fetches"])  # four connections, kept alive
+    # Many equal hosts: the 16 slots run full (16 per 0.2 s), and no host waits.
+    many = scale_sim.simulate_downloads([[f"h{i % 200}" for i in range(j, j + 400)] for j in range(4)], "h0",
+                                        slots=16, per_host=4, threads=4, writers=4, latency_s=0.2, sigma=0.01,
+                                        num_pools=64)
+    assert many["img_s"] == pytest.approx(80, rel=0.05) and many["host_wait_share"] == 0
+    assert scale_sim.cluster_in_flight([0.5, 0.5], 2) == {"mean": 1.0, "peak": 2}
+    assert scale_sim.cluster_in_flight([0.0, 0.0, 0.0, 0.0, 1.0], 1000)["peak"] == 4000
+
+
+def test_url_mode_run_writes_every_figure(tmp_path):
+    out = tmp_path / "urls.json"
+    assert scale_sim.main(["--urls", "--images", "100000", "--sample_rows", "3000", "--hosts", "50",
+                           "--target_shard_mb", "11", "--workers", "10", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    sample, (row,) = figures["sample"], figures["sizes"]
+    assert sample["stat_calls"] == 0 and sample["connections"] == 0 and sample["rows"] == 3000
+    assert row["shards"] == planning.choose_num_shards(100000, 0, None, 11, 8) == 1000  # by count: 110 KB each
+    assert figures["sample"]["simulations"][0]["sample_shards"] == 30  # the sample cut at 100 URLs a shard
+    assert row["shuffle_gb"] == pytest.approx(100000 * sample["ref_bytes"] / 1e9)
+    assert 150 < sample["ref_bytes"] < 180  # key and uri both the ~63-character URL
+    assert 0 < row["worker_img_s"] <= 16 / 0.2 * 1.05
+    assert row["busiest_host_requests"] == pytest.approx(100000 * sample["busiest_host_share"])
+    assert row["busiest_host_connections_mean"] <= row["busiest_host_connections_peak"] <= 10 * 4
+    assert row["records"] == 100000 and row["measured"]  # the commit's manifest, built and loaded

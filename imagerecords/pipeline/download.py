@@ -38,6 +38,11 @@ def is_url(uri: str) -> bool:
     return lower.startswith("http://") or lower.startswith("https://")
 
 
+def host_of(url: str) -> str:
+    """The host a download is limited by (--http_per_host): the URL's netloc, lower-cased."""
+    return urllib.parse.urlsplit(url).netloc.lower()
+
+
 class Failed(OSError):
     """A URL that gave no image bytes; str() is the errors.jsonl reason, `error` its short kind."""
 
@@ -153,7 +158,7 @@ class Downloader:
         self._shared = shared if shared is not None and shared.per_host == settings.per_host else None
 
     def _host(self, url: str):
-        host = urllib.parse.urlsplit(url).netloc.lower()
+        host = host_of(url)
         if self._shared is not None:
             return self._shared.of(host)
         with self._lock:
