@@ -322,11 +322,18 @@ class Contents:
         """The DuplicateGroup of every digest two or more rows hold (refs.duplicate_group)."""
         import numpy as np
 
-
         if not self._rows:
             return []
         rows = np.concatenate(self._rows)
         halves = np.frombuffer(b"".join(self._digests), ">u8").reshape(-1, 2)
+        # Only rows whose first half repeats can share a digest: one sort of a column finds them
+        # (a lexsort of every row's two halves cost the launcher's end of a build 50 ms in 200,000).
+        first = np.sort(halves[:, 0])
+        repeats = first[1:][first[1:] == first[:-1]]
+        if not len(repeats):
+            return []
+        candidates = np.flatnonzero(np.isin(halves[:, 0], repeats))
+        rows, halves = rows[candidates], halves[candidates]
         order = np.lexsort((halves[:, 1], halves[:, 0]))
         ordered = halves[order]
         same = (ordered[1:] == ordered[:-1]).all(axis=1)
