@@ -8,6 +8,7 @@ seeded numpy arrays saved by the test.
 """
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -72,6 +73,27 @@ def test_hashes_shared_by_worker_processes_are_the_same(monkeypatch):
     assert shared.dtype == np.uint64
     assert shared.tolist() == array_rows.hashes("shuffle:3", "/x/ü.npz", rows).tolist()
     assert shared.tolist()[:3] == [refs_lib.shuffle_hash(3, f"ü.npz:{i:09d}") for i in rows[:3].tolist()]
+
+
+def test_row_hashes_started_early_are_the_hashes_whoever_computes_each_chunk(monkeypatch):
+    import concurrent.futures
+    import multiprocessing
+
+    monkeypatch.setattr(array_rows, "HASH_CHUNK", 1000)
+    monkeypatch.setattr(array_rows.RowHashes, "CHUNK", 700)
+    rows = np.random.default_rng(3).permutation(5000)[:4321].astype(np.int64)
+    expected = array_rows.hashes("shuffle:3", "/x/ü.npz", rows).tolist()
+    assert array_rows.RowHashes("shuffle:3", "/x/ü.npz", 5000).of(rows).tolist() == expected  # no pool
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx) as pool:
+        hashed = array_rows.RowHashes("shuffle:3", "/x/ü.npz", 5000, pool)
+        assert hashed.of(rows).tolist() == expected and hashed.of(rows[:5]).tolist() == expected[:5]
+        # The chunks no worker has started yet are hashed by the caller.
+        blocker = [pool.submit(time.sleep, 0.5) for _ in range(2)]
+        stolen = array_rows.RowHashes("shuffle:3", "/x/ü.npz", 5000, pool)
+        assert stolen.of(rows).tolist() == expected
+        assert any(f.cancelled() for f in stolen._futures)
+        concurrent.futures.wait(blocker)
 
 
 def _labels_int(n, rng):
