@@ -55,29 +55,7 @@ def _compare(path, options=None):
     assert len(got) == len(expected) == len(refs)
     for i, (a, b) in enumerate(zip(got, expected)):
         assert a == b, f"row {refs[i].key}"
-    assert _through_scratch(path, refs, labels, options) == got
     return in_blocks, alone
-
-
-def _through_scratch(path, refs, labels, options):
-    """What row_writer writes: the rows by position, each block made in one Scratch reused twice over."""
-    idx = np.array([arrays.row_of(r.uri)[1] for r in refs], np.int64)
-    ids = np.array([r.label_id for r in refs], np.int64)
-    scratch, got = array_encode.Scratch(), []
-    for _ in range(2):  # the second pass finds the arrays the first one left
-        got = []
-        for item in array_encode.encode_positions(str(path), idx, ids, refs.__getitem__, "tfds", labels, options,
-                                                  scratch):
-            if isinstance(item, array_encode.Run):
-                at = 0
-                for length, content in zip(item.lengths, item.contents):
-                    got.append(("record", bytes(item.data[at:at + length]), content))
-                    at += length
-            else:
-                out = item[1]
-                got.append(("rejected", out.reason) if isinstance(out, Rejected)
-                           else ("record", records.frame(out.record), out.content))
-    return got
 
 
 def _rng(seed=0):

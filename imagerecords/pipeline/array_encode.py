@@ -129,39 +129,9 @@ def _pieces(arrays: Mapping[str, Any], columns: Sequence[Column]) -> Optional[Li
     return out
 
 
-class Scratch:
-    """Arrays a writer reuses from block to block: fresh ones each block cost more in page faults
-    and zeroed pages than the copies into them. What a block made from them (a Run's data) holds
-    only until the next block is made."""
-
-    def __init__(self):
-        self._held: Dict[str, Any] = {}
-
-    def get(self, name: str, shape: Tuple[int, ...], dtype) -> Any:
-        import numpy as np
-
-        dtype = np.dtype(dtype)
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        held = self._held.get(name)
-        if held is None or held.nbytes < size:
-            held = self._held[name] = np.empty(max(size, 1), np.uint8)
-        return held[:size].view(dtype).reshape(shape)
-
-
-def _gather(np, a, idx, scratch: Optional[Scratch], name: str):
-    """a[idx] as a C-contiguous (len(idx), row size) array, in `scratch` when given."""
-    if scratch is None or not a.flags.c_contiguous:
-        return np.ascontiguousarray(a[idx]).reshape(len(idx), -1)
-    flat = a.reshape(a.shape[0], -1).view(np.uint8)
-    # Rows taken as bytes: take copies a uint8 row at once, a float32 row value by value (100x slower).
-    # mode="clip": take then writes straight into `out` (mode="raise" buffers it); idx are rows of `a`.
-    out = np.take(flat, idx, axis=0, out=scratch.get(name, (len(idx), flat.shape[1]), np.uint8), mode="clip")
-    return out.view(a.dtype)
-
-
-def _row_values(np, a, idx, wire: str, scratch: Optional[Scratch] = None, name: str = ""):
+def _row_values(np, a, idx, wire: str):
     """(rows, regular, raw): the rows' values, which rows the bulk path may write, and the bytes it writes."""
-    rows = _gather(np, a, idx, scratch, "rows:" + name)
+    rows = np.ascontiguousarray(a[idx]).reshape(len(idx), -1)
     regular = np.ones(len(idx), bool)
     if wire == "small_ints":
         regular = ((rows >= 0) & (rows < 0x80)).all(axis=1)
@@ -209,11 +179,10 @@ class Run:
 
 
 def encode_positions(path: str, idx, label_ids, ref_of: Callable[[int], ImageRef], preset: str, labels: LabelMap,
-                     options, scratch: Optional[Scratch] = None) -> Iterator[Union[Run, Tuple[int, Any]]]:
+                     options) -> Iterator[Union[Run, Tuple[int, Any]]]:
     """encode_rows without a ref per row: a shard's input rows `idx` and their `label_ids` (int64,
     shard order) as Runs, and (position, encode_ref's result) for each row the bulk path does not
-    take; `ref_of(position)` makes the ref of one row, for those and for the layout check. With a
-    `scratch`, blocks are made in its arrays: a Run's data holds until the next item is drawn."""
+    take; `ref_of(position)` makes the ref of one row, for those and for the layout check."""
     if not len(idx):
         return
     arrays, _, columns = opened(path, preset, options.image_encoding)
@@ -226,7 +195,7 @@ def encode_positions(path: str, idx, label_ids, ref_of: Callable[[int], ImageRef
             yield from ((k, encode_ref(ref_of(k), preset, labels, options)) for k in range(start, stop))
         else:
             yield from _encode_block(start, idx[start:stop], label_ids[start:stop], ref_of, arrays, columns, pieces,
-                                     preset, labels, options, scratch)
+                                     preset, labels, options)
 
 
 def _blocks(n: int, middle: int, rows: int) -> Iterator[Tuple[int, int]]:
@@ -236,7 +205,7 @@ def _blocks(n: int, middle: int, rows: int) -> Iterator[Tuple[int, int]]:
 
 
 def _encode_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageRef], arrays, columns,
-                  pieces: Sequence[_Piece], preset: str, labels: LabelMap, options, scratch: Optional[Scratch] = None
+                  pieces: Sequence[_Piece], preset: str, labels: LabelMap, options
                   ) -> Iterator[Union[Run, Tuple[int, Any]]]:
     """One block: rows at positions start, start + 1, ... of their shard (input rows `idx`)."""
     import numpy as np
@@ -254,14 +223,12 @@ def _encode_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageRef],
         if piece.kind == "raw":
             f = piece.column.feature
             gathered[piece.column.array], ok, raw[piece.column.array] = _row_values(
-                np, arrays[piece.column.array], idx, piece.wire, scratch, piece.column.array)
+                np, arrays[piece.column.array], idx, piece.wire)
             if not (f.allow_nan and piece.wire != "small_ints"):
                 regular &= ok
     # The content digest hashes each column's row bytes in column order, as encode_ref does.
-    parts = [(gathered[c.array] if c.array in gathered else _gather(np, arrays[c.array], idx, scratch, "rows:" + c.array)
-              ).view(np.uint8) for c in columns]
-    hashed = parts[0] if len(parts) == 1 else np.concatenate(
-        parts, axis=1, out=None if scratch is None else scratch.get("hashed", (m, sum(p.shape[1] for p in parts)), np.uint8))
+    hashed = np.concatenate([(gathered[c.array] if c.array in gathered else np.ascontiguousarray(
+        arrays[c.array][idx]).reshape(m, -1)).view(np.uint8) for c in columns], axis=1)
     label_piece = next((p for p in pieces if p.kind == "label"), None)
     entries = {}  # label id -> its entry
     if label_piece is not None:
@@ -275,7 +242,7 @@ def _encode_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageRef],
     framed: Dict[int, Tuple[Any, Any]] = {}  # label entry width -> (frames, the rows they hold)
     for width in np.unique(widths[regular]).tolist():
         rows = np.flatnonzero(regular & (widths == width))
-        frames = _frames(np, records, rows, pieces, raw, label_ids, entries, width, scratch)
+        frames = _frames(np, records, rows, pieces, raw, label_ids, entries, width)
         if frames is None or not _same_as_encoder(ref_of(start + int(rows[0])), frames[0], hashed[rows[0]], preset,
                                                   labels, options):
             regular[rows] = False  # a layout the per-row encoder disagrees with: those rows go row by row
@@ -393,7 +360,7 @@ def _encode_png_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageR
         _digests(hashed[run])), ref_of, preset, labels, options)
 
 
-def _frames(np, records, rows, pieces, raw, label_ids, entries, width: int, scratch: Optional[Scratch] = None):
+def _frames(np, records, rows, pieces, raw, label_ids, entries, width: int):
     """The framed records of `rows` (all of one label entry width) as a uint8 matrix, or None."""
     parts = []  # (constant bytes or None, the rows' bytes or None) in record order
     for piece in pieces:
@@ -417,9 +384,7 @@ def _frames(np, records, rows, pieces, raw, label_ids, entries, width: int, scra
         parts.append((entry[:prefix], values))
     body = sum(len(c or b"") + (v.shape[1] if v is not None else 0) for c, v in parts)
     header = schema.example_header(body)
-    shape = (len(rows), records.FRAME_OVERHEAD + len(header) + body)
-    # Every byte of a frame is written below: a reused array needs no clearing.
-    frames = np.empty(shape, np.uint8) if scratch is None else scratch.get(f"frames:{width}", shape, np.uint8)
+    frames = np.empty((len(rows), records.FRAME_OVERHEAD + len(header) + body), np.uint8)
     at = records.FRAME_HEADER
     for constant, values in [(header, None), *parts]:
         if constant:

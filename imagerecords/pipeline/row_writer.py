@@ -9,7 +9,6 @@ shard differs from the next only by the row's number, its label and its digest, 
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any, BinaryIO, Callable, List, Optional, Tuple
 
 from imagerecords.format import record_format
@@ -93,17 +92,6 @@ def histogram(shard: array_rows.RowShard, positions) -> Tuple[Tuple[int, int], .
     return tuple(sorted(by_id.items()))
 
 
-_THREAD = threading.local()
-
-
-def _scratch() -> array_encode.Scratch:
-    """This thread's scratch, kept from shard to shard: a worker's next shard finds its pages mapped."""
-    scratch = getattr(_THREAD, "scratch", None)
-    if scratch is None:
-        scratch = _THREAD.scratch = array_encode.Scratch()
-    return scratch
-
-
 def write_shard(shard: array_rows.RowShard, stream: BinaryIO, *, preset: str, labels: LabelMap,
                 options: codec.ImageOptions, on_progress: Optional[Callable[[int, int], None]] = None
                 ) -> Tuple[RecordWriter, List[Rejected], Any, bytes]:
@@ -122,9 +110,7 @@ def write_shard(shard: array_rows.RowShard, stream: BinaryIO, *, preset: str, la
     positions: List[Any] = []
     digests: List[bytes] = []
     done = 0
-    # Each Run is written before the next is made, so its blocks may reuse one scratch.
-    for item in array_encode.encode_positions(shard.path, shard.rows, label_ids, shard.ref, preset, labels, options,
-                                              _scratch()):
+    for item in array_encode.encode_positions(shard.path, shard.rows, label_ids, shard.ref, preset, labels, options):
         if isinstance(item, array_encode.Run):
             writer.write_framed(item.data, item.lengths)
             positions.append(item.positions)
