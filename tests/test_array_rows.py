@@ -74,6 +74,29 @@ def test_hashes_shared_by_worker_processes_are_the_same(monkeypatch):
     assert shared.tolist()[:3] == [refs_lib.shuffle_hash(3, f"ü.npz:{i:09d}") for i in rows[:3].tolist()]
 
 
+def test_row_hashes_started_early_are_the_hashes_whoever_computes_each_chunk(monkeypatch):
+    import concurrent.futures
+    import multiprocessing
+
+    monkeypatch.setattr(array_rows, "HASH_CHUNK", 1000)
+    monkeypatch.setattr(array_rows.RowHashes, "CHUNK", 700)
+    rows = np.random.default_rng(3).permutation(5000)[:4321].astype(np.int64)
+    expected = array_rows.hashes("shuffle:3", "/x/ü.npz", rows).tolist()
+    assert array_rows.RowHashes("shuffle:3", "/x/ü.npz", 5000).of(rows).tolist() == expected  # no pool
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx) as pool:
+        hashed = array_rows.RowHashes("shuffle:3", "/x/ü.npz", 5000, pool)
+        assert hashed.of(rows).tolist() == expected and hashed.of(rows[:5]).tolist() == expected[:5]
+
+    class Idle:  # a pool none of whose workers ever starts a task
+        def submit(self, fn, *args):
+            return concurrent.futures.Future()
+
+    # The chunks no worker has started yet are hashed by the caller.
+    stolen = array_rows.RowHashes("shuffle:3", "/x/ü.npz", 5000, Idle())
+    assert stolen.of(rows).tolist() == expected and all(f.cancelled() for f in stolen._futures)
+
+
 def _labels_int(n, rng):
     y = rng.integers(0, 6, n).astype(np.int64)
     y[[3, 50, 51]] = -1

@@ -29,6 +29,15 @@ def _whole(quoted: str) -> str:
     return quoted.replace("%", "%%")
 
 
+def _spell(formats: List[str], codes: List[int], sep: str, *columns: List[Any]) -> str:
+    """sep.join(formats[c] % (row's values) for each row): one % over the joined formats, as a %
+    per row cost twice as much (a row's values are the k-th item of each of `columns`)."""
+    args: List[Any] = [None] * (len(codes) * len(columns))
+    for k, column in enumerate(columns):
+        args[k::len(columns)] = column
+    return sep.join(map(formats.__getitem__, codes)) % tuple(args)
+
+
 def fingerprint_text(shard: array_rows.RowShard) -> str:
     """fingerprint._fingerprint_line of each of the shard's refs, in shard order, joined."""
     key = _open(_ascii(arrays.key_prefix(shard.path))) + arrays.ROW_NUMBER + '"'
@@ -36,7 +45,8 @@ def fingerprint_text(shard: array_rows.RowShard) -> str:
     split = _whole(_ascii(shard.split))
     formats = [fingerprint.ref_line(key, uri, _whole(_ascii(text)), label_id, split, shard.size)
                for text, label_id in shard.labels]
-    return "".join([formats[c] % (i, i) for i, c in zip(shard.rows.tolist(), shard.codes.tolist())])
+    rows = shard.rows.tolist()
+    return _spell(formats, shard.codes.tolist(), "", rows, rows)
 
 
 def _names(shard: array_rows.RowShard, labels: LabelMap) -> List[Optional[str]]:
@@ -62,12 +72,12 @@ def written_lines(shard: array_rows.RowShard, positions, digests: bytes, labels:
     rows, codes = shard.rows[positions].tolist(), shard.codes[positions].tolist()
     key = _open(_utf8(arrays.key_prefix(shard.path))) + arrays.ROW_NUMBER
     formats = [dataset_files.keys_line("%s", key + '"', name, str(shard.size)) for name in names]
-    keys = ("\n".join([formats[c] % (d, i) for d, i, c in zip(digest_of, rows, codes)]) + "\n").encode("utf-8")
+    keys = (_spell(formats, codes, "\n", digest_of, rows) + "\n").encode("utf-8")
     if not contents:
         return keys, ""
     uri, split = _open(_utf8(arrays.uri_prefix(shard.path))), _whole(_utf8(shard.split))
     formats = [dataset_files.contents_entry("%s", key + '"', split, uri + '%d"', name) for name in names]
-    return keys, ",".join([formats[c] % (d, i, i) for d, i, c in zip(digest_of, rows, codes)])
+    return keys, _spell(formats, codes, ",", digest_of, rows, rows)
 
 
 def histogram(shard: array_rows.RowShard, positions) -> Tuple[Tuple[int, int], ...]:

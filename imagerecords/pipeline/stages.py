@@ -218,6 +218,7 @@ class ShardWriter:
         `source` (a sources.Source; None: refs that name files)."""
         earlier = tuple(b for b in reversed(publish.staged_builds(config.output)) if b != build_id) if config.resume \
             else ()
+        fingerprint_lib.look_up_versions()
         return cls(output=config.output, build_id=build_id, name=config.name, preset=config.schema,
                    options=config.image, write_index=config.write_index, contents=not config.skip_duplicate_check,
                    resume_from=earlier, features=tuple(config.features),

@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from imagerecords.pipeline import appending, array_rows, planning, publish, sources, stages
+from imagerecords.pipeline import appending, array_rows, arrays, planning, publish, sources, stages
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
@@ -432,11 +432,16 @@ def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap], pool=None
     """_plan_refs for an arrays build (array_rows.applies), on NumPy columns: (rejected rows, label
     map, shards holding rows, images planned, the duplicate check of their records); the rows' key
     hashes are shared by `pool`'s workers when there is one."""
+    arrays.forget_if_changed(config.input)
+    n = arrays.opened(config.input, config.schema, config.image.image_encoding)[1]
+    # Started before the listing: a row's key hashes need only its number.
+    shuffled = array_rows.RowHashes(refs_lib.shuffle_salt(config.seed), config.input, n, pool)
+    split = array_rows.RowHashes(refs_lib.split_salt(config.split_seed), config.input, n, pool) if config.splits else None
     listed = array_rows.list_rows(config.input, config.schema, config.image.image_encoding)
     if label_map is None:
         label_map = refs_lib.vocabulary(listed.texts, sources.of(config.input).label_type(config), config.label_offset)
     assigned = array_rows.assign(listed, label_map, tuple(config.splits) if config.splits else None,
-                                 config.split_seed, config.seed, pool)
+                                 config.split_seed, config.seed, pool, shuffled, split)
     plans, members = array_rows.plan(assigned, config.input, listed.row_bytes, config)
     shards = _Shards()
     shards.add_rows(plans, members)
