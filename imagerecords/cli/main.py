@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import atexit
 import logging
 import os
 import sys
@@ -178,19 +177,8 @@ def _command(command: str, rest: Sequence[str]) -> int:
     return 2
 
 
-def _exit_uncollected() -> None:
-    """At exit, the interpreter's last collection walks every object numpy and the pipeline made:
-    30 to 60 ms of a build's time. Frozen first, they are left to the process's end (files are
-    closed where they are written, and the standard streams are flushed at exit regardless)."""
-    import gc
-
-    gc.freeze()
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     _quiet_libraries()
-    atexit.unregister(_exit_uncollected)  # once per process, however often main() runs in it
-    atexit.register(_exit_uncollected)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
