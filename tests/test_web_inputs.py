@@ -37,6 +37,7 @@ def server():
         yield s
 
 
+@pytest.mark.slow
 def test_every_url_ends_as_its_served_bytes_or_one_row_naming_what_happened(server, tmp_path):
     good = [(server.url(f"/img/p{i:02d}.jpg"), "cat" if i % 2 else "dog") for i in range(GOOD)]
     recovered = [(server.url("/redirect/p12.jpg"), "dog"), (server.url("/once503/p13.jpg"), "cat"),
@@ -88,6 +89,7 @@ def test_the_launcher_downloads_nothing_and_the_rows_plan_by_count(server, tmp_p
     assert not info.sizes_known  # so the shards are planned by count
 
 
+@pytest.mark.slow
 def test_the_summary_says_when_shards_were_planned_by_count(server, tmp_path, capsys):
     from imagerecords.cli import main as cli
 
@@ -124,6 +126,7 @@ def _two_splits(server, tmp_path):
     return _manifest(tmp_path, rows), [*FAST, "--splits", "train=0.75,validation=0.25", "--write_index"]
 
 
+@pytest.mark.slow
 def test_two_builds_write_the_same_bytes_whatever_the_download_concurrency(server, tmp_path):
     path, args = _two_splits(server, tmp_path)
     build(path, tmp_path / "a", *args)
@@ -141,6 +144,7 @@ def test_direct_runner_downloads_the_same_bytes(server, tmp_path):
     assert local == direct
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2], ids=["threads", "two_worker_processes"])
 def test_no_more_connections_at_once_than_the_per_host_limit(tmp_path, workers):
     # Two worker processes each write a shard at once: the limit holds across them, not per process.
@@ -191,6 +195,7 @@ def test_a_bad_headers_file_is_one_line_naming_it(tmp_path, capsys):
     assert "abc" not in err
 
 
+@pytest.mark.slow
 def test_an_append_after_failures_adds_exactly_the_failed_urls(tmp_path):
     images = dict(IMAGES)
     with Server(images) as server:
@@ -271,6 +276,7 @@ def test_a_url_with_control_characters_is_a_rejected_row(server, tmp_path):
         assert row["stage"] == "download" and row["reason"].startswith("HTTP 404"), row
 
 
+@pytest.mark.slow
 def test_a_gzip_bomb_is_stopped_at_the_size_limit(tmp_path):
     import gzip
 
@@ -303,6 +309,7 @@ def test_http_settings_out_of_range_are_one_line(tmp_path, capsys, flag, value, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_an_open_images_style_csv_of_urls_labels_and_boxes(server, tmp_path):
     """The README's recipe: a CSV of URLs, labels and boxes (a declared feature), end to end."""
     import numpy as np

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Callable, Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import Any, Callable, FrozenSet, Optional, Sequence, Tuple
 
 from imagerecords.pipeline import config as config_lib
 from imagerecords.pipeline.config import BuildConfig
