@@ -126,7 +126,7 @@ def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> L
     """Problems of one shard's index file: missing, or failing the one index loader's checks
     against the manifest (sha256, lines, count, end), or (given the shard's frame lengths, read
     with --records) entries that do not match its frames."""
-    from imagerecords.format import records
+    from imagerecords.format import record_format
 
     path = join(output, shard.index_file)
     try:
@@ -135,7 +135,7 @@ def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> L
         return [str(e)]
     except OSError:  # FileNotFoundError locally; BeamIOError (an IOError) on remote filesystems
         return [f"{path}: missing"]
-    got, found = records.index_problems(data, path, count=shard.count, num_bytes=shard.num_bytes,
+    got, found = record_format.index_problems(data, path, count=shard.count, num_bytes=shard.num_bytes,
                                         sha256=shard.index_sha256)
     problems = [f"{path}: {problem}" for problem in found]
     if frame_lengths is None or not got:

@@ -1,12 +1,14 @@
 """The record files' format, named here alone: every writer makes its record files with `writer`,
-every reader of whole files goes through `read`, and a file's name, its index file's name and
+every reader of whole files goes through `read`, tf.data reads them with `tf_dataset`, the readers'
+checks walk them with `frames`, `check_frame` and `salvage`, index files are made and checked with
+`index_bytes`, `load_index` and `index_problems`, and a file's name, its index file's name and
 TFDS's name for the format come from here. Today that is TFRecord (frames: format/records.py); a
 second format is a second module of these names, chosen where the manifest is written and read.
 """
 
 from __future__ import annotations
 
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, Sequence
 
 from imagerecords.format import records
 
@@ -51,3 +53,28 @@ def writer(stream: BinaryIO) -> records.RecordWriter:
 def read(stream: BinaryIO, name: str = "<stream>") -> Iterator[bytes]:
     """The records of a whole file, in order; a bad frame raises CorruptRecordError naming `name`."""
     return records.read_records(stream, name)
+
+
+# The readers' view of a file's frames, beside `read`: a header walk that stops at the first frame
+# that fails or runs past the end ((offset, length) each), one frame's check at an offset (its
+# length, or None), and the good records after a bad frame ((index, record or None, problem)).
+FRAME_HEADER = records.FRAME_HEADER
+CorruptRecordError = records.CorruptRecordError
+frames = records.scan_headers
+check_frame = records.check_frame
+salvage = records.salvage
+# Index files (DALI's tfrecord2idx lines): checked against what the manifest lists before use.
+load_index = records.load_index
+index_problems = records.index_problems
+
+
+def index_bytes(offsets: Sequence[int], end: int) -> bytes:
+    """The index file of a record file whose records start at `offsets` and which ends at `end`."""
+    return records.format_index(records.index_entries(offsets, end))
+
+
+def tf_dataset(path):
+    """tf.data's reader of one record file (a scalar tf.string path), yielding serialized records."""
+    import tensorflow as tf
+
+    return tf.data.TFRecordDataset(path)

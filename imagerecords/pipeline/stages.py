@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, S
 from imagerecords.pipeline import (array_rows, codec, dataset_files, download, input_files, phases, planning, publish,
                                    shard_members, staged_check, storage)
 from imagerecords.pipeline import fingerprint as fingerprint_lib
-from imagerecords.format import records
+from imagerecords.format import record_format, records
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.format.manifest import DUPLICATES, ERRORS, Shard
 from imagerecords.pipeline.dataset_files import ShardResult
@@ -298,9 +298,9 @@ class ShardWriter:
         phases.reached("shard_staged", filename=filename, records=stats.count)
         index_file = index_sha256 = index_crc32c = None
         if self.write_index:
-            # tfrecord2idx format (records.format_index), in the index folder no shard glob reaches.
+            # tfrecord2idx format (record_format.index_bytes), in the index folder no shard glob reaches.
             index_file = dataset_files.index_name(filename)
-            index_data = records.format_index(records.index_entries(stats.offsets, stats.num_bytes))
+            index_data = record_format.index_bytes(stats.offsets, stats.num_bytes)
             index_sha256 = hashlib.sha256(index_data).hexdigest()
             index_crc32c = records.crc32c_of(index_data)
             storage.write_bytes(storage.join(staging, index_file), index_data)

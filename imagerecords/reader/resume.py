@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from imagerecords.format.paths import has_scheme
-from imagerecords.format import files, records
+from imagerecords.format import files, record_format
 from imagerecords.format.errors import Error
 from imagerecords.reader.hosts import Position, per_host_records, position_of_example, position_of_step  # noqa: F401
 from imagerecords.reader.shards import open_shards
@@ -138,11 +138,11 @@ class RecordTable:
                 pos = 0
                 for i in run:
                     size = int(self.length[ids[i]])
-                    length = records.check_frame(data, pos)  # both checksums, and the index's frame length
-                    if length is None or length + records.FRAME_OVERHEAD != size:
+                    length = record_format.check_frame(data, pos)  # both checksums, and the index's frame length
+                    if length is None or length + record_format.FRAME_OVERHEAD != size:
                         self._bad(shard, f"the frame at byte {int(self.offset[ids[i]])} fails its checks")
                     else:
-                        out[i] = data[pos + records.FRAME_HEADER:pos + records.FRAME_HEADER + length]
+                        out[i] = data[pos + record_format.FRAME_HEADER:pos + record_format.FRAME_HEADER + length]
                         n_records += 1
                     pos += size
         finally:
@@ -188,7 +188,7 @@ def _index_entries(path: str, count: int, shard, policy: str) -> List[Tuple[int,
         return scan_headers(path, count)
     with _open(index) as f:
         data = f.read()
-    return records.load_index(data, index, count=count, num_bytes=shard.num_bytes, sha256=shard.index_sha256)
+    return record_format.load_index(data, index, count=count, num_bytes=shard.num_bytes, sha256=shard.index_sha256)
 
 
 def scan_headers(path: str, count: int) -> List[Tuple[int, int]]:
@@ -197,7 +197,7 @@ def scan_headers(path: str, count: int) -> List[Tuple[int, int]]:
     Stops early at a header whose checksum fails or at the end of the file.
     """
     with _open(path) as f:
-        return records.scan_headers(f, count)
+        return record_format.frames(f, count)
 
 
 def host_epoch(counts: Sequence[int], seed: int, start: Position, epoch: int, num_hosts: int, host: int,

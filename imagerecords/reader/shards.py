@@ -10,7 +10,7 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from imagerecords.format import access, files
-from imagerecords.format import records as records_lib
+from imagerecords.format import record_format
 from imagerecords.format.errors import Error
 from imagerecords.format.paths import has_scheme
 from imagerecords.reader.info import file_size
@@ -104,7 +104,7 @@ def open_shards(shards: Sequence, dataset: str, policy: str, stats: Optional[Rea
 def _count_frames(path: str) -> int:
     """Frames of `path` up to its end or its first header whose checksum fails (headers only read)."""
     with (tf.io.gfile.GFile(path, "rb") if has_scheme(path) else open(path, "rb")) as f:
-        return len(records_lib.scan_headers(f, 2**62))
+        return len(record_format.frames(f, 2**62))
 
 
 @_no_autograph
@@ -147,7 +147,7 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
 
     def records_read() -> tf.Tensor:
         # Only on the error paths: count what TFRecordDataset can read before a bad frame or the end.
-        return (tf.data.TFRecordDataset(path).ignore_errors().take(fit)
+        return (record_format.tf_dataset(path).ignore_errors().take(fit)
                 .reduce(tf.constant(0, tf.int64), _no_autograph(lambda n, _: n + 1)))
 
     def nothing() -> tf.data.Dataset:
@@ -188,7 +188,7 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
 
     # The tail is made when the file is used up before `count` records, so never for a healthy shard.
     records = (tf.data.Dataset.range(1).flat_map(gone)
-               .concatenate(tf.data.TFRecordDataset(path)
+               .concatenate(record_format.tf_dataset(path)
                             .ignore_errors()  # ends the file at the first frame that fails its checks
                             .take(fit)
                             .concatenate(tf.data.Dataset.range(1).flat_map(short))
@@ -200,7 +200,7 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
 
 def _frames_that_fit(path: tf.Tensor, count: tf.Tensor) -> int:
     """How many of a local shard's first `count` frames have a header that passes its checksum and a
-    length within the file (records.scan_headers: headers only read); `count` for a remote shard,
+    length within the file (record_format.frames: headers only read); `count` for a remote shard,
     whose headers would each cost a request (TensorFlow's reader is then trusted as it is)."""
     name, wanted = path.numpy().decode("utf-8"), int(count.numpy())
     if has_scheme(name):
@@ -210,7 +210,7 @@ def _frames_that_fit(path: tf.Tensor, count: tf.Tensor) -> int:
     except (OSError, Error):
         return wanted  # missing or refused: the read that follows says so
     with stream:
-        return len(records_lib.scan_headers(stream, wanted))
+        return len(record_format.frames(stream, wanted))
 
 
 def _text(*parts) -> tf.Tensor:
@@ -221,13 +221,13 @@ def _text(*parts) -> tf.Tensor:
 
 def _recover(path: str, start: int, count: int, stats: ReadStats) -> Iterator[Tuple[int, bytes]]:
     """Yields (index, record) for the good frames of `path` after its first `start` records
-    (imagerecords.format.records.salvage). The records skipped are the manifest count minus the
+    (record_format.salvage). The records skipped are the manifest count minus the
     records read, so the count is exact even when a stretch of several frames was lost.
     """
     with tf.io.gfile.GFile(path, "rb") as f:
         data = f.read()
     good, first_problem = start, None
-    for index, record, problem in records_lib.salvage(data, start):
+    for index, record, problem in record_format.salvage(data, start):
         if record is None:
             first_problem = first_problem or problem
             continue

@@ -11,7 +11,7 @@ import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from imagerecords.format import features as feature_spec
-from imagerecords.format import record_format, records, schema
+from imagerecords.format import record_format, schema
 from imagerecords.format.features import Feature
 from imagerecords.format.manifest import Manifest, Split
 from imagerecords.pipeline.storage import join, open_if_exists
@@ -246,7 +246,7 @@ class _Picker:
                     self.take(schema.parse_example(raw, only=self.wanted), filename, index)
                     if self.done():
                         break
-        except records.CorruptRecordError as e:
+        except record_format.CorruptRecordError as e:
             self.sample.problems.append(f"{e} (run `imagerecords verify --records`)")
 
     def take(self, example: Mapping[str, List[Any]], shard: str, index: int) -> None:
