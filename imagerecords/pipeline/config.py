@@ -108,10 +108,176 @@ MAX_SHARDS = 99_999
 _HTTP = download.HttpSettings()  # the download settings' defaults, spelled there
 
 
-@naming.declare
+# Each concern's settings are a small frozen class that checks its own fields (`_problems`), and
+# BuildConfig is all of them plus what is the build's own: one flat set of setting names for build(),
+# the flags, presets and the transforms (check_setting_types reads them all), and a stage can take
+# only its concern. Every field's text is in BuildConfig's Attributes (the flags' help reads it).
+
+
+def _raise_problems(problems: List[str]) -> None:
+    if problems:
+        raise ValueError("invalid build configuration: " + "; ".join(problems))
+
+
 @dataclasses.dataclass(frozen=True)
-class BuildConfig:
-    """Everything a build needs besides the Beam pipeline options.
+class InputColumns:
+    """Where a manifest's rows keep each image's path, label, split, key and size, and whether
+    sizes are looked up."""
+
+    path_column: str = "path"
+    label_column: str = "label"
+    split_column: str = "split"
+    key_column: str = "key"
+    size_column: str = "size"
+    skip_stat: bool = False
+
+    def __post_init__(self):
+        _raise_problems(InputColumns._problems(self))
+
+    def _problems(self) -> List[str]:
+        return []
+
+    def manifest_columns(self, features=()) -> ManifestColumns:
+        """The column names a manifest input is read with (and the declared features' columns)."""
+        return ManifestColumns(self.path_column, self.label_column, self.split_column, self.key_column,
+                               self.size_column, tuple(features))
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelOptions:
+    """How labels become class ids: a fixed map, the label type and an offset."""
+
+    label_map: Optional[str] = None
+    label_type: str = "auto"
+    label_offset: int = 0
+
+    def __post_init__(self):
+        _raise_problems(LabelOptions._problems(self))
+
+    def _problems(self) -> List[str]:
+        problems = []
+        if self.label_type not in LABEL_TYPES:
+            problems.append(f"label_type {self.label_type!r} is not one of {', '.join(LABEL_TYPES)}")
+        if self.label_offset < 0:
+            problems.append(f"label_offset must be >= 0, got {self.label_offset}")
+        return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitOptions:
+    """How keys are shuffled and assigned to splits: the two hash salts and the split fractions
+    (a set checked whole by checked_splits when the settings are made)."""
+
+    seed: int = 0
+    splits: Optional[Tuple[Tuple[str, float], ...]] = None
+    split_seed: int = 0
+    split_names: Optional[Tuple[str, ...]] = None
+
+    def __post_init__(self):
+        _raise_problems(SplitOptions._problems(self))
+
+    def _problems(self) -> List[str]:
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardOptions:
+    """How many shards a split is cut into: a count, or a target size with a floor."""
+
+    num_shards: Optional[int] = None
+    target_shard_mb: float = 192.0
+    min_shards: int = 8
+
+    def __post_init__(self):
+        _raise_problems(ShardOptions._problems(self))
+
+    def _problems(self) -> List[str]:
+        problems = []
+        if self.num_shards is not None and not 1 <= self.num_shards <= MAX_SHARDS:
+            problems.append(f"num_shards must be within 1..{MAX_SHARDS:,} (shards of one split), got {self.num_shards}")
+        if not 1 <= self.min_shards <= MAX_SHARDS:
+            problems.append(f"min_shards must be within 1..{MAX_SHARDS:,}, got {self.min_shards}")
+        if self.target_shard_mb <= 0:
+            problems.append(f"target_shard_mb must be > 0, got {self.target_shard_mb}")
+        return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class DownloadOptions:
+    """How manifest rows that are http(s) URLs are downloaded by the shard writers (a worker's
+    download.HttpSettings is made from these, the headers file read)."""
+
+    http_workers: int = _HTTP.workers
+    http_per_host: int = _HTTP.per_host
+    http_timeout: float = _HTTP.timeout
+    http_deadline: float = _HTTP.deadline
+    http_retries: int = _HTTP.retries
+    http_user_agent: str = ""
+    http_headers: Optional[str] = None
+
+    def __post_init__(self):
+        _raise_problems(DownloadOptions._problems(self))
+
+    def http_settings(self) -> download.HttpSettings:
+        """What a worker downloads with: these settings, the headers file read (raises what
+        download.read_headers raises)."""
+        headers = download.read_headers(self.http_headers) if self.http_headers else ()
+        return download.HttpSettings(workers=self.http_workers, per_host=self.http_per_host, timeout=self.http_timeout,
+                                     deadline=self.http_deadline, retries=self.http_retries,
+                                     user_agent=self.http_user_agent, headers=headers)
+
+    def _problems(self) -> List[str]:
+        problems = []
+        for name in ("http_workers", "http_per_host"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("http_timeout", "http_deadline"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.http_retries < 0:
+            problems.append(f"http_retries must be >= 0, got {self.http_retries}")
+        return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishOptions:
+    """How a build publishes into its output: replacing, appending or resuming, the versions kept
+    and named, index files, the duplicate check, and the reject budget that fails a build."""
+
+    skip_duplicate_check: bool = False
+    max_reject_fraction: float = 0.01
+    overwrite: bool = False
+    write_index: bool = False
+    keep_versions: int = 2
+    resume: bool = False
+    append: bool = False
+    version_name: Optional[str] = None
+
+    def __post_init__(self):
+        _raise_problems(PublishOptions._problems(self))
+
+    def _problems(self) -> List[str]:
+        problems = []
+        if not 0 <= self.max_reject_fraction <= 1:
+            problems.append(f"max_reject_fraction must be within 0..1, got {self.max_reject_fraction}")
+        if self.keep_versions < 1:
+            problems.append(f"keep_versions must be >= 1, got {self.keep_versions}")
+        if self.append and self.overwrite:
+            problems.append(f"append and overwrite exclude each other: {setting('append')} adds to the published "
+                            f"dataset, {setting('overwrite')} replaces it")
+        if self.version_name is not None and version_name_problem(self.version_name):
+            problems.append(f"version_name {version_name_problem(self.version_name)}")
+        return problems
+
+
+CONCERNS = (InputColumns, LabelOptions, SplitOptions, ShardOptions, DownloadOptions, PublishOptions)
+
+
+@naming.declare
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, LabelOptions, InputColumns):
+    """Everything a build needs besides the Beam pipeline options: each concern's settings (the
+    classes above) and the build's own; every setting's text is here (the flags' help reads it).
 
     Attributes:
       input: a class-folder root (`root/<label>/**/<image>`) or a .csv / .jsonl manifest; local path
@@ -186,41 +352,10 @@ class BuildConfig:
     output: str
     name: str = "images"
     schema: str = "tfds"
-    seed: int = 0
-    splits: Optional[Tuple[Tuple[str, float], ...]] = None
-    split_seed: int = 0
-    split_names: Optional[Tuple[str, ...]] = None
-    num_shards: Optional[int] = None
-    target_shard_mb: float = 192.0
-    min_shards: int = 8
     image: ImageOptions = ImageOptions()
     writer: str = "shards"
-    label_map: Optional[str] = None
-    label_type: str = "auto"
-    label_offset: int = 0
-    path_column: str = "path"
-    label_column: str = "label"
-    split_column: str = "split"
-    key_column: str = "key"
-    size_column: str = "size"
-    skip_stat: bool = False
-    skip_duplicate_check: bool = False
-    max_reject_fraction: float = 0.01
     threads: int = 4
-    http_workers: int = _HTTP.workers
-    http_per_host: int = _HTTP.per_host
-    http_timeout: float = _HTTP.timeout
-    http_deadline: float = _HTTP.deadline
-    http_retries: int = _HTTP.retries
-    http_user_agent: str = ""
-    http_headers: Optional[str] = None
-    overwrite: bool = False
-    write_index: bool = False
-    keep_versions: int = 2
-    resume: bool = False
     features: Tuple[features_lib.Feature, ...] = ()
-    append: bool = False
-    version_name: Optional[str] = None
 
     def __post_init__(self):
         problems = []
@@ -246,49 +381,24 @@ class BuildConfig:
                             "characters (it begins every shard file name)")
         if self.schema not in schema.PRESETS:
             problems.append(f"schema {self.schema!r} is not one of {', '.join(schema.PRESETS)}")
-        if self.num_shards is not None and not 1 <= self.num_shards <= MAX_SHARDS:
-            problems.append(f"num_shards must be within 1..{MAX_SHARDS:,} (shards of one split), got {self.num_shards}")
-        if not 1 <= self.min_shards <= MAX_SHARDS:
-            problems.append(f"min_shards must be within 1..{MAX_SHARDS:,}, got {self.min_shards}")
-        if self.target_shard_mb <= 0:
-            problems.append(f"target_shard_mb must be > 0, got {self.target_shard_mb}")
+        problems += ShardOptions._problems(self)
         if self.writer not in WRITERS:
             problems.append(f"writer {self.writer!r} is not one of {', '.join(WRITERS)}")
-        if self.label_type not in LABEL_TYPES:
-            problems.append(f"label_type {self.label_type!r} is not one of {', '.join(LABEL_TYPES)}")
-        if self.label_offset < 0:
-            problems.append(f"label_offset must be >= 0, got {self.label_offset}")
+        problems += LabelOptions._problems(self)
         if self.schema == "tfds" and self.label_offset != 0:
             problems.append("label_offset must be 0 with schema 'tfds' (TFDS ClassLabel ids start at 0); "
                             "use schema 'tf-models' for ImageNet-style offsets")
-        if not 0 <= self.max_reject_fraction <= 1:
-            problems.append(f"max_reject_fraction must be within 0..1, got {self.max_reject_fraction}")
-        if self.keep_versions < 1:
-            problems.append(f"keep_versions must be >= 1, got {self.keep_versions}")
         if self.threads < 1:
             problems.append(f"threads must be >= 1, got {self.threads}")
-        for name in ("http_workers", "http_per_host"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("http_timeout", "http_deadline"):
-            if not getattr(self, name) > 0:
-                problems.append(f"{name} must be > 0 seconds, got {getattr(self, name)}")
-        if self.http_retries < 0:
-            problems.append(f"http_retries must be >= 0, got {self.http_retries}")
-        if self.append and self.overwrite:
-            problems.append(f"append and overwrite exclude each other: {setting('append')} adds to the published dataset, "
-                            f"{setting('overwrite')} replaces it")
+        problems += InputColumns._problems(self) + SplitOptions._problems(self) + DownloadOptions._problems(self)
+        problems += PublishOptions._problems(self)
         if self.append and self.writer == "beam":
             problems.append(f"{setting('append')} needs {setting('writer', 'shards')}")
-        if self.version_name is not None and version_name_problem(self.version_name):
-            problems.append(f"version_name {version_name_problem(self.version_name)}")
-        if problems:
-            raise ValueError("invalid build configuration: " + "; ".join(problems))
+        _raise_problems(problems)
 
-    def manifest_columns(self) -> ManifestColumns:
-        """The column names a manifest input is read with."""
-        return ManifestColumns(self.path_column, self.label_column, self.split_column, self.key_column,
-                               self.size_column, self.features)
+    def manifest_columns(self, features=None) -> ManifestColumns:
+        """The column names a manifest input is read with, the declared features' columns with them."""
+        return InputColumns.manifest_columns(self, self.features if features is None else features)
 
     def to_json(self) -> Dict[str, Any]:
         """Returns the parameters recorded in manifest.json (paths excluded: they vary by machine)."""
@@ -314,8 +424,7 @@ class BuildConfig:
         return d
 
 
-HTTP_FIELDS = ("http_workers", "http_per_host", "http_timeout", "http_deadline", "http_retries", "http_user_agent",
-               "http_headers")
+HTTP_FIELDS = tuple(f.name for f in dataclasses.fields(DownloadOptions))
 
 
 def field_docs(cls: type) -> Dict[str, str]:

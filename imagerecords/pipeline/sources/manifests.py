@@ -37,10 +37,7 @@ class ManifestSource(Source):
         return _manifest_kind(path) is not None
 
     def bind(self, config) -> "ManifestSource":
-        headers = download.read_headers(config.http_headers) if config.http_headers else ()
-        return ManifestSource(download.HttpSettings(
-            workers=config.http_workers, per_host=config.http_per_host, timeout=config.http_timeout,
-            deadline=config.http_deadline, retries=config.http_retries, user_agent=config.http_user_agent, headers=headers))
+        return ManifestSource(config.http_settings())  # config: a BuildConfig, or its DownloadOptions alone
 
     def reader(self, options):
         return download.reader(self._http, options.max_file_bytes, input_files.limited_reader(options), self._hosts)

@@ -1,0 +1,54 @@
+"""The build's settings by concern: small frozen classes that each check their own fields, of which
+BuildConfig is made (one flat set of setting names for build(), the flags and the transforms)."""
+
+import dataclasses
+
+import pytest
+
+from imagerecords.pipeline import config as config_lib
+from imagerecords.pipeline.config import BuildConfig
+
+OWN = {"input", "output", "name", "schema", "image", "writer", "threads", "features"}
+
+
+def test_every_setting_belongs_to_one_concern_or_to_the_build_itself():
+    owners = {}
+    for concern in config_lib.CONCERNS:
+        for f in dataclasses.fields(concern):
+            assert f.name not in owners, f"{f.name} is in {owners.get(f.name)} and {concern.__name__}"
+            owners[f.name] = concern.__name__
+    assert set(owners) & OWN == set()
+    assert {f.name for f in dataclasses.fields(BuildConfig)} == set(owners) | OWN
+    config = BuildConfig(input="photos/", output="out/")
+    for concern in config_lib.CONCERNS:
+        assert isinstance(config, concern) and dataclasses.is_dataclass(concern)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(concern(), dataclasses.fields(concern)[0].name, None)
+
+
+@pytest.mark.parametrize("concern, values, message", [
+    (config_lib.ShardOptions, {"num_shards": 0}, "num_shards must be within 1..99,999 (shards of one split), got 0"),
+    (config_lib.ShardOptions, {"target_shard_mb": 0.0}, "target_shard_mb must be > 0, got 0.0"),
+    (config_lib.LabelOptions, {"label_type": "float"}, "label_type 'float' is not one of auto, name, int"),
+    (config_lib.DownloadOptions, {"http_per_host": 0}, "http_per_host must be >= 1, got 0"),
+    (config_lib.PublishOptions, {"keep_versions": 0}, "keep_versions must be >= 1, got 0"),
+    (config_lib.PublishOptions, {"version_name": "v-1"}, "version_name 'v-1' starts with 'v-'"),
+])
+def test_a_concern_checks_its_own_fields_alone_and_inside_the_build(concern, values, message):
+    with pytest.raises(ValueError) as alone:
+        concern(**values)
+    with pytest.raises(ValueError) as inside:
+        BuildConfig(input="photos/", output="out/", **values)
+    assert str(alone.value).startswith("invalid build configuration: " + message)
+    assert str(inside.value) == str(alone.value)
+
+
+def test_a_stage_takes_only_its_concern():
+    from imagerecords.pipeline.sources.manifests import ManifestSource
+
+    alone = ManifestSource().bind(config_lib.DownloadOptions(http_per_host=2, http_retries=0))
+    whole = ManifestSource().bind(BuildConfig(input="a.csv", output="out/", http_per_host=2, http_retries=0))
+    assert alone._http == whole._http
+    assert (alone._http.per_host, alone._http.retries, alone._http.workers) == (2, 0, 16)
+    columns = config_lib.InputColumns(path_column="url").manifest_columns()
+    assert columns == BuildConfig(input="a.csv", output="out/", path_column="url").manifest_columns()
