@@ -131,7 +131,7 @@ def _imagerecords(*args, timeout=JOB_TIMEOUT):
 
 @pytest.mark.slow
 def test_a_detached_submit_returns_and_its_job_publishes_itself(cluster, image_tree, direct, tmp_path):
-    cluster.restart_worker_pools()
+    cluster.restart_worker_pools(warm=True)
     out = tmp_path / "out"
     known = {job["jid"] for job in cluster.jobs()}
     started = time.monotonic()
@@ -162,7 +162,7 @@ def test_a_declared_features_build_on_flink_is_byte_identical(cluster, tmp_path)
     from imagerecords.cli.launcher import run
     from tests.support.detection import CONFIG, write_rows
 
-    cluster.restart_worker_pools()
+    cluster.restart_worker_pools(warm=True)
     rows = write_rows(tmp_path)
     with open(tmp_path / "m.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
@@ -185,7 +185,7 @@ def test_a_url_manifest_is_downloaded_by_the_flink_workers_into_the_local_bytes(
     from imagerecords.cli.launcher import run
     from tests.support.web import Server, jpeg
 
-    cluster.restart_worker_pools()
+    cluster.restart_worker_pools(warm=True)
     with Server({f"p{i:02d}.jpg": jpeg(i) for i in range(10)}) as server:
         # Keys of their own: the URLs hold the server's port, which differs per run (and so would the splits).
         rows = [f"{server.url(f'/img/p{i:02d}.jpg')},{'cat' if i % 2 else 'dog'},photo{i:02d}\n" for i in range(10)]
@@ -208,6 +208,7 @@ def test_arrays_build_on_flink_is_byte_identical_to_direct_runner(cluster, tmp_p
 
     from imagerecords.cli.launcher import run
 
+    cluster.restart_worker_pools(warm=True)
     r = np.random.default_rng(7)
     npz = tmp_path / "data.npz"
     np.savez(npz, image=r.random((200, 28, 28), dtype=np.float32), label=r.integers(0, 10, 200),

@@ -74,19 +74,17 @@ def test_two_builds_through_one_kept_up_job_server_match_the_local_engine(cluste
     with cluster.job_server() as server:
         args = cluster.pipeline_args(job_endpoint=server.endpoint)
         assert not any(a.startswith("--flink_job_server_jar") for a in args)
-        outs, workers = [], []
-        # The second build also asks Flink to keep SDK workers between stages: the bytes must not change.
-        for i, extra in enumerate([[], ["--environment_cache_millis=60000"]]):
-            out = tmp_path / f"flink-{i}"
-            before = _workers_started(cluster)
-            seen = _build_watched(["--input", image_tree[0], "--output", out, "--no_progress", *ARGS, *args, *extra],
-                                  tmp_path)
-            # The launcher submitted to the server that was up: it started no JVM (no job server) of its own.
-            assert seen == {}, seen
-            assert server.proc.poll() is None, server.log_tail()
-            outs.append(out)
-            workers.append(_workers_started(cluster) - before)
-        # The third through warm pools (imagerecords' worker_pool --warm, what docs/flink.md ships for
+        # (A build with --environment_cache_millis was dropped from here: it started as many SDK workers
+        # on Flink 1.19 batch and wrote the same bytes, ~70 s of CI for no new finding; docs/flink.md.)
+        out = tmp_path / "flink-cold"
+        before = _workers_started(cluster)
+        seen = _build_watched(["--input", image_tree[0], "--output", out, "--no_progress", *ARGS, *args], tmp_path)
+        # The launcher submitted to the server that was up: it started no JVM (no job server) of its own.
+        assert seen == {}, seen
+        assert server.proc.poll() is None, server.log_tail()
+        outs = [out]
+        cold_workers = _workers_started(cluster) - before
+        # The second through warm pools (imagerecords' worker_pool --warm, what docs/flink.md ships for
         # the sidecar): SDK workers are threads of the pools, no interpreter starts, the same bytes.
         cluster.restart_worker_pools(warm=True)
         try:
@@ -100,11 +98,10 @@ def test_two_builds_through_one_kept_up_job_server_match_the_local_engine(cluste
         finally:
             cluster.restart_worker_pools()
         server_pid = server.pid
-    print(f"\nSDK worker processes started per job: {workers[0]} without the environment cache, {workers[1]} with it, "
-          "0 with warm pools")
-    assert min(workers) >= 1, workers  # the cluster's pools ran the work, not the launcher
+    print(f"\nSDK worker processes started per job: {cold_workers} by process pools, 0 by warm pools")
+    assert cold_workers >= 1, cold_workers  # the cluster's pools ran the work, not the launcher
     jobs = [job for job in cluster.jobs() if job["jid"] not in known]
-    assert sorted(job["state"] for job in jobs) == ["FINISHED"] * 3, jobs
+    assert sorted(job["state"] for job in jobs) == ["FINISHED"] * 2, jobs
     assert not os.path.exists(f"/proc/{server_pid}"), "the job server outlived its context"
     names = [os.path.basename(p) for p in shard_files(reference)]
     assert len(names) == 4
