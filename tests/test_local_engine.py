@@ -427,9 +427,9 @@ def test_the_collection_before_the_fork_is_not_skipped_while_another_thread_coll
 
 @pytest.mark.slow
 def test_forked_workers_never_run_the_destructors_of_what_they_inherit(tmp_path):
-    from imagerecords.pipeline.engines import local
+    from imagerecords.pipeline import processes
 
-    if not local._fork_available():
+    if not processes.fork_available():
         pytest.skip("workers are forked only on Linux")
     marker = tmp_path / "deleted"
     pid = _gc_script("forked", marker)

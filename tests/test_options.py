@@ -33,6 +33,9 @@ def test_every_setting_belongs_to_one_concern_or_to_the_build_itself():
     (config_lib.DownloadOptions, {"http_per_host": 0}, "http_per_host must be >= 1, got 0"),
     (config_lib.PublishOptions, {"keep_versions": 0}, "keep_versions must be >= 1, got 0"),
     (config_lib.PublishOptions, {"version_name": "v-1"}, "version_name 'v-1' starts with 'v-'"),
+    (config_lib.SplitOptions, {"splits": (("train", 0.7), ("test", 0.2))}, "splits: fractions sum to 0.9, not 1"),
+    (config_lib.SplitOptions, {"split_names": ("train", "a/b")}, "split_names: "),
+    (config_lib.InputColumns, {"label_column": ""}, "label_column must name a column, got an empty name"),
 ])
 def test_a_concern_checks_its_own_fields_alone_and_inside_the_build(concern, values, message):
     with pytest.raises(ValueError) as alone:

@@ -135,7 +135,8 @@ class InputColumns:
         _raise_problems(InputColumns._problems(self))
 
     def _problems(self) -> List[str]:
-        return []
+        names = ("path_column", "label_column", "split_column", "key_column", "size_column")
+        return [f"{name} must name a column, got an empty name" for name in names if getattr(self, name) == ""]
 
     def manifest_columns(self, features=()) -> ManifestColumns:
         """The column names a manifest input is read with (and the declared features' columns)."""
@@ -165,8 +166,8 @@ class LabelOptions:
 
 @dataclasses.dataclass(frozen=True)
 class SplitOptions:
-    """How keys are shuffled and assigned to splits: the two hash salts and the split fractions
-    (a set checked whole by checked_splits when the settings are made)."""
+    """How keys are shuffled and assigned to splits: the two hash salts, the split fractions (one
+    set, checked whole by checked_splits) and the names of splits a manifest column gives."""
 
     seed: int = 0
     splits: Optional[Tuple[Tuple[str, float], ...]] = None
@@ -177,7 +178,17 @@ class SplitOptions:
         _raise_problems(SplitOptions._problems(self))
 
     def _problems(self) -> List[str]:
-        return []
+        problems = []
+        if self.splits is not None:
+            try:
+                checked_splits(self.splits)
+            except ValueError as e:
+                problems.append(str(e))
+        for name in self.split_names or ():
+            problem = split_name_problem(name) if isinstance(name, str) else f"{name!r:.80} is not a name"
+            if problem:
+                problems.append(f"split_names: {problem}")
+        return problems
 
 
 @dataclasses.dataclass(frozen=True)

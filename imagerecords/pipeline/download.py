@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import random
-import sys
 import threading
 import time
 import urllib.parse
 import zlib
 from typing import Dict, Mapping, Optional, Tuple
+from imagerecords.pipeline import processes
 from imagerecords.pipeline.naming import setting
 
 MAX_REDIRECTS = 5
@@ -110,8 +110,7 @@ class HostSlots:
     def __init__(self, per_host: int):
         # The local engine's own start method (fork on Linux): a forked worker inherits the
         # semaphores, and a fork context unlinks them at once (no resource tracker process).
-        linux_fork = sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if linux_fork else "spawn")
+        ctx = processes.worker_context()
         self.per_host = per_host
         self._slots = [ctx.BoundedSemaphore(per_host) for _ in range(self.SLOTS)]
 

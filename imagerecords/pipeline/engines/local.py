@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from imagerecords.pipeline import appending, array_rows, arrays, planning, publish, sources, stages
+from imagerecords.pipeline import appending, array_rows, arrays, planning, processes, publish, sources, stages
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
@@ -163,19 +163,11 @@ PROCESS_MIN_IMAGES = 256
 THREADS_PER_PROCESS = 2
 
 
-def _fork_available() -> bool:
-    # Workers are forked: they inherit the imported codec and the build's settings, and never
-    # re-import the caller's __main__ (which spawn and forkserver do: a script calling run()
-    # without a `__main__` guard would start itself again in every worker). macOS's system
-    # libraries are not fork-safe, so elsewhere the default stays on threads.
-    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
-
-
 def _auto_workers() -> int:
     """Worker processes an input of PROCESS_MIN_IMAGES or more gets: one per core, where forking is
     available and there is more than one core; otherwise 0 (threads in this process)."""
     cores = os.cpu_count() or 1
-    return cores if cores > 1 and _fork_available() else 0
+    return cores if cores > 1 and processes.fork_available() else 0
 
 
 class _Progress:
@@ -312,7 +304,7 @@ def _fork_workers(workers: int, writer: stages.ShardWriter, progress_dir: Option
     (README, Scale). Forking is cheap (no new interpreter, nothing imported again), so it is done
     even if the input turns out too small to use them. Elsewhere than Linux workers are spawned (the caller needs a
     `__main__` guard)."""
-    ctx = multiprocessing.get_context("fork" if _fork_available() else "spawn")
+    ctx = processes.worker_context()
     cancel = ctx.Event()
     pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
                                                   initargs=(writer, progress_dir, cancel, os.getpid()))
