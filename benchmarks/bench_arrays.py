@@ -91,10 +91,11 @@ def launcher(npz):
     (engines.local.list_inputs, stages.assign, plan) against array_rows' NumPy columns."""
     import pickle
 
-    from imagerecords.pipeline import arrays, stages
-    from imagerecords.pipeline import refs as refs_lib
+    from imagerecords.pipeline import stages
     from imagerecords.pipeline.engines import local
     from imagerecords.pipeline.options import BuildOptions
+    from imagerecords.pipeline.plan import refs as refs_lib
+    from imagerecords.pipeline.read import array_files as arrays
 
     config = BuildOptions.make(npz, npz + ".unused-out").config
     arrays.forget_if_changed(npz)

@@ -26,11 +26,12 @@ def _rss_mb() -> float:
 
 def plan_only(manifest: str) -> dict:
     """Lists, assigns and plans `manifest` with the local engine's own functions; returns the figures."""
-    from imagerecords.pipeline import arrays, sources, stages
-    from imagerecords.pipeline import refs as refs_lib
+    from imagerecords.pipeline import sources, stages
     from imagerecords.pipeline.config import BuildConfig
     from imagerecords.pipeline.engines import local
-    from imagerecords.pipeline.refs import Rejected
+    from imagerecords.pipeline.plan import refs as refs_lib
+    from imagerecords.pipeline.plan.refs import Rejected
+    from imagerecords.pipeline.read import array_files as arrays
 
     with open(manifest, encoding="utf-8") as f:
         header = f.readline().rstrip("\r\n")

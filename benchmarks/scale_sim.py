@@ -68,7 +68,7 @@ print(json.dumps({"load_s": seconds, "added_mb": (peak - base) / 1e6,
 def ref_bytes(uri_length: int = 60, ref=None) -> int:
     """Bytes of one ref as the shuffle carries it: the registered ImageRefCoder's encoding of `ref`
     (default: an ImageNet-like gs:// ref), plus its 64-bit shuffle hash (a varint, up to 10 bytes)."""
-    from imagerecords.pipeline.refs import ImageRef
+    from imagerecords.pipeline.plan.refs import ImageRef
     from imagerecords.transforms.coders import ImageRefCoder
 
     if ref is None:
@@ -84,8 +84,8 @@ def shard_results(images: int, num_shards: int, image_bytes: int, classes: int, 
     import numpy as np
 
     from imagerecords.format.manifest import Shard
-    from imagerecords.pipeline import planning
-    from imagerecords.pipeline.dataset_files import ShardResult
+    from imagerecords.pipeline.plan import shard_plan as planning
+    from imagerecords.pipeline.write.dataset_files import ShardResult
 
     rng = np.random.default_rng(seed)
     out = []
@@ -110,8 +110,9 @@ def build_manifest(folder: str, images: int, num_shards: int, image_bytes: int, 
     """Writes `folder`/manifest.json (and a columnar split's side file) through the commit's own
     steps; returns their times and sizes."""
     from imagerecords.format.manifest import COLUMNS_FROM, dumps
-    from imagerecords.pipeline import dataset_files, publish
     from imagerecords.pipeline.config import BuildConfig
+    from imagerecords.pipeline.publish import commit as publish
+    from imagerecords.pipeline.write import dataset_files
 
     start = time.perf_counter()
     shards = shard_results(images, num_shards, image_bytes, classes, one_label=one_label)
@@ -166,7 +167,7 @@ def sums(images: int, image_bytes: int, classes: int, target_shard_mb: float, mi
     """The figures that need no build: shards, refs through the shuffle, object-store requests.
     `sized` False: the listing knows no size (URL rows), so the plan counts images; `per_ref`: a
     measured ref size (default ref_bytes())."""
-    from imagerecords.pipeline import planning
+    from imagerecords.pipeline.plan import shard_plan as planning
 
     shards = planning.choose_num_shards(images, images * image_bytes if sized else 0, None, target_shard_mb,
                                         min_shards)
@@ -282,11 +283,12 @@ def list_urls(path: str) -> Dict[str, object]:
     labels as the engine does; counts the per-row stats and network connections made (both must be 0)."""
     import socket
 
-    from imagerecords.pipeline import arrays, sources, stages
-    from imagerecords.pipeline import refs as refs_lib
+    from imagerecords.pipeline import sources, stages
     from imagerecords.pipeline.config import BuildConfig
     from imagerecords.pipeline.engines import local
-    from imagerecords.pipeline.refs import Rejected
+    from imagerecords.pipeline.plan import refs as refs_lib
+    from imagerecords.pipeline.plan.refs import Rejected
+    from imagerecords.pipeline.read import array_files as arrays
 
     config = BuildConfig(input=path, output=tempfile.mkdtemp(prefix="imagerecords-urls-"), path_column="url")
     calls = {"stat": 0, "connect": 0}
@@ -322,7 +324,9 @@ def sample_shards(refs, rows_per_shard: float, seed: int = 0) -> List[List[str]]
     """The sample cut as the build cuts a split (planning.plan_shards over the real shuffle hashes,
     at the full-size shards' row count), each shard's hosts in the order its writer fetches them
     (stages.shard_order): a shard at full size is a run of consecutive hashes, so is a sampled one."""
-    from imagerecords.pipeline import download, planning, stages
+    from imagerecords.pipeline import stages
+    from imagerecords.pipeline.plan import shard_plan as planning
+    from imagerecords.pipeline.read import download
 
     count = max(1, round(len(refs) / rows_per_shard))
     plan = planning.plan_shards("train", [h for h, _ in refs], 0, count)
@@ -467,8 +471,9 @@ def url_sums(sizes: List[int], sample: int, hosts: int, zipf: float, classes: in
     shuffle, shards by count, and the downloads' simulation; (the sample's figures, one row per size)."""
     import collections
 
-    from imagerecords.pipeline import download, planning
-    from imagerecords.pipeline import refs as refs_lib
+    from imagerecords.pipeline.plan import refs as refs_lib
+    from imagerecords.pipeline.plan import shard_plan as planning
+    from imagerecords.pipeline.read import download
 
     http = download.HttpSettings()
     downloader = download.Downloader(http, None)  # builds its pools only: no request is made

@@ -13,11 +13,15 @@ import numpy as np
 import pytest
 
 from conftest import build
-from imagerecords.pipeline import array_rows, arrays, dataset_files, fingerprint, planning, stages
-from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline import stages
 from imagerecords.pipeline.engines import local
 from imagerecords.pipeline.options import BuildOptions
-from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.plan import array_rows
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan import shard_plan as planning
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.read import array_files as arrays
+from imagerecords.pipeline.write import dataset_files, fingerprint
 
 
 def _random_hashes(rng, n):

@@ -101,7 +101,7 @@ def test_seed_parse_reads_every_array_bit_for_bit(float_build):
 
 
 def test_keys_are_stable_and_splits_hash_them(float_build):
-    from imagerecords.pipeline import refs
+    from imagerecords.pipeline.plan import refs
 
     arrays, out, manifest = float_build
     want = {s: sum(1 for i in range(N) if refs.assign_split([("train", 0.8), ("test", 0.2)], 0,
@@ -196,7 +196,7 @@ def test_local_engine_and_direct_runner_write_the_same_bytes(rgb_build, tmp_path
 
 @pytest.mark.slow
 def test_npy_folder_is_memory_mapped_and_builds_the_same_records(float_build, tmp_path):
-    from imagerecords.pipeline import arrays as arrays_lib
+    from imagerecords.pipeline.read import array_files as arrays_lib
 
     arrays, out, _ = float_build
     folder = tmp_path / "data"

@@ -11,9 +11,12 @@ import pytest
 
 from conftest import build, manifest_without_time, shard_files
 from imagerecords.format import records
-from imagerecords.pipeline import array_encode, arrays, codec, stages
-from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline.refs import Rejected
+from imagerecords.pipeline import stages
+from imagerecords.pipeline.encode import arrays as array_encode
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan.refs import Rejected
+from imagerecords.pipeline.read import array_files as arrays
 
 N = 300
 

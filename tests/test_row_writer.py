@@ -13,10 +13,14 @@ import uuid
 import numpy as np
 import pytest
 
-from imagerecords.pipeline import array_rows, arrays, publish, sources, staged_check, stages, storage
+from imagerecords.pipeline import sources, stages, storage
 from imagerecords.pipeline.engines import local
 from imagerecords.pipeline.options import BuildOptions
-from imagerecords.pipeline.refs import LabelMap
+from imagerecords.pipeline.plan import array_rows
+from imagerecords.pipeline.plan.refs import LabelMap
+from imagerecords.pipeline.publish import staged_check
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.read import array_files as arrays
 
 
 _NO_IDENTITY = {"identity": None, "index_identity": None}

@@ -25,14 +25,20 @@ import uuid
 from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 
-from imagerecords.pipeline import (array_rows, codec, dataset_files, download, input_files, phases, planning, publish,
-                                   shard_members, staged_check, storage)
-from imagerecords.pipeline import fingerprint as fingerprint_lib
 from imagerecords.format import record_format, records
-from imagerecords.pipeline import refs as refs_lib
 from imagerecords.format.manifest import DUPLICATES, ERRORS, Shard
-from imagerecords.pipeline.dataset_files import ShardResult
-from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, ManifestColumns, Rejected
+from imagerecords.pipeline import phases, storage
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.plan import array_rows
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan import shard_plan as planning
+from imagerecords.pipeline.plan.refs import DuplicateGroup, ImageRef, LabelMap, ManifestColumns, Rejected
+from imagerecords.pipeline.publish import staged_check
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.read import download, input_files
+from imagerecords.pipeline.write import dataset_files, shard_members
+from imagerecords.pipeline.write import fingerprint as fingerprint_lib
+from imagerecords.pipeline.write.dataset_files import ShardResult
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +256,7 @@ class ShardWriter:
         phases.reached("before_shards")
         members = shard_members.of(refs)
         if self.source and len(members):  # an arrays build: this process's cached arrays must be this input's
-            from imagerecords.pipeline import arrays
+            from imagerecords.pipeline.read import array_files as arrays
 
             arrays.forget_if_changed(members.arrays_path(), self.source)
         filename = planning.shard_name(self.name, split, index, num_shards)

@@ -7,7 +7,7 @@ from typing import Iterable, Tuple
 import apache_beam as beam
 
 from imagerecords.pipeline import stages
-from imagerecords.pipeline.refs import DuplicateGroup
+from imagerecords.pipeline.plan.refs import DuplicateGroup
 
 __all__ = ["FindDuplicates"]
 

@@ -9,10 +9,11 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.metrics import Metrics
 
-from imagerecords.pipeline import refs as refs_lib
 from imagerecords.format.paths import has_scheme
-from imagerecords.pipeline import input_files, stages
-from imagerecords.pipeline.refs import ImageRef, ManifestColumns, Rejected, is_manifest
+from imagerecords.pipeline import stages
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan.refs import ImageRef, ManifestColumns, Rejected, is_manifest
+from imagerecords.pipeline.read import input_files
 from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
 
 __all__ = ["ListSource", "ReadImages", "ReadManifest", "is_manifest"]

@@ -10,7 +10,8 @@ from typing import Any, Mapping, Optional
 
 import apache_beam as beam
 
-from imagerecords.pipeline import publish, stages
+from imagerecords.pipeline import stages
+from imagerecords.pipeline.publish import commit as publish
 
 __all__ = ["RecordResults"]
 

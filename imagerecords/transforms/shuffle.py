@@ -7,10 +7,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import apache_beam as beam
 
-from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline import planning, stages
-from imagerecords.pipeline.planning import ShardPlan
-from imagerecords.pipeline.refs import ImageRef
+from imagerecords.pipeline import stages
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan import shard_plan as planning
+from imagerecords.pipeline.plan.refs import ImageRef
+from imagerecords.pipeline.plan.shard_plan import ShardPlan
 from imagerecords.transforms.coders import KeyedRef, ShardGroup, ShardKey
 
 __all__ = ["GlobalShuffle", "ShardKey"]

@@ -11,11 +11,15 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from imagerecords.format.manifest import MANIFEST
-from imagerecords.pipeline import download, input_files, output_lock, publish, shard_writer, stages, storage
-from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline import stages, storage
 from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, ManifestColumns, Rejected
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline.read import download, input_files
 from imagerecords.pipeline.sources.manifests import ManifestSource
-from imagerecords.pipeline.refs import ImageRef, LabelMap, ManifestColumns, Rejected
+from imagerecords.pipeline.write import stream as write_stream
 from imagerecords.transforms.coders import ShardKey
 from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, REJECTED
 from imagerecords.transforms.duplicates import FindDuplicates
@@ -44,7 +48,7 @@ def row_to_ref(row: Any, base: str, columns: ManifestColumns, max_file_bytes: Op
                stat: bool = True) -> Union[Tuple[ImageRef, Optional[bytes]], Rejected]:
     """One user row as (ImageRef, the image bytes it carried or None), or the Rejected row saying why not.
 
-    The row is checked as a manifest row is (imagerecords.pipeline.refs.parse_manifest_row: label
+    The row is checked as a manifest row is (imagerecords.pipeline.plan.refs.parse_manifest_row: label
     and key text, split, declared feature values), plus the types a Python row can get wrong.
     A row with "image" bytes gets the uri `bytes:<32 hex digits of its SHA-256>` and, without a
     "key", that digest as its key; a row with a "path" is keyed by the path as given, as a
@@ -70,7 +74,7 @@ def row_to_ref(row: Any, base: str, columns: ManifestColumns, max_file_bytes: Op
             return Rejected(f"<{_kind(image)}>", f"'image' must be the encoded image's bytes, got a {_kind(image)}",
                             known, stage="list", error="TypeError")
         data = bytes(image)
-        uri = BYTES_SCHEME + shard_writer.content_digest(data).hex()
+        uri = BYTES_SCHEME + write_stream.content_digest(data).hex()
     elif path is not None:
         if not isinstance(path, str):
             return Rejected(f"<{_kind(path)}>", f"{columns.path!r} must be a path or URI string, got a {_kind(path)}",
@@ -226,7 +230,7 @@ class WriteDataset(beam.PTransform):
         self._base = os.getcwd()  # relative paths are read where the pipeline was made
 
     def expand(self, rows):
-        from imagerecords.pipeline.arrays import label_type
+        from imagerecords.pipeline.read.array_files import label_type
 
         config: BuildConfig = self._config
         checked = rows | "CheckRows" >> beam.ParDo(_CheckRowFn(

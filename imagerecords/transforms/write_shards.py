@@ -10,10 +10,11 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from imagerecords.pipeline import output_lock, stages, storage
+from imagerecords.pipeline import stages, storage
 from imagerecords.pipeline.config import BuildConfig, make_config
-from imagerecords.pipeline.dataset_files import ShardResult
-from imagerecords.pipeline.refs import ImageRef, LabelMap
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap
+from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline.write.dataset_files import ShardResult
 from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, REJECTED
 
 __all__ = ["WriteShards", "options_config"]

@@ -12,9 +12,9 @@ from typing import Mapping, Optional, Protocol, Sequence
 from imagerecords.pipeline import sources, storage
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.errors import UsageError
-from imagerecords.pipeline.refs import LabelMap
-from imagerecords.pipeline.sources import InputInfo
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.plan.refs import LabelMap
+from imagerecords.pipeline.sources import InputInfo
 
 
 class Engine(Protocol):

@@ -37,10 +37,14 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from imagerecords.pipeline import appending, array_rows, arrays, planning, publish, sources, stages
-from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline import sources, stages
 from imagerecords.pipeline.config import BuildConfig
-from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.plan import appending, array_rows
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan import shard_plan as planning
+from imagerecords.pipeline.plan.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.read import array_files as arrays
 
 ShardKey = Tuple[str, int, int]
 
@@ -355,7 +359,7 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
           input_info: sources.InputInfo, progress_dir: Optional[str], workers: Optional[int] = None
           ) -> Tuple[publish.BuildResults, int]:
     """Runs the whole build into `config.output`'s staging area and writes staging/results.json,
-    as build_pipeline's graph does. Nothing is published here (see imagerecords.pipeline.publish).
+    as build_pipeline's graph does. Nothing is published here (see imagerecords.pipeline.publish.commit).
 
     Args:
       workers: worker processes writing shards (0: threads in this process); None: one per core

@@ -11,11 +11,13 @@ import os
 from typing import IO, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from imagerecords.format.paths import has_scheme
-from imagerecords.pipeline import download, input_files, stages, storage
-from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline import stages, storage
 from imagerecords.pipeline.errors import InputError, UsageError
-from imagerecords.pipeline.sources.base import InputInfo, Listed, Source, first_line as _first_line
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.read import download, input_files
+from imagerecords.pipeline.sources.base import InputInfo, Listed, Source
+from imagerecords.pipeline.sources.base import first_line as _first_line
 
 _MAX_HEAD_LINES = 1000  # lines read to find a manifest's first row (blank lines are skipped)
 # A manifest is listed in parts of about this many bytes (some 15,000 rows), one per task.

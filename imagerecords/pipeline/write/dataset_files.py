@@ -123,7 +123,7 @@ def contents_entry(digest: str, key: str, split: str, uri: str, label: str) -> s
 
 def format_keys(rows: Sequence[Tuple[str, str, int, bytes]]) -> bytes:
     """The keys file of a shard: one line per record in shard order, {key, label, size, digest}
-    (digest: shard_writer.content_digest of the source file's bytes, hex; size: -1 when not listed)."""
+    (digest: stream.content_digest of the source file's bytes, hex; size: -1 when not listed)."""
     # json.dumps(sort_keys=True, ensure_ascii=False) of each row, spelled out: the encoder's set-up per
     # call cost more than the line (a shard of 25,000 array rows).
     text = json.encoder.encode_basestring
