@@ -279,20 +279,21 @@ def write_url_manifest(path: str, rows: int, hosts: int, zipf: float, classes: i
 
 def list_urls(path: str) -> Dict[str, object]:
     """Lists the URL manifest as the launcher does (sources.check_input, then the local engine's
-    list_inputs: each row parsed by stages.manifest_row, its shuffle hash taken), then assigns
+    list_inputs: each row parsed by assign_lib.manifest_row, its shuffle hash taken), then assigns
     labels as the engine does; counts the per-row stats and network connections made (both must be 0)."""
     import socket
 
-    from imagerecords.pipeline import sources, stages
+    from imagerecords.pipeline import sources
     from imagerecords.pipeline.config import BuildConfig
     from imagerecords.pipeline.engines import local
+    from imagerecords.pipeline.plan import assign as assign_lib
     from imagerecords.pipeline.plan import refs as refs_lib
     from imagerecords.pipeline.plan.refs import Rejected
     from imagerecords.pipeline.read import array_files as arrays
 
     config = BuildConfig(input=path, output=tempfile.mkdtemp(prefix="imagerecords-urls-"), path_column="url")
     calls = {"stat": 0, "connect": 0}
-    real_size, real_connect, real_create = stages._size, socket.socket.connect, socket.create_connection
+    real_size, real_connect, real_create = assign_lib._size, socket.socket.connect, socket.create_connection
 
     def stat(ref):
         calls["stat"] += 1
@@ -302,18 +303,18 @@ def list_urls(path: str) -> Dict[str, object]:
         calls["connect"] += 1
         raise OSError("the listing opened a network connection")
 
-    stages._size, socket.socket.connect, socket.create_connection = stat, refused, refused
+    assign_lib._size, socket.socket.connect, socket.create_connection = stat, refused, refused
     try:
         start = time.perf_counter()
         info = sources.check_input(config)
         listed = list(local.list_inputs(config, info))
         listed_s = time.perf_counter() - start
     finally:
-        stages._size, socket.socket.connect, socket.create_connection = real_size, real_connect, real_create
+        assign_lib._size, socket.socket.connect, socket.create_connection = real_size, real_connect, real_create
     shutil.rmtree(config.output, ignore_errors=True)
     refs = [(h, r) for h, r in listed if not isinstance(r, Rejected)]
     labels = refs_lib.vocabulary(sorted({r.label for _, r in refs}), arrays.label_type(config), config.label_offset)
-    assigned = [(h, stages.assign(r, labels, None, config.split_seed)) for h, r in refs]
+    assigned = [(h, assign_lib.assign(r, labels, None, config.split_seed)) for h, r in refs]
     return {"refs": [(h, r) for h, r in assigned if not isinstance(r, Rejected)], "rows": len(listed),
             "rejected": len(listed) - len(assigned) + sum(isinstance(r, Rejected) for _, r in assigned),
             "list_s": listed_s, "rows_per_s": len(listed) / listed_s, "sizes_known": info.sizes_known,
@@ -323,8 +324,8 @@ def list_urls(path: str) -> Dict[str, object]:
 def sample_shards(refs, rows_per_shard: float, seed: int = 0) -> List[List[str]]:
     """The sample cut as the build cuts a split (planning.plan_shards over the real shuffle hashes,
     at the full-size shards' row count), each shard's hosts in the order its writer fetches them
-    (stages.shard_order): a shard at full size is a run of consecutive hashes, so is a sampled one."""
-    from imagerecords.pipeline import stages
+    (assign_lib.shard_order): a shard at full size is a run of consecutive hashes, so is a sampled one."""
+    from imagerecords.pipeline.plan import assign as assign_lib
     from imagerecords.pipeline.plan import shard_plan as planning
     from imagerecords.pipeline.read import download
 
@@ -333,7 +334,7 @@ def sample_shards(refs, rows_per_shard: float, seed: int = 0) -> List[List[str]]
     groups: List[list] = [[] for _ in range(count)]
     for h, ref in refs:
         groups[plan.shard_of(h)].append((h, ref))
-    return [[download.host_of(r.uri) for r in stages.shard_order(g)] for g in groups]
+    return [[download.host_of(r.uri) for r in assign_lib.shard_order(g)] for g in groups]
 
 
 def simulate_downloads(shards: List[List[str]], busiest: str, slots: int, per_host: int, threads: int,

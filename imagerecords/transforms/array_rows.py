@@ -1,4 +1,5 @@
-"""ReadArrays: the rows of an arrays input (imagerecords.pipeline.read.array_files) become ImageRefs or rejected rows."""
+"""ReadArrays: the rows of an arrays input (imagerecords.pipeline.read.array_files) become ImageRefs or
+rejected rows."""
 
 from __future__ import annotations
 

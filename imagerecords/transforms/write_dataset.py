@@ -11,8 +11,9 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from imagerecords.format.manifest import MANIFEST
-from imagerecords.pipeline import stages, storage
+from imagerecords.pipeline import storage
 from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline.plan import assign as assign_lib
 from imagerecords.pipeline.plan import refs as refs_lib
 from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, ManifestColumns, Rejected
 from imagerecords.pipeline.publish import commit as publish
@@ -108,7 +109,7 @@ def row_to_ref(row: Any, base: str, columns: ManifestColumns, max_file_bytes: Op
     if data is not None:
         ref = dataclasses.replace(ref, uri=uri)  # parse_manifest_row resolved it as a path
     elif ref.size < 0 and stat and not download.is_url(ref.uri):  # a URL is fetched by its shard's writer alone
-        size, problem = stages._size(ref)  # the manifest rows' own lookup: a missing file is a row here
+        size, problem = assign_lib._size(ref)  # the manifest rows' own lookup: a missing file is a row here
         if problem is not None:
             return Rejected(ref.uri, problem[0], ref.key, ref.split, stage="list", error=problem[1])
         ref = dataclasses.replace(ref, size=size)
@@ -144,7 +145,7 @@ def _new_build_id(_) -> str:
 def _carried_shard(pair: Tuple[ImageRef, bytes], labels: LabelMap, plans, splits, split_seed: int, seed: int
                    ) -> Iterable[Tuple[ShardKey, Tuple[str, bytes]]]:
     ref, data = pair
-    out = stages.assign(ref, labels, splits, split_seed)  # the split AssignLabels gives the same ref
+    out = assign_lib.assign(ref, labels, splits, split_seed)  # the split AssignLabels gives the same ref
     if isinstance(out, Rejected) or out.split not in plans:
         return
     plan = plans[out.split]

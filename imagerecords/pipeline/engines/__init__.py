@@ -2,7 +2,7 @@
 
 An engine is chosen once per build (`choose`) and run once (`Engine.run`): it writes every shard
 into the build's staging area and, last, its results.json. Both engines hold the same
-stages.ShardWriter and write the same bytes.
+shard_writer.ShardWriter and write the same bytes.
 """
 
 from __future__ import annotations

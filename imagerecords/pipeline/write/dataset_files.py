@@ -116,7 +116,7 @@ def keys_line(digest: str, key: str, label: str, size: str) -> str:
 
 
 def contents_entry(digest: str, key: str, split: str, uri: str, label: str) -> str:
-    """One entry of a staged shard record's "contents" (stages.StagedShard.contents), its values
+    """One entry of a staged shard record's "contents" (shard_writer.StagedShard.contents), its values
     spelled as JSON like keys_line's: ["digest hex",[key,split,uri,label name]]."""
     return f'["{digest}",[{key},{split},{uri},{label}]]'
 

@@ -1,5 +1,5 @@
 """The resume fingerprint of a shard: sha256 of everything its bytes depend on. A resumed build
-takes a staged shard whose fingerprint is the one it would write (stages.ShardWriter.write)."""
+takes a staged shard whose fingerprint is the one it would write (shard_writer.ShardWriter.write)."""
 
 from __future__ import annotations
 

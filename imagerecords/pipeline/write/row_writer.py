@@ -65,7 +65,7 @@ def _names(shard: array_rows.RowShard, labels: LabelMap) -> List[Optional[str]]:
 def written_lines(shard: array_rows.RowShard, positions, digests: bytes, labels: LabelMap, contents: bool = True
                   ) -> Tuple[bytes, str]:
     """The keys file (dataset_files.format_keys) of the written rows and, with `contents`, the staged
-    record's `contents` entries as stages._staged_record_bytes spells a ref shard's
+    record's `contents` entries as shard_writer._staged_record_bytes spells a ref shard's
     (["digest hex",[key, split, uri, label name]] joined by commas; else ""). The rows are given by
     their `positions` in the shard and their 16-byte `digests`, back to back, in shard order."""
     if not len(positions):
