@@ -45,7 +45,7 @@ BUILD = [
     # libdeflate for the PNGs the builder writes (codec.png_bytes); their bytes depend on its build,
     # so byte-identical rebuilds use constraints.txt's.
     "deflate>=0.9.0",
-    # Downloads of http(s) manifest rows (pipeline/download.py): pooled keep-alive connections, read1.
+    # Downloads of http(s) manifest rows (pipeline/read/download.py): pooled keep-alive connections, read1.
     "urllib3>=2.0",
 ]
 # imagerecords.torch: a PyTorch dataset and loader decoding with Pillow; no TensorFlow. The floor is

@@ -88,13 +88,14 @@ def ours(npz, out, *extra):
 def launcher(npz):
     """Seconds the local engine's launcher spends listing, assigning, planning and pickling the
     shards of `npz` (the arrays already open), (ref path, columnar path): a ref per row
-    (engines.local.list_inputs, stages.assign, plan) against array_rows' NumPy columns."""
+    (engines.local.list_inputs, assign_lib.assign, plan) against array_rows' NumPy columns."""
     import pickle
 
-    from imagerecords.pipeline import arrays, stages
-    from imagerecords.pipeline import refs as refs_lib
     from imagerecords.pipeline.engines import local
     from imagerecords.pipeline.options import BuildOptions
+    from imagerecords.pipeline.plan import assign as assign_lib
+    from imagerecords.pipeline.plan import refs as refs_lib
+    from imagerecords.pipeline.read import array_files as arrays
 
     config = BuildOptions.make(npz, npz + ".unused-out").config
     arrays.forget_if_changed(npz)
@@ -102,7 +103,7 @@ def launcher(npz):
     started = time.perf_counter()
     listed = [pair for pair in local.list_inputs(config, None) if not isinstance(pair[1], refs_lib.Rejected)]
     labels = refs_lib.vocabulary(sorted({r.label for _, r in listed}), arrays.label_type(config), 0)
-    assigned = [(h, stages.assign(r, labels, None, 0)) for h, r in listed]
+    assigned = [(h, assign_lib.assign(r, labels, None, 0)) for h, r in listed]
     del listed
     shards = local.plan(config, assigned)
     for key in shards.keys():

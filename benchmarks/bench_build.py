@@ -18,7 +18,7 @@ import time
 import numpy as np
 from PIL import Image, ImageFilter
 
-from imagerecords.pipeline import codec
+from imagerecords.pipeline.encode import image_codec as codec
 
 
 def photo(rng, side):

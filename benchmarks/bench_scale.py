@@ -26,11 +26,13 @@ def _rss_mb() -> float:
 
 def plan_only(manifest: str) -> dict:
     """Lists, assigns and plans `manifest` with the local engine's own functions; returns the figures."""
-    from imagerecords.pipeline import arrays, sources, stages
-    from imagerecords.pipeline import refs as refs_lib
+    from imagerecords.pipeline import sources
     from imagerecords.pipeline.config import BuildConfig
     from imagerecords.pipeline.engines import local
-    from imagerecords.pipeline.refs import Rejected
+    from imagerecords.pipeline.plan import assign as assign_lib
+    from imagerecords.pipeline.plan import refs as refs_lib
+    from imagerecords.pipeline.plan.refs import Rejected
+    from imagerecords.pipeline.read import array_files as arrays
 
     with open(manifest, encoding="utf-8") as f:
         header = f.readline().rstrip("\r\n")
@@ -52,7 +54,7 @@ def plan_only(manifest: str) -> dict:
     labels = refs_lib.vocabulary(sorted({r.label for _, r in refs}), arrays.label_type(config), config.label_offset)
     kept = 0
     for h, ref in refs:  # in place, as the engine assigns
-        out = stages.assign(ref, labels, None, config.split_seed)
+        out = assign_lib.assign(ref, labels, None, config.split_seed)
         if not isinstance(out, Rejected):
             refs[kept] = (h, out)
             kept += 1

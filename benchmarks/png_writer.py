@@ -16,7 +16,9 @@ import numpy as np
 from PIL import Image
 
 from benchmarks import corpus as corpus_lib
-from imagerecords.pipeline import array_encode, codec, png_writer
+from imagerecords.pipeline.encode import arrays as array_encode
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.encode import png as png_writer
 
 
 def pillow_png(img, level=1):

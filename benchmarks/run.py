@@ -245,7 +245,7 @@ def _draft_decode(data: bytes) -> int:
 
 
 def _prepare(data: bytes) -> int:
-    from imagerecords.pipeline import codec
+    from imagerecords.pipeline.encode import image_codec as codec
 
     return len(codec.prepare_image(data).data)
 
@@ -427,7 +427,7 @@ PNG_LEVELS = (0, 1, 3, 6)
 def bench_encodings(res: Results, root: str, work: str, n: int, r: int, png_levels=PNG_LEVELS):
     """The lossless encodings against the default JPEG path, same corpus, same run; png at each
     of `png_levels`, its bytes also against level 6's (the level every PNG had before the setting)."""
-    from imagerecords.pipeline.codec import LEGACY_PNG_LEVEL, PNG_LEVEL
+    from imagerecords.pipeline.encode.image_codec import LEGACY_PNG_LEVEL, PNG_LEVEL
 
     runs = [("jpeg", None), ("keep", None)] + [("png", level) for level in png_levels]
     for encoding, level in runs:
@@ -532,7 +532,7 @@ def _settle(root: str) -> None:
     """Waits until every file under `root` changed longer ago than --append's clock slack: a
     dataset's files are older than the build that stores them, and the benchmark must not time
     the re-read an append gives files changed (here: just linked) as its base build started."""
-    from imagerecords.pipeline.appending import _CLOCK_SLACK_NS
+    from imagerecords.pipeline.plan.appending import _CLOCK_SLACK_NS
 
     newest = max(os.stat(os.path.join(d, f)).st_ctime_ns for d, _, files in os.walk(root) for f in files)
     while time.time_ns() < newest + _CLOCK_SLACK_NS + 10**8:

@@ -68,7 +68,7 @@ print(json.dumps({"load_s": seconds, "added_mb": (peak - base) / 1e6,
 def ref_bytes(uri_length: int = 60, ref=None) -> int:
     """Bytes of one ref as the shuffle carries it: the registered ImageRefCoder's encoding of `ref`
     (default: an ImageNet-like gs:// ref), plus its 64-bit shuffle hash (a varint, up to 10 bytes)."""
-    from imagerecords.pipeline.refs import ImageRef
+    from imagerecords.pipeline.plan.refs import ImageRef
     from imagerecords.transforms.coders import ImageRefCoder
 
     if ref is None:
@@ -84,8 +84,8 @@ def shard_results(images: int, num_shards: int, image_bytes: int, classes: int, 
     import numpy as np
 
     from imagerecords.format.manifest import Shard
-    from imagerecords.pipeline import planning
-    from imagerecords.pipeline.dataset_files import ShardResult
+    from imagerecords.pipeline.plan import shard_plan as planning
+    from imagerecords.pipeline.write.dataset_files import ShardResult
 
     rng = np.random.default_rng(seed)
     out = []
@@ -110,8 +110,9 @@ def build_manifest(folder: str, images: int, num_shards: int, image_bytes: int, 
     """Writes `folder`/manifest.json (and a columnar split's side file) through the commit's own
     steps; returns their times and sizes."""
     from imagerecords.format.manifest import COLUMNS_FROM, dumps
-    from imagerecords.pipeline import dataset_files, publish
     from imagerecords.pipeline.config import BuildConfig
+    from imagerecords.pipeline.publish import commit as publish
+    from imagerecords.pipeline.write import dataset_files
 
     start = time.perf_counter()
     shards = shard_results(images, num_shards, image_bytes, classes, one_label=one_label)
@@ -166,7 +167,7 @@ def sums(images: int, image_bytes: int, classes: int, target_shard_mb: float, mi
     """The figures that need no build: shards, refs through the shuffle, object-store requests.
     `sized` False: the listing knows no size (URL rows), so the plan counts images; `per_ref`: a
     measured ref size (default ref_bytes())."""
-    from imagerecords.pipeline import planning
+    from imagerecords.pipeline.plan import shard_plan as planning
 
     shards = planning.choose_num_shards(images, images * image_bytes if sized else 0, None, target_shard_mb,
                                         min_shards)
@@ -278,19 +279,21 @@ def write_url_manifest(path: str, rows: int, hosts: int, zipf: float, classes: i
 
 def list_urls(path: str) -> Dict[str, object]:
     """Lists the URL manifest as the launcher does (sources.check_input, then the local engine's
-    list_inputs: each row parsed by stages.manifest_row, its shuffle hash taken), then assigns
+    list_inputs: each row parsed by assign_lib.manifest_row, its shuffle hash taken), then assigns
     labels as the engine does; counts the per-row stats and network connections made (both must be 0)."""
     import socket
 
-    from imagerecords.pipeline import arrays, sources, stages
-    from imagerecords.pipeline import refs as refs_lib
+    from imagerecords.pipeline import sources
     from imagerecords.pipeline.config import BuildConfig
     from imagerecords.pipeline.engines import local
-    from imagerecords.pipeline.refs import Rejected
+    from imagerecords.pipeline.plan import assign as assign_lib
+    from imagerecords.pipeline.plan import refs as refs_lib
+    from imagerecords.pipeline.plan.refs import Rejected
+    from imagerecords.pipeline.read import array_files as arrays
 
     config = BuildConfig(input=path, output=tempfile.mkdtemp(prefix="imagerecords-urls-"), path_column="url")
     calls = {"stat": 0, "connect": 0}
-    real_size, real_connect, real_create = stages._size, socket.socket.connect, socket.create_connection
+    real_size, real_connect, real_create = assign_lib._size, socket.socket.connect, socket.create_connection
 
     def stat(ref):
         calls["stat"] += 1
@@ -300,18 +303,18 @@ def list_urls(path: str) -> Dict[str, object]:
         calls["connect"] += 1
         raise OSError("the listing opened a network connection")
 
-    stages._size, socket.socket.connect, socket.create_connection = stat, refused, refused
+    assign_lib._size, socket.socket.connect, socket.create_connection = stat, refused, refused
     try:
         start = time.perf_counter()
         info = sources.check_input(config)
         listed = list(local.list_inputs(config, info))
         listed_s = time.perf_counter() - start
     finally:
-        stages._size, socket.socket.connect, socket.create_connection = real_size, real_connect, real_create
+        assign_lib._size, socket.socket.connect, socket.create_connection = real_size, real_connect, real_create
     shutil.rmtree(config.output, ignore_errors=True)
     refs = [(h, r) for h, r in listed if not isinstance(r, Rejected)]
     labels = refs_lib.vocabulary(sorted({r.label for _, r in refs}), arrays.label_type(config), config.label_offset)
-    assigned = [(h, stages.assign(r, labels, None, config.split_seed)) for h, r in refs]
+    assigned = [(h, assign_lib.assign(r, labels, None, config.split_seed)) for h, r in refs]
     return {"refs": [(h, r) for h, r in assigned if not isinstance(r, Rejected)], "rows": len(listed),
             "rejected": len(listed) - len(assigned) + sum(isinstance(r, Rejected) for _, r in assigned),
             "list_s": listed_s, "rows_per_s": len(listed) / listed_s, "sizes_known": info.sizes_known,
@@ -321,15 +324,17 @@ def list_urls(path: str) -> Dict[str, object]:
 def sample_shards(refs, rows_per_shard: float, seed: int = 0) -> List[List[str]]:
     """The sample cut as the build cuts a split (planning.plan_shards over the real shuffle hashes,
     at the full-size shards' row count), each shard's hosts in the order its writer fetches them
-    (stages.shard_order): a shard at full size is a run of consecutive hashes, so is a sampled one."""
-    from imagerecords.pipeline import download, planning, stages
+    (assign_lib.shard_order): a shard at full size is a run of consecutive hashes, so is a sampled one."""
+    from imagerecords.pipeline.plan import assign as assign_lib
+    from imagerecords.pipeline.plan import shard_plan as planning
+    from imagerecords.pipeline.read import download
 
     count = max(1, round(len(refs) / rows_per_shard))
     plan = planning.plan_shards("train", [h for h, _ in refs], 0, count)
     groups: List[list] = [[] for _ in range(count)]
     for h, ref in refs:
         groups[plan.shard_of(h)].append((h, ref))
-    return [[download.host_of(r.uri) for r in stages.shard_order(g)] for g in groups]
+    return [[download.host_of(r.uri) for r in assign_lib.shard_order(g)] for g in groups]
 
 
 def simulate_downloads(shards: List[List[str]], busiest: str, slots: int, per_host: int, threads: int,
@@ -467,8 +472,9 @@ def url_sums(sizes: List[int], sample: int, hosts: int, zipf: float, classes: in
     shuffle, shards by count, and the downloads' simulation; (the sample's figures, one row per size)."""
     import collections
 
-    from imagerecords.pipeline import download, planning
-    from imagerecords.pipeline import refs as refs_lib
+    from imagerecords.pipeline.plan import refs as refs_lib
+    from imagerecords.pipeline.plan import shard_plan as planning
+    from imagerecords.pipeline.read import download
 
     http = download.HttpSettings()
     downloader = download.Downloader(http, None)  # builds its pools only: no request is made

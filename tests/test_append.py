@@ -415,7 +415,7 @@ def test_a_keys_file_rewritten_with_its_row_count_kept_is_not_trusted(tmp_path):
 
 
 def test_keys_and_labels_with_unicode_line_separators_survive_the_keys_file():
-    from imagerecords.pipeline import dataset_files
+    from imagerecords.pipeline.write import dataset_files
 
     rows = [("a\u2028b.jpg", "c\x85d", 12, b"\x01" * 16), ("e\u2029\x1cf.jpg", "g\rh", -1, b"\x02" * 16)]
     data = dataset_files.format_keys(rows)

@@ -60,7 +60,7 @@ def _add_delta(root):
 
 @pytest.mark.slow
 def test_an_append_with_only_input_output_and_append_takes_the_datasets_settings(tmp_path):
-    from imagerecords.pipeline.refs import assign_split
+    from imagerecords.pipeline.plan.refs import assign_split
 
     root, out = tmp_path / "in", str(tmp_path / "out")
     example_images.write_tree(str(root), per_class=4, broken=False)
@@ -156,14 +156,14 @@ def test_the_command_and_the_library_record_which_settings_were_given():
 
 
 def test_rows_of_keys_already_present_are_counted_apart_from_duplicate_groups(tmp_path):
-    from imagerecords.pipeline import stages
-    from imagerecords.pipeline.refs import DuplicateGroup, LabelMap
+    from imagerecords.pipeline.plan.refs import DuplicateGroup, LabelMap
+    from imagerecords.pipeline.publish import results as results_lib
 
     present = DuplicateGroup("aa", (("k", "train", "v-1/images-train.tfrecord-00000-of-00001", "cat"),
                                     ("k", "train", "/in/cat/k.jpg", "cat")))
     twins = DuplicateGroup("bb", (("k1", "train", "/in/cat/k1.jpg", "cat"), ("k2", "test", "/in/dog/k2.jpg", "dog")))
     assert present.already_present and not twins.already_present
-    results = stages.record_results([], [], LabelMap(("cat", "dog"), 0, False), [present, twins],
+    results = results_lib.record_results([], [], LabelMap(("cat", "dog"), 0, False), [present, twins],
                                     output=str(tmp_path), find_duplicates=True,
                                     build=dict(build_id="b1", name="images", schema="tfds", seed=0, parameters={},
                                                versions={}, max_reject_fraction=0.0))
@@ -173,7 +173,7 @@ def test_rows_of_keys_already_present_are_counted_apart_from_duplicate_groups(tm
     assert manifest.num_already_present == 1 and manifest.num_duplicate_groups == 1
     assert manifest.to_json()["num_already_present"] == 1
     # A build with none present writes no such key: other builds' manifests keep their bytes.
-    none = stages.record_results([], [], LabelMap(("cat",), 0, False), [twins], output=str(tmp_path / "o"),
+    none = results_lib.record_results([], [], LabelMap(("cat",), 0, False), [twins], output=str(tmp_path / "o"),
                                  find_duplicates=True, build=dict(build_id="b2", name="images", schema="tfds", seed=0,
                                                                   parameters={}, versions={}, max_reject_fraction=0.0))
     assert "num_already_present" not in none.manifest(created="t").to_json()

@@ -2,8 +2,8 @@
 
 Each piece is compared value for value with the function it stands for: the NumPy plan with
 planning.plan_shards on random hashes, the hashes with refs.hash64, the splits with
-refs.assign_split, and whole shards (their refs, in order) with arrays.list_refs -> stages.assign
--> engines.local.plan -> stages.shard_order on seeded arrays with rejected labels. Fixtures are
+refs.assign_split, and whole shards (their refs, in order) with arrays.list_refs -> assign_lib.assign
+-> engines.local.plan -> assign_lib.shard_order on seeded arrays with rejected labels. Fixtures are
 seeded numpy arrays saved by the test.
 """
 
@@ -13,11 +13,15 @@ import numpy as np
 import pytest
 
 from conftest import build
-from imagerecords.pipeline import array_rows, arrays, dataset_files, fingerprint, planning, stages
-from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.engines import local
 from imagerecords.pipeline.options import BuildOptions
-from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.plan import array_rows
+from imagerecords.pipeline.plan import assign as assign_lib
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan import shard_plan as planning
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.read import array_files as arrays
+from imagerecords.pipeline.write import dataset_files, fingerprint, shard_writer
 
 
 def _random_hashes(rng, n):
@@ -121,10 +125,10 @@ def _ref_path_shards(config, label_map):
                                         config.label_offset)
     kept = []
     for h, r in refs:
-        out = stages.assign(r, label_map, tuple(config.splits) if config.splits else None, config.split_seed)
+        out = assign_lib.assign(r, label_map, tuple(config.splits) if config.splits else None, config.split_seed)
         (rejected.append(out) if isinstance(out, Rejected) else kept.append((h, out)))
     shards = local.plan(config, kept)
-    return {k: stages.shard_order(shards.take(k)) for k in shards.keys()}, shards.plans, rejected, label_map
+    return {k: assign_lib.shard_order(shards.take(k)) for k in shards.keys()}, shards.plans, rejected, label_map
 
 
 @pytest.mark.parametrize("labels", [_labels_int, _labels_names, None])
@@ -248,8 +252,8 @@ def test_the_staged_record_spelled_row_by_row_is_what_the_encoder_writes():
     contents = [(bytes([i]) * 16, (odd[i % 6], odd[(i + 1) % 6], odd[(i + 2) % 6] + "#row=7", odd[(i + 3) % 6]))
                 for i in range(12)]
     rejected = [Rejected("a.npz#row=1", "row 1: value nan is not finite", "a.npz:000000001", "train", stage="decode")]
-    for staged in (stages.StagedShard(result, rejected, contents, 2), stages.StagedShard(result, [], [], 0),
-                   stages.StagedShard(result, [], [(b"x" * 16, ("k", "s", "u", 3))], 0)):
-        expected = stages._record_bytes({"fingerprint": "f" * 64, "staged": staged.to_json()})
-        assert stages._staged_record_bytes("f" * 64, staged) == expected
-        assert stages.StagedShard.from_json(json.loads(expected)["staged"]).contents == staged.contents
+    for staged in (shard_writer.StagedShard(result, rejected, contents, 2), shard_writer.StagedShard(result, [], [], 0),
+                   shard_writer.StagedShard(result, [], [(b"x" * 16, ("k", "s", "u", 3))], 0)):
+        expected = shard_writer._record_bytes({"fingerprint": "f" * 64, "staged": staged.to_json()})
+        assert shard_writer._staged_record_bytes("f" * 64, staged) == expected
+        assert shard_writer.StagedShard.from_json(json.loads(expected)["staged"]).contents == staged.contents

@@ -101,7 +101,7 @@ def test_seed_parse_reads_every_array_bit_for_bit(float_build):
 
 
 def test_keys_are_stable_and_splits_hash_them(float_build):
-    from imagerecords.pipeline import refs
+    from imagerecords.pipeline.plan import refs
 
     arrays, out, manifest = float_build
     want = {s: sum(1 for i in range(N) if refs.assign_split([("train", 0.8), ("test", 0.2)], 0,
@@ -196,7 +196,7 @@ def test_local_engine_and_direct_runner_write_the_same_bytes(rgb_build, tmp_path
 
 @pytest.mark.slow
 def test_npy_folder_is_memory_mapped_and_builds_the_same_records(float_build, tmp_path):
-    from imagerecords.pipeline import arrays as arrays_lib
+    from imagerecords.pipeline.read import array_files as arrays_lib
 
     arrays, out, _ = float_build
     folder = tmp_path / "data"
@@ -301,17 +301,18 @@ def test_resume_fingerprint_changes_when_the_arrays_are_rewritten(tmp_path):
     a resumed build never reuses a shard staged from arrays since rewritten at the same size."""
     import time as time_lib
 
-    from imagerecords.pipeline import sources, stages
+    from imagerecords.pipeline import sources
     from imagerecords.pipeline.config import BuildConfig
+    from imagerecords.pipeline.write import shard_writer
 
     np.savez(tmp_path / "d.npz", **_arrays(seed=1))
     config = BuildConfig(input=str(tmp_path / "d.npz"), output=str(tmp_path / "out"))
-    before = stages.ShardWriter.of(config, "b1", sources.of(config.input)).source
+    before = shard_writer.ShardWriter.of(config, "b1", sources.of(config.input)).source
     size = os.path.getsize(tmp_path / "d.npz")
     deadline = time_lib.monotonic() + 10
     while True:  # a rewrite whose mtime the filesystem can tell apart from the first
         np.savez(tmp_path / "d.npz", **_arrays(seed=2))
-        after = stages.ShardWriter.of(config, "b2", sources.of(config.input)).source
+        after = shard_writer.ShardWriter.of(config, "b2", sources.of(config.input)).source
         if after != before or time_lib.monotonic() > deadline:
             break
     assert os.path.getsize(tmp_path / "d.npz") == size  # same shapes, same size: only the values differ
@@ -322,15 +323,16 @@ def test_resume_fingerprint_changes_when_the_arrays_are_rewritten(tmp_path):
 def test_a_same_size_npy_rewrite_with_its_mtime_restored_is_not_resumed_from(tmp_path, how):
     """Copy tools that keep times put the old mtime back on new bytes: the identity a resume compares
     must still change (inode, change time), or half the shards would hold the old rows."""
-    from imagerecords.pipeline import sources, stages
+    from imagerecords.pipeline import sources
     from imagerecords.pipeline.config import BuildConfig
+    from imagerecords.pipeline.write import shard_writer
 
     folder = tmp_path / "data"
     folder.mkdir()
     for name, a in _arrays(seed=1).items():
         np.save(folder / f"{name}.npy", a)
     config = BuildConfig(input=str(folder), output=str(tmp_path / "out"))
-    before = stages.ShardWriter.of(config, "b1", sources.of(config.input)).source
+    before = shard_writer.ShardWriter.of(config, "b1", sources.of(config.input)).source
     target = folder / "image.npy"
     st = os.stat(target)
     new = np.ascontiguousarray(_arrays(seed=2)["image"])
@@ -342,7 +344,7 @@ def test_a_same_size_npy_rewrite_with_its_mtime_restored_is_not_resumed_from(tmp
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
     after_st = os.stat(target)
     assert (after_st.st_size, after_st.st_mtime_ns) == (st.st_size, st.st_mtime_ns)  # what a stat of size+mtime saw
-    assert stages.ShardWriter.of(config, "b2", sources.of(config.input)).source != before
+    assert shard_writer.ShardWriter.of(config, "b2", sources.of(config.input)).source != before
 
 
 @pytest.mark.slow

@@ -11,9 +11,12 @@ import pytest
 
 from conftest import build, manifest_without_time, shard_files
 from imagerecords.format import records
-from imagerecords.pipeline import array_encode, arrays, codec, stages
-from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline.refs import Rejected
+from imagerecords.pipeline.encode import arrays as array_encode
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.plan import assign as assign_lib
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan.refs import Rejected
+from imagerecords.pipeline.read import array_files as arrays
 
 N = 300
 
@@ -24,7 +27,7 @@ def _refs(path):
     with np.load(path) as z:
         kind = "name" if z["label"].dtype.kind in "US" else "int"
     labels = refs_lib.vocabulary(sorted({r.label for r in kept}), kind, 0)
-    return [stages.assign(r, labels, None, 0) for r in kept], labels
+    return [assign_lib.assign(r, labels, None, 0) for r in kept], labels
 
 
 def _compare(path, options=None):
@@ -137,7 +140,7 @@ def test_jpeg_images_take_the_row_by_row_path(tmp_path):
     arrays.opened.cache_clear()
     refs = [r for r in arrays.list_refs(str(tmp_path / "j.npz"), "tfds", "jpeg") if not isinstance(r, Rejected)]
     labels = refs_lib.vocabulary(sorted({r.label for r in refs}), "int", 0)
-    refs = [stages.assign(r, labels, None, 0) for r in refs]
+    refs = [assign_lib.assign(r, labels, None, 0) for r in refs]
     items = list(array_encode.encode_rows(refs, "tfds", labels, codec.ImageOptions(image_encoding="jpeg")))
     assert len(items) == 20 and not any(isinstance(item, array_encode.Block) for item in items)
 

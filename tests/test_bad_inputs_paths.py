@@ -200,7 +200,7 @@ def _climb_in_results(results):
 
 @pytest.mark.parametrize("tampered", ["results.json", "commit.json"])
 def test_finish_refuses_staged_files_that_name_paths_outside_out(staged, capsys, tampered):
-    from imagerecords.pipeline import publish
+    from imagerecords.pipeline.publish import commit as publish
 
     out, staging, victim = staged
     results = json.loads((staging / "results.json").read_text())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imagerecords.pipeline import codec
+from imagerecords.pipeline.encode import image_codec as codec
 
 
 def encode(arr_or_img, fmt, **kw):

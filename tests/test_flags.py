@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from imagerecords.pipeline.codec import ImageOptions
-from imagerecords.pipeline.config import BuildConfig
-from imagerecords.pipeline.errors import UsageError
 from imagerecords.cli import flags
 from imagerecords.cli.exit_codes import exit_code
+from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline.encode.image_codec import ImageOptions
+from imagerecords.pipeline.errors import UsageError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IO = ["--input", "in/", "--output", "out/"]

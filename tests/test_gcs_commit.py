@@ -21,7 +21,7 @@ import pytest
 from conftest import build
 from imagerecords.cli import inspection
 from imagerecords.format.manifest import MANIFEST, STAGING
-from imagerecords.pipeline import publish
+from imagerecords.pipeline.publish import commit as publish
 from tests.support.gcs import GcsEmulator
 
 pytestmark = pytest.mark.gcs

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from conftest import build, read_examples, shard_files
-from imagerecords.pipeline import codec
+from imagerecords.pipeline.encode import image_codec as codec
 
 RNG = np.random.default_rng(7)
 

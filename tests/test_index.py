@@ -13,11 +13,12 @@ import sys
 import pytest
 
 from conftest import build, read_examples, skip_unless_ci
-from imagerecords.pipeline import dataset_files, publish
+from imagerecords.cli import inspection
 from imagerecords.format import records
 from imagerecords.format.manifest import MANIFEST, STAGING, Manifest, Shard
-from imagerecords.pipeline.dataset_files import ShardResult
-from imagerecords.cli import inspection
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.write import dataset_files
+from imagerecords.pipeline.write.dataset_files import ShardResult
 
 SPLITS = "train=0.7,validation=0.3"
 # The shard globs people write; none may ever match an index file.

@@ -16,8 +16,12 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
-from imagerecords.pipeline import codec, example_images, input_files, refs, shard_writer
-from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline import example_images
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.plan import refs
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.read import input_files
+from imagerecords.pipeline.write import stream as write_stream
 from imagerecords.transforms import ReadImages, ReadManifest
 from imagerecords.transforms.common import REJECTED
 
@@ -199,7 +203,7 @@ def test_read_path_refuses_a_fifo_without_opening_it(special_tree):
     with pytest.raises(input_files.Refused, match=r"^not a regular file: a FIFO \(named pipe\); it was not opened$"):
         within(10, input_files.read_limited, fifo, 1000)
     ref = ImageRef("cls/x.jpg", fifo, "cls", "train", label_id=0)
-    row = within(10, shard_writer.encode_ref, ref, shard_writer.limited_reader(codec.ImageOptions()), "tfds",
+    row = within(10, write_stream.encode_ref, ref, write_stream.limited_reader(codec.ImageOptions()), "tfds",
                  LabelMap(("cls",)), codec.ImageOptions())
     assert row == Rejected(fifo, "not a regular file: a FIFO (named pipe); it was not opened", "cls/x.jpg", "train",
                            stage="read", error="")
@@ -281,7 +285,7 @@ def test_read_path_refuses_oversize_files_without_reading_them_whole(tmp_path):
         f.truncate(4_000_000_000)
     options = codec.ImageOptions(max_file_mb=1)
     ref = ImageRef("cls/huge.jpg", str(big), "cls", "train", label_id=0)
-    row = within(10, shard_writer.encode_ref, ref, shard_writer.limited_reader(options), "tfds", LabelMap(("cls",)), options)
+    row = within(10, write_stream.encode_ref, ref, write_stream.limited_reader(options), "tfds", LabelMap(("cls",)), options)
     assert (row.stage, row.error, row.reason) == (
         "read", "", "file too large: 4000000000 bytes is over the limit of 1000000 bytes (max_file_mb=1); it was not read")
 
@@ -358,7 +362,7 @@ def rejection_lines(folder):
     """The errors.jsonl lines of the undecodable inputs, through the shard writer's read path."""
     inputs = undecodable_inputs(folder)
     options = codec.ImageOptions()
-    _, rejected = shard_writer.write_shard(inputs, io.BytesIO(), read_bytes=shard_writer.limited_reader(options),
+    _, rejected = write_stream.write_shard(inputs, io.BytesIO(), read_bytes=write_stream.limited_reader(options),
                                            preset="tfds", labels=LabelMap(("cls",)), options=options)
     return [r.to_json().replace(str(folder), "<in>") for r in rejected]
 

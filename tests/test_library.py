@@ -16,9 +16,11 @@ import pytest
 
 import imagerecords
 from imagerecords.cli import main as cli
-from imagerecords.pipeline import errors, output_lock, publish, session
-from imagerecords.pipeline.options import BuildOptions
+from imagerecords.pipeline import errors, session
 from imagerecords.pipeline.naming import flag_names
+from imagerecords.pipeline.options import BuildOptions
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import lock as output_lock
 from tests.conftest import build, shard_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,6 +1,6 @@
 """Manifest format 3 on real builds: a split held as columns, its histograms in a side file.
 
-IMAGERECORDS_COLUMNS_FROM=1 (pipeline.publish._columns_from) makes every split columnar, so a
+IMAGERECORDS_COLUMNS_FROM=1 (pipeline.publish.commit._columns_from) makes every split columnar, so a
 build of example_images' 4 classes x 6 images (JPEG, PNG, GIF, greyscale, CMYK) is written in both
 forms from the same input and seed; every reader must see the same records in both.
 """

@@ -16,7 +16,8 @@ import pytest
 from PIL import Image
 
 from conftest import build, read_examples, shard_files
-from imagerecords.pipeline import codec, png_writer
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.encode import png as png_writer
 from test_bad_inputs_resume import _kill_after_two_shards, _resume
 
 CLASSES = ("cat", "dog")

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imagerecords.pipeline import codec, png_writer
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.encode import png as png_writer
 
 
 def _pixels(shape, dtype=np.uint8, seed=0):

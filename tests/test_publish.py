@@ -10,11 +10,15 @@ import time
 
 import pytest
 
-from imagerecords.pipeline import dataset_files, errors, output_lock, publish, staged_check, storage
-from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, Shard, Split
-from imagerecords.pipeline.dataset_files import ShardResult
 from imagerecords.cli.exit_codes import exit_code
+from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, Shard, Split
+from imagerecords.pipeline import errors, storage
 from imagerecords.pipeline.naming import flag_names
+from imagerecords.pipeline.publish import staged_check
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline.write import dataset_files
+from imagerecords.pipeline.write.dataset_files import ShardResult
 
 
 @pytest.fixture(autouse=True)

@@ -13,10 +13,15 @@ import uuid
 import numpy as np
 import pytest
 
-from imagerecords.pipeline import array_rows, arrays, publish, sources, staged_check, stages, storage
+from imagerecords.pipeline import sources, storage
 from imagerecords.pipeline.engines import local
 from imagerecords.pipeline.options import BuildOptions
-from imagerecords.pipeline.refs import LabelMap
+from imagerecords.pipeline.plan import array_rows
+from imagerecords.pipeline.plan.refs import LabelMap
+from imagerecords.pipeline.publish import staged_check
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.read import array_files as arrays
+from imagerecords.pipeline.write import shard_writer
 
 
 _NO_IDENTITY = {"identity": None, "index_identity": None}
@@ -65,7 +70,7 @@ def _stage_both_ways(tmp_path, monkeypatch, arrays_in, name, label_map=None, **o
     for way in ("refs", "rows"):
         build_id = f"{way}-{uuid.uuid4().hex[:6]}"
         os.makedirs(publish.staging_dir(str(out), build_id))
-        writer = stages.ShardWriter.of(config, build_id, sources.of(config.input))
+        writer = shard_writer.ShardWriter.of(config, build_id, sources.of(config.input))
         for key, shard in shards.items():
             members = shard.refs() if way == "refs" else shard
             result = writer.write(key, members, label_map, read_bytes=None)
@@ -124,10 +129,10 @@ def test_a_resumed_row_shard_reuses_the_staged_one(tmp_path, monkeypatch):
     first = "first-build"
     os.makedirs(publish.staging_dir(out, first))
     for key, shard in shards.items():
-        stages.ShardWriter.of(config, first, sources.of(config.input)).write(key, shard.refs(), label_map, read_bytes=None)
+        shard_writer.ShardWriter.of(config, first, sources.of(config.input)).write(key, shard.refs(), label_map, read_bytes=None)
     second = "second-build"
     os.makedirs(publish.staging_dir(out, second))
-    writer = stages.ShardWriter(**{**stages.ShardWriter.of(config, second, sources.of(config.input)).__dict__, "resume_from": (first,)})
+    writer = shard_writer.ShardWriter(**{**shard_writer.ShardWriter.of(config, second, sources.of(config.input)).__dict__, "resume_from": (first,)})
     reads, real_read = [], staged_check.sha256_and_size
     monkeypatch.setattr(staged_check, "sha256_and_size", lambda path: reads.append(path) or real_read(path))
     for key, shard in shards.items():

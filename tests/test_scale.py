@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import bench_scale, corpus, scale_sim
 from imagerecords.format import manifest as manifest_lib
-from imagerecords.pipeline import planning
+from imagerecords.pipeline.plan import shard_plan as planning
 from imagerecords.reader.info import load_info
 
 

@@ -68,9 +68,11 @@ def tree(image_tree, tmp_path_factory):
 
 ORPHAN = r"""
 import json, os, sys
-from imagerecords.pipeline import codec, shard_writer, stages
-from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline.refs import ImageRef
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan.refs import ImageRef
+from imagerecords.pipeline.write import shard_writer
+from imagerecords.pipeline.write import stream as write_stream
 
 root, out, build_id = sys.argv[1:4]
 labels = refs_lib.vocabulary(sorted(os.listdir(root)), "auto", 0)
@@ -81,10 +83,10 @@ for label in sorted(os.listdir(root)):
         refs.append(ImageRef(f"{label}/{name}", path, label, "train", os.path.getsize(path), labels.label_id(label)))
 options = codec.ImageOptions()
 try:
-    writer = stages.ShardWriter(output=out, build_id=build_id, name="images", preset="tfds", options=options,
+    writer = shard_writer.ShardWriter(output=out, build_id=build_id, name="images", preset="tfds", options=options,
                                 contents=False)
-    writer.write(("train", 0, 4), refs, labels, read_bytes=shard_writer.limited_reader(options))
-except stages.BuildAbandoned as e:
+    writer.write(("train", 0, 4), refs, labels, read_bytes=write_stream.limited_reader(options))
+except shard_writer.BuildAbandoned as e:
     print(e, file=sys.stderr)
     sys.exit(3)
 """

@@ -8,8 +8,9 @@ import pytest
 
 from imagerecords.cli import main as cli
 from imagerecords.format.manifest import MANIFEST, STAGING
-from imagerecords.pipeline import errors, publish
+from imagerecords.pipeline import errors
 from imagerecords.pipeline.config import version_name_problem
+from imagerecords.pipeline.publish import commit as publish
 
 from test_publish import _results, _stage
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import build, read_examples
 from support.web import LARGE_BYTES, Server, jpeg
 from test_golden import digests
-from imagerecords.pipeline import download
+from imagerecords.pipeline.read import download
 
 GOOD = 12  # images served plainly
 IMAGES = {f"p{i:02d}.jpg": jpeg(i) for i in range(GOOD + 4)}

@@ -11,12 +11,12 @@ import typing
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
-from imagerecords.pipeline import config as config_lib
-from imagerecords.format import features as features_lib
 from imagerecords.format import schema
-from imagerecords.pipeline import codec
-from imagerecords.pipeline.codec import ImageOptions
+from imagerecords.format import features as features_lib
+from imagerecords.pipeline import config as config_lib
 from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.encode.image_codec import ImageOptions
 from imagerecords.pipeline.errors import UsageError
 from imagerecords.pipeline.options import BuildOptions, runner_in
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import os
 from typing import List, Optional, Tuple
 
-from imagerecords.pipeline import dataset_files, errors, storage
-from imagerecords.format import access, files
-from imagerecords.format.errors import NotRegularFile
-from imagerecords.format import manifest as manifest_lib
-from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError
-from imagerecords.format.record_format import is_shard_name, shard_prefix
+from imagerecords.format import access, files, schema
 from imagerecords.format import features as features_lib
-from imagerecords.format import schema
+from imagerecords.format import manifest as manifest_lib
+from imagerecords.format.errors import NotRegularFile
+from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError
 from imagerecords.format.paths import has_scheme
+from imagerecords.format.record_format import is_shard_name, shard_prefix
+from imagerecords.pipeline import errors, storage
 from imagerecords.pipeline.storage import join, open_read
+from imagerecords.pipeline.write import dataset_files
 
 
 def _open(path: str):
@@ -92,7 +92,7 @@ def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[s
             notes.append(f"{join(output, STAGING)}: leftover staging area of an unfinished or failed build "
                             "(remove it, or rebuild with --overwrite)")
         elif name == LOCK:
-            from imagerecords.pipeline import output_lock
+            from imagerecords.pipeline.publish import lock as output_lock
 
             holder = output_lock.read_lock(output)
             state = "stale lock of" if holder and holder.is_dead_here() else "lock held by"

@@ -27,7 +27,7 @@ READABLE_VERSIONS = (1, 2, 3)
 COLUMNS_FROM = 1_000
 SHARDS_SUFFIX = ".shards.jsonl"  # <version>/<split>.shards.jsonl: a columnar split's per-shard histograms
 
-# Names inside an output folder that belong to the publish protocol (imagerecords.pipeline.publish). They
+# Names inside an output folder that belong to the publish protocol (imagerecords.pipeline.publish.commit). They
 # live here, in a module without Beam or TensorFlow, so the reader can name them in its errors.
 STAGING = ".imagerecords-staging"  # one folder per build inside, named by its build id
 # Each published build's shards live in a folder of their own, `v-<build id>`: a rebuild never

@@ -13,7 +13,7 @@ from typing import BinaryIO, Iterator, Sequence
 from imagerecords.format import records
 
 # Index files live in a sub-folder of the version folder, `index/<shard file name>.idx`
-# (imagerecords.pipeline.dataset_files writes them): DALI's tfrecord2idx lines.
+# (imagerecords.pipeline.write.dataset_files writes them): DALI's tfrecord2idx lines.
 INDEX_DIR = "index"
 INDEX_SUFFIX = ".idx"
 FRAME_OVERHEAD = records.FRAME_OVERHEAD  # the fewest bytes one record takes in a file

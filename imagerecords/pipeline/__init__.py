@@ -1,2 +1,2 @@
-"""The build library: options, the session (checks, lock, engine, verdict, commit), inputs, codec, planning,
-the stages, the shard writer, publishing, and the engines."""
+"""The build library: the settings and the session (checks, lock, engine, verdict, commit) here; the
+inputs in sources/ and read/, then plan/, encode/, write/ (one shard's files), publish/ and engines/."""

@@ -158,7 +158,7 @@ def check_output(config: BuildConfig) -> Optional[str]:
     else:
         created = _check_local_output(config)
     if config.version_name:
-        from imagerecords.pipeline import publish
+        from imagerecords.pipeline.publish import commit as publish
 
         publish.check_version_free(config.output, config.version_name)  # the commit checks it again
     return created

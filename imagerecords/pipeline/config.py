@@ -8,15 +8,15 @@ import numbers
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from imagerecords.format import features as features_lib
 from imagerecords.format import schema
+from imagerecords.format import features as features_lib
 from imagerecords.format.record_format import is_shard_name
-from imagerecords.pipeline import codec, download
-from imagerecords.pipeline.codec import ImageOptions
-from imagerecords.pipeline import storage
-from imagerecords.pipeline.refs import MAX_NAME_LENGTH, ManifestColumns, split_name_problem
-from imagerecords.pipeline import naming
+from imagerecords.pipeline import naming, storage
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.encode.image_codec import ImageOptions
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.plan.refs import MAX_NAME_LENGTH, ManifestColumns, split_name_problem
+from imagerecords.pipeline.read import download
 
 WRITERS = ("shards", "beam")
 LABEL_TYPES = ("auto", "name", "int")
@@ -421,7 +421,7 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         if self.features:  # manifest.json's "features" is the spec; here only what feeds it
             d["features"] = features_lib.specs_to_json(self.features)
         elif _is_arrays(self.input):  # an arrays input's spec comes from its arrays
-            from imagerecords.pipeline import arrays
+            from imagerecords.pipeline.read import array_files as arrays
 
             d["features"] = arrays.manifest_features(self)
             d["features_only"] = True
@@ -506,7 +506,7 @@ def load_preset(path: str) -> Tuple[Dict[str, Any], List[str]]:
 
 
 def _is_arrays(path: Any) -> bool:
-    from imagerecords.pipeline import arrays
+    from imagerecords.pipeline.read import array_files as arrays
 
     return isinstance(path, str) and arrays.is_arrays_input(path)
 

@@ -7,8 +7,8 @@ import os
 import re
 from typing import Any, Mapping, Optional
 
-from imagerecords.pipeline import arrays as arrays_lib
 from imagerecords.pipeline.errors import UsageError
+from imagerecords.pipeline.read import array_files as arrays_lib
 
 
 def build_arrays(arrays: Mapping[str, Any], output: str, *, splits: Optional[Mapping[str, float]] = None,

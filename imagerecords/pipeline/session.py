@@ -13,13 +13,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional, Tuple
 
-from imagerecords.pipeline import checks, engines, errors, output_lock, phases, publish, storage
-from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline.config import BuildConfig
-from imagerecords.pipeline.options import BuildOptions, Progress
 from imagerecords.format.manifest import ERRORS, LOCK, MANIFEST, STAGING, Manifest
-from imagerecords.pipeline import naming
+from imagerecords.pipeline import checks, engines, errors, naming, phases, storage
+from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.options import BuildOptions, Progress
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import lock as output_lock
 
 if TYPE_CHECKING:
     from imagerecords.pipeline.checks import InputInfo
@@ -178,7 +179,7 @@ def run(options: BuildOptions, *, notify: Optional[Callable[[str], None]] = None
       errors.BuildError: an expected failure, one line (errors.Interrupted for a signal).
     """
     if options.config.append:  # the settings not given are the dataset's, read before anything checks them
-        from imagerecords.pipeline import appending
+        from imagerecords.pipeline.plan import appending
 
         options = dataclasses.replace(options, config=appending.with_dataset_settings(options.config,
                                                                                       options.settings_given))
@@ -189,7 +190,7 @@ def run(options: BuildOptions, *, notify: Optional[Callable[[str], None]] = None
         raise errors.UsageError(f"{setting('resume')} needs {setting('writer', 'shards')} (the Beam sink's shards have no fingerprints)")
     input_info = checks.check_input(config, ignore_split_column=options.ignore_split_column)
     if config.append:
-        from imagerecords.pipeline import appending
+        from imagerecords.pipeline.plan import appending
 
         if options.detached or any(a.startswith("--template_location") for a in options.pipeline_options):
             raise errors.UsageError(f"{setting('append')} needs the build to end in this process (no {setting('detached')}, no template): "

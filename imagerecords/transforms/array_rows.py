@@ -1,4 +1,5 @@
-"""ReadArrays: the rows of an arrays input (imagerecords.pipeline.arrays) become ImageRefs or rejected rows."""
+"""ReadArrays: the rows of an arrays input (imagerecords.pipeline.read.array_files) become ImageRefs or
+rejected rows."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from typing import Iterable, Union
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from imagerecords.pipeline import arrays
 from imagerecords.pipeline.errors import BuildError
-from imagerecords.pipeline.refs import ImageRef, Rejected
+from imagerecords.pipeline.plan.refs import ImageRef, Rejected
+from imagerecords.pipeline.read import array_files as arrays
 from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
 
 __all__ = ["ReadArrays"]

@@ -11,13 +11,14 @@ from typing import Iterable, Sequence, Union
 
 import apache_beam as beam
 
-from imagerecords.pipeline import codec, shard_writer, storage
-from imagerecords.format import records, schema
+from imagerecords.format import record_format, records, schema
 from imagerecords.format.manifest import Shard
-from imagerecords.format import record_format
 from imagerecords.format.record_format import shard_prefix
-from imagerecords.pipeline.dataset_files import ShardResult
-from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline import storage
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.write import stream as write_stream
+from imagerecords.pipeline.write.dataset_files import ShardResult
 from imagerecords.transforms.common import REJECTED
 
 __all__ = ["WriteWithBeamSink"]
@@ -31,10 +32,10 @@ class _EncodeFn(beam.DoFn):
 
     def setup(self):
         self._read = (self._source.reader(self._options) if self._source is not None
-                      else shard_writer.limited_reader(self._options))
+                      else write_stream.limited_reader(self._options))
 
     def process(self, ref: ImageRef, labels: LabelMap) -> Iterable[Union[tuple, beam.pvalue.TaggedOutput]]:
-        result = shard_writer.encode_ref(ref, self._read, self._preset, labels, self._options)
+        result = write_stream.encode_ref(ref, self._read, self._preset, labels, self._options)
         if isinstance(result, Rejected):
             yield beam.pvalue.TaggedOutput(REJECTED, result)
         else:

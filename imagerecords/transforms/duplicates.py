@@ -6,14 +6,14 @@ from typing import Iterable, Tuple
 
 import apache_beam as beam
 
-from imagerecords.pipeline import stages
-from imagerecords.pipeline.refs import DuplicateGroup
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan.refs import DuplicateGroup
 
 __all__ = ["FindDuplicates"]
 
 
 def _group(item: Tuple[bytes, Iterable[Tuple[str, str, str, str]]]) -> Iterable[DuplicateGroup]:
-    group = stages.duplicate_group(*item)
+    group = refs_lib.duplicate_group(*item)
     if group is not None:
         yield group
 

@@ -6,16 +6,17 @@ from typing import Iterable, Optional, Sequence, Tuple, Union
 
 import apache_beam as beam
 
-from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline import appending, stages
-from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.plan import appending
+from imagerecords.pipeline.plan import assign as assign_lib
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
 from imagerecords.transforms.common import REJECTED
 
 __all__ = ["AssignLabels"]
 
 def _assign(ref: ImageRef, labels: LabelMap, splits: Optional[Sequence[Tuple[str, float]]],
             split_seed: int) -> Iterable[Union[ImageRef, beam.pvalue.TaggedOutput]]:
-    out = stages.assign(ref, labels, splits, split_seed)
+    out = assign_lib.assign(ref, labels, splits, split_seed)
     yield beam.pvalue.TaggedOutput(REJECTED, out) if isinstance(out, Rejected) else out
 
 

@@ -9,10 +9,11 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.metrics import Metrics
 
-from imagerecords.pipeline import refs as refs_lib
 from imagerecords.format.paths import has_scheme
-from imagerecords.pipeline import input_files, stages
-from imagerecords.pipeline.refs import ImageRef, ManifestColumns, Rejected, is_manifest
+from imagerecords.pipeline.plan import assign as assign_lib
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan.refs import ImageRef, ManifestColumns, Rejected, is_manifest
+from imagerecords.pipeline.read import input_files
 from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
 
 __all__ = ["ListSource", "ReadImages", "ReadManifest", "is_manifest"]
@@ -163,7 +164,7 @@ class _ManifestRowFn(beam.DoFn):
         self._listed = Metrics.counter(METRICS_NAMESPACE, "listed")
 
     def process(self, line: bytes) -> Iterable[Union[ImageRef, beam.pvalue.TaggedOutput]]:
-        out = stages.manifest_row(line, self._parse, self._manifest, self._columns, self._max_file_bytes, self._stat)
+        out = assign_lib.manifest_row(line, self._parse, self._manifest, self._columns, self._max_file_bytes, self._stat)
         if out is not None:
             self._listed.inc()
             yield _tagged(out)

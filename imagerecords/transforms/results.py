@@ -10,7 +10,8 @@ from typing import Any, Mapping, Optional
 
 import apache_beam as beam
 
-from imagerecords.pipeline import publish, stages
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import results as results_lib
 
 __all__ = ["RecordResults"]
 
@@ -18,7 +19,7 @@ __all__ = ["RecordResults"]
 def _record(_, results, rejected, labels, duplicates, build_id=None, *, build, **kwargs) -> publish.BuildResults:
     if build_id is not None:  # named when the pipeline runs (WriteDataset), not when it was built
         build = dict(build, build_id=build_id)
-    return stages.record_results(results, rejected, labels, duplicates, build=build, **kwargs)
+    return results_lib.record_results(results, rejected, labels, duplicates, build=build, **kwargs)
 
 
 class RecordResults(beam.PTransform):

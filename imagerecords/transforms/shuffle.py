@@ -7,10 +7,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import apache_beam as beam
 
-from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline import planning, stages
-from imagerecords.pipeline.planning import ShardPlan
-from imagerecords.pipeline.refs import ImageRef
+from imagerecords.pipeline.plan import assign as assign_lib
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan import shard_plan as planning
+from imagerecords.pipeline.plan.refs import ImageRef
+from imagerecords.pipeline.plan.shard_plan import ShardPlan
 from imagerecords.transforms.coders import KeyedRef, ShardGroup, ShardKey
 
 __all__ = ["GlobalShuffle", "ShardKey"]
@@ -132,7 +133,7 @@ class GlobalShuffle(beam.PTransform):
 
         def in_order(item) -> Tuple[Tuple[str, int, int], List[ImageRef]]:
             key, members = item
-            return key, stages.shard_order(filter(None, members))
+            return key, assign_lib.shard_order(filter(None, members))
 
         shards = (
             (keyed, every_shard)

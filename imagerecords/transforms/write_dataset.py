@@ -11,11 +11,16 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from imagerecords.format.manifest import MANIFEST
-from imagerecords.pipeline import download, input_files, output_lock, publish, shard_writer, stages, storage
-from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline import storage
 from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline.plan import assign as assign_lib
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, ManifestColumns, Rejected
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline.read import download, input_files
 from imagerecords.pipeline.sources.manifests import ManifestSource
-from imagerecords.pipeline.refs import ImageRef, LabelMap, ManifestColumns, Rejected
+from imagerecords.pipeline.write import stream as write_stream
 from imagerecords.transforms.coders import ShardKey
 from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, REJECTED
 from imagerecords.transforms.duplicates import FindDuplicates
@@ -44,7 +49,7 @@ def row_to_ref(row: Any, base: str, columns: ManifestColumns, max_file_bytes: Op
                stat: bool = True) -> Union[Tuple[ImageRef, Optional[bytes]], Rejected]:
     """One user row as (ImageRef, the image bytes it carried or None), or the Rejected row saying why not.
 
-    The row is checked as a manifest row is (imagerecords.pipeline.refs.parse_manifest_row: label
+    The row is checked as a manifest row is (imagerecords.pipeline.plan.refs.parse_manifest_row: label
     and key text, split, declared feature values), plus the types a Python row can get wrong.
     A row with "image" bytes gets the uri `bytes:<32 hex digits of its SHA-256>` and, without a
     "key", that digest as its key; a row with a "path" is keyed by the path as given, as a
@@ -70,7 +75,7 @@ def row_to_ref(row: Any, base: str, columns: ManifestColumns, max_file_bytes: Op
             return Rejected(f"<{_kind(image)}>", f"'image' must be the encoded image's bytes, got a {_kind(image)}",
                             known, stage="list", error="TypeError")
         data = bytes(image)
-        uri = BYTES_SCHEME + shard_writer.content_digest(data).hex()
+        uri = BYTES_SCHEME + write_stream.content_digest(data).hex()
     elif path is not None:
         if not isinstance(path, str):
             return Rejected(f"<{_kind(path)}>", f"{columns.path!r} must be a path or URI string, got a {_kind(path)}",
@@ -104,7 +109,7 @@ def row_to_ref(row: Any, base: str, columns: ManifestColumns, max_file_bytes: Op
     if data is not None:
         ref = dataclasses.replace(ref, uri=uri)  # parse_manifest_row resolved it as a path
     elif ref.size < 0 and stat and not download.is_url(ref.uri):  # a URL is fetched by its shard's writer alone
-        size, problem = stages._size(ref)  # the manifest rows' own lookup: a missing file is a row here
+        size, problem = assign_lib._size(ref)  # the manifest rows' own lookup: a missing file is a row here
         if problem is not None:
             return Rejected(ref.uri, problem[0], ref.key, ref.split, stage="list", error=problem[1])
         ref = dataclasses.replace(ref, size=size)
@@ -140,7 +145,7 @@ def _new_build_id(_) -> str:
 def _carried_shard(pair: Tuple[ImageRef, bytes], labels: LabelMap, plans, splits, split_seed: int, seed: int
                    ) -> Iterable[Tuple[ShardKey, Tuple[str, bytes]]]:
     ref, data = pair
-    out = stages.assign(ref, labels, splits, split_seed)  # the split AssignLabels gives the same ref
+    out = assign_lib.assign(ref, labels, splits, split_seed)  # the split AssignLabels gives the same ref
     if isinstance(out, Rejected) or out.split not in plans:
         return
     plan = plans[out.split]
@@ -226,7 +231,7 @@ class WriteDataset(beam.PTransform):
         self._base = os.getcwd()  # relative paths are read where the pipeline was made
 
     def expand(self, rows):
-        from imagerecords.pipeline.arrays import label_type
+        from imagerecords.pipeline.read.array_files import label_type
 
         config: BuildConfig = self._config
         checked = rows | "CheckRows" >> beam.ParDo(_CheckRowFn(

@@ -10,10 +10,12 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from imagerecords.pipeline import output_lock, stages, storage
+from imagerecords.pipeline import storage
 from imagerecords.pipeline.config import BuildConfig, make_config
-from imagerecords.pipeline.dataset_files import ShardResult
-from imagerecords.pipeline.refs import ImageRef, LabelMap
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap
+from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline.write import shard_writer
+from imagerecords.pipeline.write.dataset_files import ShardResult
 from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, REJECTED
 
 __all__ = ["WriteShards", "options_config"]
@@ -42,7 +44,7 @@ def options_config(owner: str, output: str, options: Mapping[str, Any]) -> Build
 
 
 class _WriteShardFn(beam.DoFn):
-    def __init__(self, writer: stages.ShardWriter, threads: int):
+    def __init__(self, writer: shard_writer.ShardWriter, threads: int):
         self._writer = writer
         self._threads = threads
         self._written = Metrics.counter(METRICS_NAMESPACE, "written")
@@ -119,7 +121,7 @@ class WriteShards(beam.PTransform):
         elif config.output != output:
             raise ValueError(f"WriteShards: output {output!r} differs from the config's {config.output!r}")
         self.build_id = build_id or output_lock.new_build_id()
-        self._fn = _WriteShardFn(stages.ShardWriter.of(config, self.build_id, source), config.threads)
+        self._fn = _WriteShardFn(shard_writer.ShardWriter.of(config, self.build_id, source), config.threads)
         self._labels = labels
         self._build_ids = build_ids  # a singleton PCollection naming the build when it runs (WriteDataset)
 

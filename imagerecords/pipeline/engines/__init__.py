@@ -2,7 +2,7 @@
 
 An engine is chosen once per build (`choose`) and run once (`Engine.run`): it writes every shard
 into the build's staging area and, last, its results.json. Both engines hold the same
-stages.ShardWriter and write the same bytes.
+shard_writer.ShardWriter and write the same bytes.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Mapping, Optional, Protocol, Sequence
 from imagerecords.pipeline import sources, storage
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.errors import UsageError
-from imagerecords.pipeline.refs import LabelMap
-from imagerecords.pipeline.sources import InputInfo
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.plan.refs import LabelMap
+from imagerecords.pipeline.sources import InputInfo
 
 
 class Engine(Protocol):

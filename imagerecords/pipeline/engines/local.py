@@ -7,9 +7,9 @@ Example, framing) do not queue for one interpreter's GIL (figures: README, Bench
 `--runner DirectRunner`, or any Beam option, runs the same build as a Beam pipeline
 (engines/beam/graph.py) instead.
 
-Both engines call the same stage functions (imagerecords/pipeline/stages.py) and the same shard planning,
-so their shards, index files, errors.jsonl and duplicates.jsonl are byte-identical (tested); only
-the orchestration differs:
+Both engines call the same stage functions (pipeline/plan/assign.py, write/shard_writer.py,
+publish/results.py) and the same shard planning, so their shards, index files, errors.jsonl and
+duplicates.jsonl are byte-identical (tested); only the orchestration differs:
 
     list (class folders one per task, manifest byte ranges; each ref with its shuffle hash)
     → vocabulary → assign split and label id
@@ -37,10 +37,17 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from imagerecords.pipeline import appending, array_rows, arrays, planning, processes, publish, sources, stages
-from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline import processes, sources
 from imagerecords.pipeline.config import BuildConfig
-from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.plan import appending, array_rows
+from imagerecords.pipeline.plan import assign as assign_lib
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan import shard_plan as planning
+from imagerecords.pipeline.plan.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import results as results_lib
+from imagerecords.pipeline.read import array_files as arrays
+from imagerecords.pipeline.write import shard_writer
 
 ShardKey = Tuple[str, int, int]
 
@@ -102,7 +109,7 @@ class _Shards:
         return sorted(self._members)
 
     def take(self, key: ShardKey) -> Union[List[Tuple[int, ImageRef]], array_rows.RowShard]:
-        """The shard's (shuffle hash, ref) pairs, unordered: its writer sorts them (stages.shard_order)."""
+        """The shard's (shuffle hash, ref) pairs, unordered: its writer sorts them (assign_lib.shard_order)."""
         return self._members.pop(key)
 
 
@@ -151,7 +158,7 @@ class _Contents:
         found = []
         for digest, members in self._by_digest.items():
             if isinstance(members, list):
-                group = stages.duplicate_group(digest, members)
+                group = refs_lib.duplicate_group(digest, members)
                 if group is not None:
                     found.append(group)
         return found
@@ -206,7 +213,7 @@ class _Writer:
     """Writes shards with the build's ShardWriter: one per process, or one shared by this process's
     shard threads (which then share its image threads)."""
 
-    def __init__(self, writer: stages.ShardWriter, threads: int, progress: _Progress):
+    def __init__(self, writer: shard_writer.ShardWriter, threads: int, progress: _Progress):
         self._writer = writer
         self._threads = threads
         self._progress = progress
@@ -215,10 +222,10 @@ class _Writer:
                         if threads > 1 else None)
 
     def __call__(self, key: ShardKey, members: Union[List[Tuple[int, ImageRef]], array_rows.RowShard],
-                 labels: LabelMap) -> stages.StagedShard:
+                 labels: LabelMap) -> shard_writer.StagedShard:
         rows = isinstance(members, array_rows.RowShard)
         # A row shard is written from its columns (row_writer), its contents already compact.
-        ordered = members if rows else stages.shard_order(members)
+        ordered = members if rows else assign_lib.shard_order(members)
         staged = self._writer.write(key, ordered, labels, read_bytes=self._read,
                                     executor=self._images, window=2 * self._threads, observe=self._progress)
         if rows:  # a shard reused by --resume comes back as (digest, member) pairs
@@ -233,7 +240,7 @@ class _Writer:
 _WORKER: Dict[str, _Writer] = {}
 
 
-def _start_worker(writer: stages.ShardWriter, progress_dir: Optional[str], cancel, launcher: int) -> None:
+def _start_worker(writer: shard_writer.ShardWriter, progress_dir: Optional[str], cancel, launcher: int) -> None:
     # Ctrl-C (or a SIGTERM/SIGHUP to the group) reaches every process; the launcher answers it by
     # setting `cancel`, which stops each shard at its next image and cleans its temporary file.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -282,7 +289,7 @@ def end_workers(pool) -> None:
 
 
 def _write_in_worker(key: ShardKey, members: Union[List[Tuple[int, ImageRef]], array_rows.RowShard],
-                     labels: LabelMap) -> stages.StagedShard:
+                     labels: LabelMap) -> shard_writer.StagedShard:
     if not isinstance(members, array_rows.RowShard):
         return _WORKER["writer"](key, members, labels)
     # A row shard's per-row objects (refs, contents, keys lines) form no cycles, and the collector's
@@ -297,7 +304,7 @@ def _write_in_worker(key: ShardKey, members: Union[List[Tuple[int, ImageRef]], a
             gc.enable()
 
 
-def _fork_workers(workers: int, writer: stages.ShardWriter, progress_dir: Optional[str]):
+def _fork_workers(workers: int, writer: shard_writer.ShardWriter, progress_dir: Optional[str]):
     """Starts `workers` forked worker processes now, before the build lists anything: a worker
     forked later would share the launcher's pages holding every ref, and each page the launcher
     then touches (a refcount, while pickling a shard's refs) would be copied, once per worker
@@ -347,7 +354,7 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
           input_info: sources.InputInfo, progress_dir: Optional[str], workers: Optional[int] = None
           ) -> Tuple[publish.BuildResults, int]:
     """Runs the whole build into `config.output`'s staging area and writes staging/results.json,
-    as build_pipeline's graph does. Nothing is published here (see imagerecords.pipeline.publish).
+    as build_pipeline's graph does. Nothing is published here (see imagerecords.pipeline.publish.commit).
 
     Args:
       workers: worker processes writing shards (0: threads in this process); None: one per core
@@ -360,7 +367,7 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
     forked = workers if asked else _auto_workers()
     source = sources.for_build(config)
     source.prepare(config)  # before the fork: what the workers share
-    writer = stages.ShardWriter.of(config, build_id, source)
+    writer = shard_writer.ShardWriter.of(config, build_id, source)
     pool, cancel = _fork_workers(forked, writer, progress_dir) if forked else (None, None)
     workers = list(getattr(pool, "_processes", {}).values())  # the pool forgets a dead worker
     try:
@@ -408,7 +415,7 @@ def _plan_refs(config: BuildConfig, input_info: sources.InputInfo, process_pool,
     splits = tuple(config.splits) if config.splits else None
     kept = 0
     for h, ref in refs:
-        out = stages.assign(ref, label_map, splits, config.split_seed)
+        out = assign_lib.assign(ref, label_map, splits, config.split_seed)
         if isinstance(out, Rejected):
             rejected.append(out)
         else:
@@ -441,8 +448,8 @@ def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap], pool=None
             array_rows.Contents(config.input, assigned, label_map))
 
 
-def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, process_cancel, forked: int, *, build_id: str,
-           versions: Mapping[str, str], label_map: Optional[LabelMap], input_info: sources.InputInfo,
+def _build(config: BuildConfig, writer: shard_writer.ShardWriter, process_pool, process_cancel, forked: int, *,
+           build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap], input_info: sources.InputInfo,
            progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
     if array_rows.applies(config):
         rejected, label_map, shards, count, contents = _plan_rows(config, label_map, process_pool)
@@ -490,7 +497,7 @@ def _build(config: BuildConfig, writer: stages.ShardWriter, process_pool, proces
             pool.shutdown()
     groups = contents.groups() + known
     del contents
-    results_written = stages.record_results(
+    results_written = results_lib.record_results(
         results, rejected, label_map, groups, output=config.output,
         find_duplicates=not config.skip_duplicate_check or config.append,
         build=dict(build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,

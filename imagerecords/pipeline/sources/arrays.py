@@ -1,11 +1,11 @@
 """NumPy array inputs (an .npz, or a folder of .npy files): rows of image, label and feature columns
-(imagerecords.pipeline.arrays reads and encodes them; array_rows is the columnar fast path)."""
+(imagerecords.pipeline.read.array_files reads and encodes them; array_rows is the columnar fast path)."""
 
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from imagerecords.pipeline import arrays
+from imagerecords.pipeline.read import array_files as arrays
 from imagerecords.pipeline.sources.base import InputInfo, Listed, Source
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
-from imagerecords.pipeline import input_files, storage
-from imagerecords.pipeline.refs import ImageRef, Rejected
+from imagerecords.pipeline import storage
+from imagerecords.pipeline.plan.refs import ImageRef, Rejected
+from imagerecords.pipeline.read import input_files
 
 Listed = Union[ImageRef, Rejected]
 

@@ -7,12 +7,14 @@ import os
 from typing import Iterable, List, Optional, Sequence, Union
 
 from imagerecords.format.paths import has_scheme
-from imagerecords.pipeline import codec, input_files
-from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.errors import InputError
-from imagerecords.pipeline.refs import Rejected
-from imagerecords.pipeline.sources.base import InputInfo, Listed, Source, first_line as _first_line
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan.refs import Rejected
+from imagerecords.pipeline.read import input_files
+from imagerecords.pipeline.sources.base import InputInfo, Listed, Source
+from imagerecords.pipeline.sources.base import first_line as _first_line
 
 # Bounds that keep the checks to a few seconds on any input: the listing is the pipeline's job.
 _MAX_FOLDERS_WALKED = 2000  # folders visited looking for one file under the class folders

@@ -1,5 +1,5 @@
 """Manifest inputs (.csv, .jsonl): the check of the manifest's head, and its listing in byte ranges
-(one per worker task; Beam reads it with ReadManifest), each row parsed by stages.manifest_row."""
+(one per worker task; Beam reads it with ReadManifest), each row parsed by assign_lib.manifest_row."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ import os
 from typing import IO, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from imagerecords.format.paths import has_scheme
-from imagerecords.pipeline import download, input_files, stages, storage
-from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline import storage
 from imagerecords.pipeline.errors import InputError, UsageError
-from imagerecords.pipeline.sources.base import InputInfo, Listed, Source, first_line as _first_line
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.plan import assign as assign_lib
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.read import download, input_files
+from imagerecords.pipeline.sources.base import InputInfo, Listed, Source
+from imagerecords.pipeline.sources.base import first_line as _first_line
 
 _MAX_HEAD_LINES = 1000  # lines read to find a manifest's first row (blank lines are skipped)
 # A manifest is listed in parts of about this many bytes (some 15,000 rows), one per task.
@@ -79,7 +82,7 @@ class ManifestSource(Source):
         header = info.header
         columns = config.manifest_columns()
         parse = refs_lib.csv_row_parser(header) if header is not None else refs_lib.parse_jsonl_line
-        rows = (stages.manifest_row(line, parse, config.input, columns, config.image.max_file_bytes,
+        rows = (assign_lib.manifest_row(line, parse, config.input, columns, config.image.max_file_bytes,
                                     stat=not config.skip_stat)
                 for line in _manifest_lines(config.input, header is not None, *part))
         return (row for row in rows if row is not None)
@@ -91,7 +94,7 @@ class ManifestSource(Source):
 
 def _manifest_lines(path: str, csv: bool, start: int = 0, end: Optional[int] = None) -> Iterator[bytes]:
     """The manifest's lines as Beam's ReadFromText gives them with a bytes coder: split at '\\n',
-    one trailing '\\r' dropped, a CSV's header line skipped (stages.manifest_row decodes them).
+    one trailing '\\r' dropped, a CSV's header line skipped (assign_lib.manifest_row decodes them).
     With `start`/`end` (byte offsets at line starts, from _line_ranges), only the lines that start
     in [start, end)."""
     with storage.open_read(path) as f:

@@ -6,12 +6,14 @@ from typing import Iterable, Mapping, Optional, Union
 
 import apache_beam as beam
 
-from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline import appending, publish, sources
-from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, Rejected
-from imagerecords.pipeline.config import BuildConfig
-from imagerecords.pipeline.sources import InputInfo
 from imagerecords import transforms
+from imagerecords.pipeline import sources
+from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline.plan import appending
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan.refs import DuplicateGroup, ImageRef, Rejected
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.sources import InputInfo
 from imagerecords.transforms import (AssignLabels, FindDuplicates, GlobalShuffle, ListSource, RecordResults,
                                      WriteShards, WriteWithBeamSink)
 from imagerecords.transforms.common import CONTENTS, REJECTED
@@ -49,7 +51,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
                    label_map: Optional[refs_lib.LabelMap] = None, input_info: Optional[InputInfo] = None,
                    base: Optional[appending.Base] = None, commit: bool = False):
     """Adds the whole build to pipeline `p`: every shard lands in the output's staging area, and the
-    last step writes staging/results.json. Nothing is published here (see imagerecords.pipeline.publish).
+    last step writes staging/results.json. Nothing is published here (see imagerecords.pipeline.publish.commit).
 
     Args:
       p: the pipeline.

@@ -16,7 +16,7 @@ defaults: raw bytes for more than one dimension per row and for float64, a list 
           names (sorted vocabulary, int64 ids); anything else: a tensor.
 
 Row i's key is `<file or folder name>:<i, 9 digits>` (`data.npz:000000123`), so --splits hashes
-it as it does a path; its uri is `<path>#row=<i>`, which shard_writer.encode_ref hands to
+it as it does a path; its uri is `<path>#row=<i>`, which stream.encode_ref hands to
 array_encode.encode_ref.
 """
 
@@ -29,10 +29,10 @@ import sys
 import zipfile
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from imagerecords.pipeline.errors import InputError, UsageError
-from imagerecords.pipeline.refs import MAX_INT_LABELS, ImageRef, Rejected, label_problem
 from imagerecords.format import features, schema
+from imagerecords.pipeline.errors import InputError, UsageError
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.plan.refs import MAX_INT_LABELS, ImageRef, Rejected, label_problem
 
 # A row's key and uri: "<file or folder name>:<row, 9 digits>" and "<path>#row=<row>". Spelled here
 # alone; the columnar writers (array_rows, row_writer) format many rows at once from these prefixes.

@@ -6,10 +6,11 @@ import io
 import json
 from typing import Callable, Dict, Optional, Sequence
 
-from imagerecords.pipeline import codec, input_files
-from imagerecords.pipeline.refs import ImageRef, LabelMap
 from imagerecords.format import codecs
 from imagerecords.format.features import Feature, ValueProblem
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap
+from imagerecords.pipeline.read import input_files
 
 # Pillow modes an image feature stores as they are, by channel count; 'P' is stored as its indices
 # (a palette mask's class ids), '1' as 0/255 greyscale.

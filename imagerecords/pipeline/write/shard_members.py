@@ -1,5 +1,5 @@
 """What ShardWriter.write writes, behind one interface: a shard's refs (every input kind, each image
-read and framed by shard_writer.write_shard) or an arrays build's RowShard (the columnar fast path,
+read and framed by write_stream.write_shard) or an arrays build's RowShard (the columnar fast path,
 row_writer). The writer around them (staging, the lock check, the rename, the index, the keys file
 and the staged record) is one; only how records, keys lines and contents are made differs, and each
 is spelled once in the modules these call.
@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import Any, BinaryIO, Callable, List, Optional, Sequence, Tuple, Union
 
-from imagerecords.pipeline import array_rows, arrays, dataset_files, row_writer, shard_writer
-from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.plan import array_rows
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.read import array_files as arrays
+from imagerecords.pipeline.write import dataset_files, row_writer
+from imagerecords.pipeline.write import stream as write_stream
 
 
 class RefMembers:
@@ -20,7 +23,7 @@ class RefMembers:
         self.refs = refs
         self.duplicates: List[Rejected] = []
         self._kept: Sequence[ImageRef] = refs
-        self._stats: Optional[shard_writer.ShardStats] = None
+        self._stats: Optional[write_stream.ShardStats] = None
 
     def __len__(self) -> int:
         return len(self.refs)
@@ -34,12 +37,12 @@ class RefMembers:
 
     def to_write(self) -> int:
         """Drops the repeated keys; returns how many records are left to write."""
-        self._kept, self.duplicates = shard_writer.dedupe_sorted(self.refs)
+        self._kept, self.duplicates = write_stream.dedupe_sorted(self.refs)
         return len(self._kept)
 
     def write(self, stream: BinaryIO, *, read_bytes: Callable[[str], bytes], preset: str, labels: LabelMap,
-              options, features, executor, window: int, on_progress) -> Tuple[shard_writer.ShardStats, List[Rejected]]:
-        self._stats, rejected = shard_writer.write_shard(
+              options, features, executor, window: int, on_progress) -> Tuple[write_stream.ShardStats, List[Rejected]]:
+        self._stats, rejected = write_stream.write_shard(
             self._kept, stream, read_bytes=read_bytes, preset=preset, labels=labels, options=options,
             executor=executor, window=window, on_progress=on_progress, features=features)
         return self._stats, rejected
@@ -76,10 +79,10 @@ class RowMembers:
         return len(self.shard)
 
     def write(self, stream: BinaryIO, *, read_bytes, preset: str, labels: LabelMap, options, features, executor,
-              window: int, on_progress) -> Tuple[shard_writer.ShardStats, List[Rejected]]:
+              window: int, on_progress) -> Tuple[write_stream.ShardStats, List[Rejected]]:
         written, rejected, self._positions, self._digests = row_writer.write_shard(
             self.shard, stream, preset=preset, labels=labels, options=options, on_progress=on_progress)
-        return shard_writer.ShardStats(written.count, written.num_bytes, written.sha256(),
+        return write_stream.ShardStats(written.count, written.num_bytes, written.sha256(),
                                        row_writer.histogram(self.shard, self._positions), 0, written.offsets,
                                        crc32c=written.crc32c()), rejected
 

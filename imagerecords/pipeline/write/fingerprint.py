@@ -1,5 +1,5 @@
 """The resume fingerprint of a shard: sha256 of everything its bytes depend on. A resumed build
-takes a staged shard whose fingerprint is the one it would write (stages.ShardWriter.write)."""
+takes a staged shard whose fingerprint is the one it would write (shard_writer.ShardWriter.write)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import json
 import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from imagerecords.pipeline import codec, storage
-from imagerecords.pipeline.refs import ImageRef, LabelMap
+from imagerecords.pipeline import storage
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap
 
 
 def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, name: str, preset: str,
@@ -33,7 +34,7 @@ def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, 
                          **({"source": source} if source else {})},
                         sort_keys=True, default=str).encode())
     images = [f.name for f in features if f.dtype == "image"]
-    from imagerecords.pipeline.arrays import is_row  # once per shard, not per ref
+    from imagerecords.pipeline.read.array_files import is_row  # once per shard, not per ref
 
     # One update of the joined lines hashes the same bytes as one per line, without a call and an encode per ref.
     h.update((lines if lines is not None else "".join([_fingerprint_line(r, images, is_row) for r in refs])).encode())
@@ -75,7 +76,7 @@ def _json_list(values: Sequence[Any]) -> str:
 
 def _read_files(ref: ImageRef, images: Sequence[str]) -> List[str]:
     """'size:mtime' of each local file `ref` reads (an arrays row's files are in the writer's source)."""
-    from imagerecords.pipeline.arrays import is_row  # imported once: sys.modules holds it after the first ref
+    from imagerecords.pipeline.read.array_files import is_row  # imported once: sys.modules holds it after the first ref
 
     paths = [] if is_row(ref.uri) else [ref.uri]
     if images and ref.extras:

@@ -30,8 +30,11 @@ import logging
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from imagerecords.pipeline import dataset_files, output_lock, phases, staged_check, storage
+from imagerecords.pipeline import phases, storage
 from imagerecords.pipeline.errors import BudgetExceeded, OutputError, UnfinishedBuild
+from imagerecords.pipeline.publish import staged_check
+from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline.write import dataset_files
 from imagerecords.format.manifest import (COLUMNS_FROM, DUPLICATES, ERRORS, FLAT_LAYOUT, MANIFEST, STAGING, VERSION_PREFIX,
                                           SHARDS_SUFFIX, Manifest, dumps)
 from imagerecords.format.record_format import is_shard_name
@@ -224,7 +227,7 @@ class BuildResults:
             version=folder)
         if self.base is None:
             return own, {}
-        from imagerecords.pipeline import appending
+        from imagerecords.pipeline.plan import appending
 
         manifest, sources = appending.merged_manifest(self.base, own, self.build_id)
         return manifest, {k: v for k, v in sources.items() if k != v}

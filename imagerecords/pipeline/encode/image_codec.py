@@ -11,8 +11,8 @@ from typing import Optional, Tuple
 
 from PIL import Image
 
-from imagerecords.pipeline.input_files import stable_text
 from imagerecords.pipeline import naming
+from imagerecords.pipeline.read.input_files import stable_text
 
 # Decompression-bomb guard: an image above this many pixels is refused with our own error, from
 # the dimensions in its header, before anything is decoded. Pillow's process-wide
@@ -385,7 +385,7 @@ def png_bytes(img, level: int = PNG_LEVEL) -> bytes:
     deflated by png_writer at the given libdeflate level."""
     import numpy as np
 
-    from imagerecords.pipeline import png_writer
+    from imagerecords.pipeline.encode import png as png_writer
 
     if isinstance(img, Image.Image):
         if img.mode not in _OWN_PNG_MODES:

@@ -3,8 +3,8 @@
 The local engine's launcher takes this path for an arrays build (engines/local.py): row indices,
 64-bit shuffle hashes, split codes and label codes are arrays, and each shard goes to its writer
 as (shard key, RowShard), whose refs are made there. Every value is the one the ref path gives
-(arrays.list_refs, refs.shuffle_hash / assign_split, stages.assign, planning.plan_shards,
-stages.shard_order), so the shards, errors.jsonl and duplicates.jsonl are byte-identical (tested).
+(arrays.list_refs, refs.shuffle_hash / assign_split, assign.assign, planning.plan_shards,
+assign.shard_order), so the shards, errors.jsonl and duplicates.jsonl are byte-identical (tested).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import hashlib
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from imagerecords.pipeline import arrays, planning
-from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan import shard_plan as planning
+from imagerecords.pipeline.plan.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.read import array_files as arrays
 
 # Keys spell the row in 9 digits: below this many rows their text order is their row order,
 # which the shard order's tie-break (equal hashes, by key) relies on.
@@ -166,7 +167,7 @@ class RowHashes:
 
 @dataclasses.dataclass
 class Assigned:
-    """The listed rows with a split and a label id (stages.assign's results).
+    """The listed rows with a split and a label id (assign.assign's results).
 
     Attributes:
       rows, codes, hashes: the kept rows, their label codes and shuffle hashes.
@@ -174,7 +175,7 @@ class Assigned:
       splits: each kept row's index into `names`.
       names: split names.
       label_ids: the label id of each label code.
-      rejected: the rows stages.assign turns away.
+      rejected: the rows assign.assign turns away.
     """
 
     rows: Any
@@ -189,7 +190,7 @@ class Assigned:
 
 def assign(listed: Listed, labels: LabelMap, splits: Optional[Sequence[Tuple[str, float]]], split_seed: int,
            seed: int, pool=None, shuffled: Optional[RowHashes] = None, split: Optional[RowHashes] = None) -> Assigned:
-    """stages.assign of every listed row, with each kept row's shuffle hash (hashes, on `pool`'s
+    """assign.assign of every listed row, with each kept row's shuffle hash (hashes, on `pool`'s
     workers, or from `shuffled` and `split`, the RowHashes of the shuffle and split salts)."""
     import numpy as np
 
@@ -257,7 +258,7 @@ class RowShard:
                         label_id)
 
     def refs(self) -> List[ImageRef]:
-        """The shard's refs in shard order: those stages.shard_order gives from the ref path's pairs."""
+        """The shard's refs in shard order: those assign.shard_order gives from the ref path's pairs."""
         key, uri = arrays.key_prefix(self.path).replace("%", "%%") + arrays.ROW_NUMBER, arrays.uri_prefix(self.path)
         texts = [sys.intern(t) for t, _ in self.labels]
         ids = [i for _, i in self.labels]
@@ -278,7 +279,7 @@ def plan(assigned: Assigned, path: str, row_bytes: int, config
         mine = np.flatnonzero(assigned.splits == s)
         if not len(mine):
             continue
-        # Rows ascend, so a stable sort breaks equal hashes by key, as stages.shard_order does.
+        # Rows ascend, so a stable sort breaks equal hashes by key, as assign.shard_order does.
         order = mine[np.argsort(assigned.hashes[mine], kind="stable")]
         ordered = assigned.hashes[order]
         count = len(order)

@@ -1,148 +1,34 @@
-"""The work of each build stage as plain functions, importable without Beam.
-
-`transforms/` wires them into the Beam graph (one DoFn or Map per function); the in-process engine
-(`pipeline/local.py`) calls the same functions directly. One definition of every step is what
-keeps the two byte-identical.
-
-    manifest_row     a manifest line → ImageRef or Rejected           (ReadManifest)
-    assign           split and label id of a ref, or Rejected         (AssignLabels)
-    shard_order      a shard's refs in hash order                     (GlobalShuffle)
-    stage_shard      one shard written into staging                   (WriteShards)
-    duplicate_group  identical files under different keys            (FindDuplicates)
-    record_results   errors.jsonl, duplicates.jsonl, results.json     (RecordResults)
+"""ShardWriter: one shard written into the build's staging area (WriteShards in Beam, the local
+engine's workers), its StagedShard record, and a resumed build's reuse of an earlier build's
+staged shard. Both engines hold the same writer, which keeps their shards byte-identical.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
 import os
 import uuid
-from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
-
-from imagerecords.pipeline import (array_rows, codec, dataset_files, download, input_files, phases, planning, publish,
-                                   shard_members, staged_check, storage)
-from imagerecords.pipeline import fingerprint as fingerprint_lib
 from imagerecords.format import record_format, records
-from imagerecords.pipeline import refs as refs_lib
-from imagerecords.format.manifest import DUPLICATES, ERRORS, Shard
-from imagerecords.pipeline.dataset_files import ShardResult
-from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, ManifestColumns, Rejected
+from imagerecords.format.manifest import Shard
+from imagerecords.pipeline import phases, storage
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.plan import array_rows
+from imagerecords.pipeline.plan import shard_plan as planning
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.publish import staged_check
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.read import input_files
+from imagerecords.pipeline.write import dataset_files, shard_members
+from imagerecords.pipeline.write import fingerprint as fingerprint_lib
+from imagerecords.pipeline.write.dataset_files import ShardResult
 
 log = logging.getLogger(__name__)
-
-# Listing ------------------------------------------------------------------------------------------
-
-
-def manifest_row(line: bytes, parse: Callable[[str], Mapping[str, Any]], manifest: str,
-                 columns: ManifestColumns, max_file_bytes: Optional[int], stat: bool = True
-                 ) -> Optional[Union[ImageRef, Rejected]]:
-    """One manifest line as a ref, or the row saying why not; None for a blank line.
-
-    Args:
-      line: the line without its line end, as bytes: a line that is not UTF-8 is a rejected row,
-        not the end of the build.
-      parse: turns the line into a {column: value} row (refs.csv_row_parser(header) or
-        refs.parse_jsonl_line); raises ValueError for a malformed line.
-      manifest: the manifest's path (relative paths resolve against its folder).
-      stat: look up the size of a row without one (a missing file is rejected here); without it a
-        missing file is rejected when its shard reads it.
-    """
-    if not line.strip():
-        return None
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return Rejected(line.decode("utf-8", "backslashreplace"),
-                        f"{manifest}: bad manifest line: not UTF-8 ({e.reason} at byte {e.start})", stage="list",
-                        error=type(e).__name__)
-    try:
-        row = parse(text)
-    except ValueError as e:
-        return Rejected(text, f"{manifest}: bad manifest line: {input_files.stable_text(str(e))}", stage="list",
-                        error=type(e).__name__)
-    try:
-        ref, rejected = refs_lib.parse_manifest_row(row, _folder_of(manifest), columns)
-    except RecursionError:  # a value nested just within the parser's limit, too deep to write back
-        return Rejected(text, f"{manifest}: bad manifest line: {refs_lib.DEEP_JSON}", stage="list",
-                        error="RecursionError")
-    if rejected is not None:
-        return rejected
-    if ref.size >= 0 or not stat or download.is_url(ref.uri):  # given, skipped, or fetched only by its shard's writer
-        size, problem = ref.size, None
-    else:
-        size, problem = _size(ref)
-    if problem is not None:
-        reason, error = problem
-        return Rejected(ref.uri, reason, ref.key, ref.split, stage="list", error=error)
-    too_big = input_files.size_refusal(size, max_file_bytes)
-    if too_big is not None:
-        return Rejected(ref.uri, too_big, ref.key, ref.split, stage="read")
-    return dataclasses.replace(ref, size=size)
-
-
-# Relative paths resolve against the manifest's folder: worked out once per manifest, not per row.
-_folder_of = functools.lru_cache(maxsize=16)(refs_lib.dirname)
-
-
-def _size(ref: ImageRef) -> Tuple[int, Optional[Tuple[str, str]]]:
-    """Returns (size, None), or (-1, (reason, error type)) when the file cannot be listed."""
-    if storage.is_local(ref.uri):
-        # Local: stat only (a FIFO, dangling symlink or folder is a row, never opened).
-        found = input_files.probe(ref.uri)
-        if found.kind == "file":
-            return found.size, None
-        if found.kind == "dir":
-            return -1, ("a folder, not a file", "")
-        return -1, (found.reason, found.error)
-    from apache_beam.io.filesystem import BeamIOError
-    from apache_beam.io.filesystems import FileSystems
-
-    try:
-        matched = [m for m in FileSystems.match([ref.uri])[0].metadata_list if m.path == ref.uri]
-    except BeamIOError as e:
-        return -1, (f"file not found ({input_files.describe_os_error(e)})", type(e).__name__)
-    if not matched:
-        return -1, ("file not found", "")
-    return matched[0].size_in_bytes, None
-
-
-# Labels and splits --------------------------------------------------------------------------------
-
-
-def assign(ref: ImageRef, labels: LabelMap, splits: Optional[Sequence[Tuple[str, float]]],
-           split_seed: int) -> Union[ImageRef, Rejected]:
-    """The ref with its split and label id set, or the row saying why it has none."""
-    if splits:
-        split = refs_lib.assign_split(splits, split_seed, ref.key)
-    else:
-        split = ref.split or "train"
-    problem = refs_lib.split_name_problem(split)
-    if problem:
-        return Rejected(ref.uri, problem, ref.key, split, stage="label")
-    label_id = labels.label_id(ref.label)
-    if label_id is None:
-        reason = refs_lib.unknown_label_reason(labels, ref.label)
-        return Rejected(ref.uri, reason, ref.key, split, stage="label")
-    return ImageRef(ref.key, ref.uri, ref.label, split, ref.size, label_id, ref.extras)  # not replace(): 1.6x dearer
-
-
-# The shuffle --------------------------------------------------------------------------------------
-
-
-def shard_order(members: Iterable[Tuple[int, ImageRef]]) -> List[ImageRef]:
-    """A shard's (shuffle hash, ref) pairs as refs in hash order. The rest of the sort key only
-    orders repeats of one key, so which repeat is kept (and which rejected as a duplicate) never
-    depends on how the runner grouped them."""
-    ordered = sorted(members, key=lambda hr: (hr[0], hr[1].key, hr[1].uri, hr[1].label or "", hr[1].label_id,
-                                              hr[1].extras))
-    return [r for _, r in ordered]
-
 
 # Writing a shard ----------------------------------------------------------------------------------
 
@@ -154,7 +40,7 @@ class BuildAbandoned(RuntimeError):
 
 @dataclasses.dataclass
 class StagedShard:
-    """What stage_shard wrote: the shard, the inputs it turned away, and (with contents) the
+    """What ShardWriter.write wrote: the shard, the inputs it turned away, and (with contents) the
     (16-byte source digest, (key, split, uri, label name)) of every record written, for the
     duplicate check."""
 
@@ -250,7 +136,7 @@ class ShardWriter:
         phases.reached("before_shards")
         members = shard_members.of(refs)
         if self.source and len(members):  # an arrays build: this process's cached arrays must be this input's
-            from imagerecords.pipeline import arrays
+            from imagerecords.pipeline.read import array_files as arrays
 
             arrays.forget_if_changed(members.arrays_path(), self.source)
         filename = planning.shard_name(self.name, split, index, num_shards)
@@ -425,44 +311,3 @@ def _staged_damage(folder: str, result: ShardResult) -> Optional[str]:
             return f"{name} is {got_size} bytes with sha256 {got_sha[:12]}..., its writer recorded " \
                    f"{num_bytes if num_bytes >= 0 else '?'} bytes with sha256 {sha256[:12]}..."
     return None
-
-
-# Duplicates and results ---------------------------------------------------------------------------
-
-
-duplicate_group = refs_lib.duplicate_group  # the engines' and the transforms' name for it
-
-
-def errors_jsonl(rejected: Sequence[Rejected]) -> Iterator[bytes]:
-    """errors.jsonl, line by line: one row per rejected or skipped input, in a fixed order."""
-    for r in sorted(rejected, key=lambda r: (r.split, r.key, r.uri, r.stage, r.reason)):
-        yield (r.to_json() + "\n").encode("utf-8")
-
-
-def duplicates_jsonl(groups: Sequence[DuplicateGroup]) -> Iterator[bytes]:
-    """duplicates.jsonl, line by line: one row per group of identical files, groups that leak
-    across splits first, then label conflicts."""
-    for g in sorted(groups, key=lambda g: (not g.leaks, not g.conflicts, g.members)):
-        yield (g.to_json() + "\n").encode("utf-8")
-
-
-def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected], labels: LabelMap,
-                   duplicates: Sequence[DuplicateGroup], *, output: str, build: Mapping[str, Any],
-                   find_duplicates: bool) -> publish.BuildResults:
-    """Writes errors.jsonl, duplicates.jsonl (when looked for) and, last, results.json into staging:
-    the presence of results.json says every shard was written."""
-    staging = publish.staging_dir(output, build["build_id"])
-    storage.write_bytes(storage.join(staging, ERRORS), errors_jsonl(rejected))
-    if find_duplicates:
-        storage.write_bytes(storage.join(staging, DUPLICATES), duplicates_jsonl(duplicates))
-    skipped = sum(1 for r in rejected if r.skipped)
-    # An append's rows of keys the dataset holds are counted apart: present, not duplicated.
-    groups = [g for g in duplicates if not g.already_present]
-    out = publish.BuildResults(labels=labels.to_json(), shards=tuple(sorted(results, key=lambda r: (r.split, r.index))),
-                               num_rejected=len(rejected) - skipped, num_skipped=skipped,
-                               num_duplicate_groups=len(groups) if find_duplicates else -1,
-                               num_leaking_groups=sum(1 for g in groups if g.leaks),
-                               num_label_conflicts=sum(1 for g in groups if g.conflicts),
-                               num_already_present=len(duplicates) - len(groups), **build)
-    storage.write_bytes(storage.join(staging, publish.RESULTS), publish.dumps(out.to_json()))
-    return out

@@ -13,8 +13,12 @@ from typing import Any, BinaryIO, Callable, List, Optional, Tuple
 
 from imagerecords.format import record_format
 from imagerecords.format.records import RecordWriter
-from imagerecords.pipeline import array_encode, array_rows, arrays, codec, dataset_files, fingerprint
-from imagerecords.pipeline.refs import LabelMap, Rejected
+from imagerecords.pipeline.encode import arrays as array_encode
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.plan import array_rows
+from imagerecords.pipeline.plan.refs import LabelMap, Rejected
+from imagerecords.pipeline.read import array_files as arrays
+from imagerecords.pipeline.write import dataset_files, fingerprint
 
 _ascii = json.encoder.encode_basestring_ascii  # json.dumps' spelling of a str (the fingerprint's)
 _utf8 = json.encoder.encode_basestring  # json.dumps(ensure_ascii=False)'s (keys files, staged records)
@@ -61,7 +65,7 @@ def _names(shard: array_rows.RowShard, labels: LabelMap) -> List[Optional[str]]:
 def written_lines(shard: array_rows.RowShard, positions, digests: bytes, labels: LabelMap, contents: bool = True
                   ) -> Tuple[bytes, str]:
     """The keys file (dataset_files.format_keys) of the written rows and, with `contents`, the staged
-    record's `contents` entries as stages._staged_record_bytes spells a ref shard's
+    record's `contents` entries as shard_writer._staged_record_bytes spells a ref shard's
     (["digest hex",[key, split, uri, label name]] joined by commas; else ""). The rows are given by
     their `positions` in the shard and their 16-byte `digests`, back to back, in shard order."""
     if not len(positions):
@@ -95,7 +99,7 @@ def histogram(shard: array_rows.RowShard, positions) -> Tuple[Tuple[int, int], .
 def write_shard(shard: array_rows.RowShard, stream: BinaryIO, *, preset: str, labels: LabelMap,
                 options: codec.ImageOptions, on_progress: Optional[Callable[[int, int], None]] = None
                 ) -> Tuple[RecordWriter, List[Rejected], Any, bytes]:
-    """Writes the shard's rows as framed records to `stream`, as shard_writer.write_shard writes its refs.
+    """Writes the shard's rows as framed records to `stream`, as stream.write_shard writes its refs.
 
     Returns:
       The record writer (counts, offsets, checksums), the rejected rows, the written rows'

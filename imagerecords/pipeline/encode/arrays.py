@@ -10,10 +10,10 @@ import hashlib
 import io
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from imagerecords.pipeline import codec
-from imagerecords.pipeline.arrays import Column, opened, row_of
-from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.format import codecs, features, schema
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.read.array_files import Column, opened, row_of
 
 
 def encode_image(pixels, encoding: str, quality: int, png_level: int = codec.PNG_LEVEL) -> bytes:
@@ -31,9 +31,9 @@ def encode_image(pixels, encoding: str, quality: int, png_level: int = codec.PNG
 
 
 def encode_ref(ref: ImageRef, preset: str, labels: LabelMap, options):
-    """Row `ref` as an Example of its arrays' features (shard_writer.Encoded), or the rejected row
+    """Row `ref` as an Example of its arrays' features (encoded.Encoded), or the rejected row
     naming the feature whose value does not fit."""
-    from imagerecords.pipeline.encoded import Encoded
+    from imagerecords.pipeline.encode.encoded import Encoded
 
     path, i = row_of(ref.uri)
     arrays, _, columns = opened(path, preset, options.image_encoding)
@@ -283,7 +283,7 @@ def _encode_png_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageR
     import numpy as np
 
     from imagerecords.format import records
-    from imagerecords.pipeline import png_writer
+    from imagerecords.pipeline.encode import png as png_writer
 
     m = len(idx)
     regular = np.ones(m, bool)

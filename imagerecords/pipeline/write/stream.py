@@ -8,12 +8,15 @@ import dataclasses
 import hashlib
 from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
-from imagerecords.pipeline import array_encode, arrays, codec, download, feature_encoder, input_files
+from imagerecords.format import record_format, schema
 from imagerecords.format.features import Feature, ValueProblem
-from imagerecords.format import schema
-from imagerecords.format import record_format
-from imagerecords.pipeline.encoded import Encoded
-from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.encode import arrays as array_encode
+from imagerecords.pipeline.encode import features as feature_encoder
+from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.encode.encoded import Encoded
+from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.read import download, input_files
+from imagerecords.pipeline.read import array_files as arrays
 
 
 limited_reader = input_files.limited_reader  # the reader of file inputs (a source may read its own way)

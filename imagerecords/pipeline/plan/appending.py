@@ -9,9 +9,12 @@ from typing import Any, Collection, Dict, FrozenSet, Iterable, List, Mapping, Op
 
 from imagerecords.format import record_format, schema
 from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError
-from imagerecords.pipeline import codec, download, errors, refs as refs_lib, storage
-from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+from imagerecords.pipeline import errors, storage
+from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline.plan.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.read import download
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ class Known:
       split: its split.
       label: its class name ('' when the record has none).
       shard: the shard file (relative to the dataset folder) holding it.
-      digest: content digest (shard_writer.content_digest) of the source file's bytes (from the
+      digest: content digest (stream.content_digest) of the source file's bytes (from the
         shard's keys file), or of the stored image bytes (read from the shard when it has none).
       size: the source file's size when it was listed (-1: unknown).
       since_ns: when the build that wrote it started (ns since the epoch; None: unknown): a local
@@ -228,7 +231,7 @@ def _keys_file(output: str, shard) -> Optional[List[Tuple[str, str, int, bytes]]
     """The rows of a shard's keys file, or None when it has none (written before keys files), one
     whose sha256 is not the one the manifest records for it (a build that recorded none: whose row
     count is not the shard's); then its records are read instead."""
-    from imagerecords.pipeline import dataset_files
+    from imagerecords.pipeline.write import dataset_files
 
     path = dataset_files.keys_path(output, shard.filename)
     data = storage.open_if_exists(path) if path else None
@@ -252,7 +255,7 @@ def _scan(output: str, manifest: Manifest) -> Dict[str, Known]:
     records store their key)."""
     keys = schema.keys(manifest.schema)
     wanted = (keys.filename, keys.image, keys.label)
-    from imagerecords.pipeline.shard_writer import content_digest
+    from imagerecords.pipeline.write.stream import content_digest
 
     known: Dict[str, Known] = {}
     offset = manifest.label_offset
@@ -358,7 +361,7 @@ def against(ref: ImageRef, base: Base, read_bytes, options: codec.ImageOptions,
     known = base.keys.get(ref.key)
     if known is None:
         return ref
-    from imagerecords.pipeline.shard_writer import content_digest
+    from imagerecords.pipeline.write.stream import content_digest
 
     split = refs_lib.assign_split(splits, split_seed, ref.key) if splits else (ref.split or "train")
     if known.size >= 0 and ref.size >= 0 and known.size != ref.size:

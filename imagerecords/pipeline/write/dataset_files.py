@@ -116,14 +116,14 @@ def keys_line(digest: str, key: str, label: str, size: str) -> str:
 
 
 def contents_entry(digest: str, key: str, split: str, uri: str, label: str) -> str:
-    """One entry of a staged shard record's "contents" (stages.StagedShard.contents), its values
+    """One entry of a staged shard record's "contents" (shard_writer.StagedShard.contents), its values
     spelled as JSON like keys_line's: ["digest hex",[key,split,uri,label name]]."""
     return f'["{digest}",[{key},{split},{uri},{label}]]'
 
 
 def format_keys(rows: Sequence[Tuple[str, str, int, bytes]]) -> bytes:
     """The keys file of a shard: one line per record in shard order, {key, label, size, digest}
-    (digest: shard_writer.content_digest of the source file's bytes, hex; size: -1 when not listed)."""
+    (digest: stream.content_digest of the source file's bytes, hex; size: -1 when not listed)."""
     # json.dumps(sort_keys=True, ensure_ascii=False) of each row, spelled out: the encoder's set-up per
     # call cost more than the line (a shard of 25,000 array rows).
     text = json.encoder.encode_basestring

@@ -1,0 +1,49 @@
+"""A build's results, written last into staging: errors.jsonl, duplicates.jsonl and results.json
+(RecordResults in Beam, the local engine's last step)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping, Sequence
+
+from imagerecords.format.manifest import DUPLICATES, ERRORS
+from imagerecords.pipeline import storage
+from imagerecords.pipeline.plan.refs import DuplicateGroup, LabelMap, Rejected
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.write.dataset_files import ShardResult
+
+# Duplicates and results ---------------------------------------------------------------------------
+
+
+def errors_jsonl(rejected: Sequence[Rejected]) -> Iterator[bytes]:
+    """errors.jsonl, line by line: one row per rejected or skipped input, in a fixed order."""
+    for r in sorted(rejected, key=lambda r: (r.split, r.key, r.uri, r.stage, r.reason)):
+        yield (r.to_json() + "\n").encode("utf-8")
+
+
+def duplicates_jsonl(groups: Sequence[DuplicateGroup]) -> Iterator[bytes]:
+    """duplicates.jsonl, line by line: one row per group of identical files, groups that leak
+    across splits first, then label conflicts."""
+    for g in sorted(groups, key=lambda g: (not g.leaks, not g.conflicts, g.members)):
+        yield (g.to_json() + "\n").encode("utf-8")
+
+
+def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected], labels: LabelMap,
+                   duplicates: Sequence[DuplicateGroup], *, output: str, build: Mapping[str, Any],
+                   find_duplicates: bool) -> publish.BuildResults:
+    """Writes errors.jsonl, duplicates.jsonl (when looked for) and, last, results.json into staging:
+    the presence of results.json says every shard was written."""
+    staging = publish.staging_dir(output, build["build_id"])
+    storage.write_bytes(storage.join(staging, ERRORS), errors_jsonl(rejected))
+    if find_duplicates:
+        storage.write_bytes(storage.join(staging, DUPLICATES), duplicates_jsonl(duplicates))
+    skipped = sum(1 for r in rejected if r.skipped)
+    # An append's rows of keys the dataset holds are counted apart: present, not duplicated.
+    groups = [g for g in duplicates if not g.already_present]
+    out = publish.BuildResults(labels=labels.to_json(), shards=tuple(sorted(results, key=lambda r: (r.split, r.index))),
+                               num_rejected=len(rejected) - skipped, num_skipped=skipped,
+                               num_duplicate_groups=len(groups) if find_duplicates else -1,
+                               num_leaking_groups=sum(1 for g in groups if g.leaks),
+                               num_label_conflicts=sum(1 for g in groups if g.conflicts),
+                               num_already_present=len(duplicates) - len(groups), **build)
+    storage.write_bytes(storage.join(staging, publish.RESULTS), publish.dumps(out.to_json()))
+    return out
