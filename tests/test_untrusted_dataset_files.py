@@ -163,6 +163,7 @@ def test_a_frame_header_claiming_a_terabyte_ends_verify_records_at_the_files_end
     assert f"{path}: truncated record at byte 0 (its header says 1,099,511,627,776 bytes" in done.stdout + done.stderr
 
 
+@pytest.mark.slow  # a reader in a process of its own (a crash must not take the tests down): ~4.5 s each
 @pytest.mark.parametrize("policy", ["fail", "skip"])
 def test_a_crafted_frame_length_behind_a_valid_header_checksum_is_an_error_not_a_crash(dataset, policy):
     """A shard's first header rewritten to say 2**40 bytes, its length checksum made to match, the
