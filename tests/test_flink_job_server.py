@@ -74,32 +74,27 @@ def test_two_builds_through_one_kept_up_job_server_match_the_local_engine(cluste
     with cluster.job_server() as server:
         args = cluster.pipeline_args(job_endpoint=server.endpoint)
         assert not any(a.startswith("--flink_job_server_jar") for a in args)
-        # (A build with --environment_cache_millis was dropped from here: it started as many SDK workers
-        # on Flink 1.19 batch and wrote the same bytes, ~70 s of CI for no new finding; docs/flink.md.)
-        out = tmp_path / "flink-cold"
-        before = _workers_started(cluster)
-        seen = _build_watched(["--input", image_tree[0], "--output", out, "--no_progress", *ARGS, *args], tmp_path)
-        # The launcher submitted to the server that was up: it started no JVM (no job server) of its own.
-        assert seen == {}, seen
-        assert server.proc.poll() is None, server.log_tail()
-        outs = [out]
-        cold_workers = _workers_started(cluster) - before
-        # The second through warm pools (imagerecords' worker_pool --warm, what docs/flink.md ships for
-        # the sidecar): SDK workers are threads of the pools, no interpreter starts, the same bytes.
+        # Both through warm pools (imagerecords' worker_pool --warm, what docs/flink.md ships for the
+        # sidecar): SDK workers are threads of the pools, no interpreter starts, the same bytes. Cold
+        # process pools are the cluster tests' first build (tests/test_flink_build.py); a build with
+        # --environment_cache_millis started as many workers and wrote the same bytes (docs/flink.md).
         cluster.restart_worker_pools(warm=True)
+        outs = []
         try:
-            out = tmp_path / "flink-warm"
-            before = _workers_started(cluster)
-            assert _build_watched(["--input", image_tree[0], "--output", out, "--no_progress", *ARGS, *args],
-                                  tmp_path) == {}
-            assert _workers_started(cluster) == before, "a warm pool started an SDK worker process"
+            for i in range(2):
+                out = tmp_path / f"flink-{i}"
+                before = _workers_started(cluster)
+                seen = _build_watched(["--input", image_tree[0], "--output", out, "--no_progress", *ARGS, *args],
+                                      tmp_path)
+                # The launcher submitted to the server that was up: it started no JVM (no job server) of its own.
+                assert seen == {}, seen
+                assert server.proc.poll() is None, server.log_tail()
+                assert _workers_started(cluster) == before, "a warm pool started an SDK worker process"
+                outs.append(out)
             assert all("SDK workers run as threads" in pool.log_tail(10 ** 9) for pool in cluster.pools)
-            outs.append(out)
         finally:
             cluster.restart_worker_pools()
         server_pid = server.pid
-    print(f"\nSDK worker processes started per job: {cold_workers} by process pools, 0 by warm pools")
-    assert cold_workers >= 1, cold_workers  # the cluster's pools ran the work, not the launcher
     jobs = [job for job in cluster.jobs() if job["jid"] not in known]
     assert sorted(job["state"] for job in jobs) == ["FINISHED"] * 2, jobs
     assert not os.path.exists(f"/proc/{server_pid}"), "the job server outlived its context"

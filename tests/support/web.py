@@ -89,11 +89,11 @@ class Server:
                     owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
                     owner.requests[self.path] += 1
                     owner.headers.append(dict(self.headers.items()))
+                self.counted = True
                 try:
                     owner._answer(self)
                 finally:
-                    with owner.lock:
-                        owner.in_flight -= 1
+                    owner._leave(self)
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
@@ -112,7 +112,17 @@ class Server:
                 except OSError:
                     pass
 
+    def _leave(self, h) -> None:
+        """Ends a request's count in `in_flight`, once. _send calls it before the first byte of the
+        answer: a client may release its slot as soon as it has the answer, and a request of
+        another process could then arrive before this thread got back to count down."""
+        if getattr(h, "counted", False):
+            h.counted = False
+            with self.lock:
+                self.in_flight -= 1
+
     def _send(self, h, status: int, body: bytes = b"", kind: str = "image/jpeg", extra: Mapping[str, str] = {}):
+        self._leave(h)
         h.send_response(status)
         h.send_header("Content-Type", kind)
         h.send_header("Content-Length", str(len(body)))
