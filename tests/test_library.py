@@ -167,6 +167,22 @@ def test_numpy_numbers_are_taken_as_numbers(tmp_path):
     assert options.config.max_reject_fraction == 0.5
 
 
+def test_another_builds_write_probe_is_not_a_file_of_the_folder(image_tree, tmp_path):
+    """Two builds started together into a new folder: the one that took the lock listed the other's
+    write probe (there between its create and its remove) as a file, refused the folder as not empty,
+    and removed the folder it had made, under the other's feet: both failed (exit 4)."""
+    from imagerecords.pipeline import checks
+
+    root, _ = image_tree
+    out = tmp_path / "out"
+    out.mkdir()
+    probe = out / (checks.PROBE_PREFIX + "0123456789abcdef")
+    probe.write_bytes(b"\0")
+    manifest = imagerecords.build(str(root), str(out), max_reject_fraction=0.05)
+    assert manifest.num_examples > 0 and (out / "manifest.json").exists()
+    assert probe.read_bytes() == b"\0"  # not ours: left alone
+
+
 def test_an_expected_failure_is_an_imagerecords_error_and_the_command_keeps_its_line(image_tree, tmp_path, capsys):
     root, _ = image_tree
     out = tmp_path / "out"

@@ -34,7 +34,8 @@ def _claim_output(config: BuildConfig) -> int:
     """Refuses an output folder that holds files unless --overwrite; with it, clears the staging
     areas of killed builds (the lock is ours, so no live build owns them), except that --resume
     keeps them to take their complete shards from. Returns the staged shards a resume can reuse."""
-    names = [n for n in storage.list_names(config.output) if n != LOCK]
+    # Another build's write probe is there for a moment (two builds started together): not content.
+    names = [n for n in storage.list_names(config.output) if n != LOCK and not n.startswith(checks.PROBE_PREFIX)]
     staged = publish.staged_builds(config.output)
     published = storage.exists(storage.join(config.output, MANIFEST))
     if config.resume:
