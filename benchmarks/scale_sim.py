@@ -293,7 +293,7 @@ def list_urls(path: str) -> Dict[str, object]:
 
     config = BuildConfig(input=path, output=tempfile.mkdtemp(prefix="imagerecords-urls-"), path_column="url")
     calls = {"stat": 0, "connect": 0}
-    real_size, real_connect, real_create = assign_lib._size, socket.socket.connect, socket.create_connection
+    real_size, real_connect, real_create = assign_lib.looked_up_size, socket.socket.connect, socket.create_connection
 
     def stat(ref):
         calls["stat"] += 1
@@ -303,14 +303,14 @@ def list_urls(path: str) -> Dict[str, object]:
         calls["connect"] += 1
         raise OSError("the listing opened a network connection")
 
-    assign_lib._size, socket.socket.connect, socket.create_connection = stat, refused, refused
+    assign_lib.looked_up_size, socket.socket.connect, socket.create_connection = stat, refused, refused
     try:
         start = time.perf_counter()
         info = sources.check_input(config)
         listed = list(local.list_inputs(config, info))
         listed_s = time.perf_counter() - start
     finally:
-        assign_lib._size, socket.socket.connect, socket.create_connection = real_size, real_connect, real_create
+        assign_lib.looked_up_size, socket.socket.connect, socket.create_connection = real_size, real_connect, real_create
     shutil.rmtree(config.output, ignore_errors=True)
     refs = [(h, r) for h, r in listed if not isinstance(r, Rejected)]
     labels = refs_lib.vocabulary(sorted({r.label for _, r in refs}), arrays.label_type(config), config.label_offset)

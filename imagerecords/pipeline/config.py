@@ -8,8 +8,8 @@ import numbers
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from imagerecords.format import schema
 from imagerecords.format import features as features_lib
+from imagerecords.format import schema
 from imagerecords.format.record_format import is_shard_name
 from imagerecords.pipeline import naming, storage
 from imagerecords.pipeline.encode import image_codec as codec
@@ -119,8 +119,19 @@ def _raise_problems(problems: List[str]) -> None:
         raise ValueError("invalid build configuration: " + "; ".join(problems))
 
 
+class _Concern:
+    """A concern's settings check their own fields when made alone; BuildConfig checks them all
+    together, with its own, in one message."""
+
+    def __post_init__(self):
+        _raise_problems(self._problems())
+
+    def _problems(self) -> List[str]:
+        return []
+
+
 @dataclasses.dataclass(frozen=True)
-class InputColumns:
+class InputColumns(_Concern):
     """Where a manifest's rows keep each image's path, label, split, key and size, and whether
     sizes are looked up."""
 
@@ -130,9 +141,6 @@ class InputColumns:
     key_column: str = "key"
     size_column: str = "size"
     skip_stat: bool = False
-
-    def __post_init__(self):
-        _raise_problems(InputColumns._problems(self))
 
     def _problems(self) -> List[str]:
         names = ("path_column", "label_column", "split_column", "key_column", "size_column")
@@ -145,15 +153,12 @@ class InputColumns:
 
 
 @dataclasses.dataclass(frozen=True)
-class LabelOptions:
+class LabelOptions(_Concern):
     """How labels become class ids: a fixed map, the label type and an offset."""
 
     label_map: Optional[str] = None
     label_type: str = "auto"
     label_offset: int = 0
-
-    def __post_init__(self):
-        _raise_problems(LabelOptions._problems(self))
 
     def _problems(self) -> List[str]:
         problems = []
@@ -165,7 +170,7 @@ class LabelOptions:
 
 
 @dataclasses.dataclass(frozen=True)
-class SplitOptions:
+class SplitOptions(_Concern):
     """How keys are shuffled and assigned to splits: the two hash salts, the split fractions (one
     set, checked whole by checked_splits) and the names of splits a manifest column gives."""
 
@@ -173,9 +178,6 @@ class SplitOptions:
     splits: Optional[Tuple[Tuple[str, float], ...]] = None
     split_seed: int = 0
     split_names: Optional[Tuple[str, ...]] = None
-
-    def __post_init__(self):
-        _raise_problems(SplitOptions._problems(self))
 
     def _problems(self) -> List[str]:
         problems = []
@@ -192,15 +194,12 @@ class SplitOptions:
 
 
 @dataclasses.dataclass(frozen=True)
-class ShardOptions:
+class ShardOptions(_Concern):
     """How many shards a split is cut into: a count, or a target size with a floor."""
 
     num_shards: Optional[int] = None
     target_shard_mb: float = 192.0
     min_shards: int = 8
-
-    def __post_init__(self):
-        _raise_problems(ShardOptions._problems(self))
 
     def _problems(self) -> List[str]:
         problems = []
@@ -214,7 +213,7 @@ class ShardOptions:
 
 
 @dataclasses.dataclass(frozen=True)
-class DownloadOptions:
+class DownloadOptions(_Concern):
     """How manifest rows that are http(s) URLs are downloaded by the shard writers (a worker's
     download.HttpSettings is made from these, the headers file read)."""
 
@@ -225,9 +224,6 @@ class DownloadOptions:
     http_retries: int = _HTTP.retries
     http_user_agent: str = ""
     http_headers: Optional[str] = None
-
-    def __post_init__(self):
-        _raise_problems(DownloadOptions._problems(self))
 
     def http_settings(self) -> download.HttpSettings:
         """What a worker downloads with: these settings, the headers file read (raises what
@@ -251,7 +247,7 @@ class DownloadOptions:
 
 
 @dataclasses.dataclass(frozen=True)
-class PublishOptions:
+class PublishOptions(_Concern):
     """How a build publishes into its output: replacing, appending or resuming, the versions kept
     and named, index files, the duplicate check, and the reject budget that fails a build."""
 
@@ -263,9 +259,6 @@ class PublishOptions:
     resume: bool = False
     append: bool = False
     version_name: Optional[str] = None
-
-    def __post_init__(self):
-        _raise_problems(PublishOptions._problems(self))
 
     def _problems(self) -> List[str]:
         problems = []

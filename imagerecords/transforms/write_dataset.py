@@ -109,7 +109,7 @@ def row_to_ref(row: Any, base: str, columns: ManifestColumns, max_file_bytes: Op
     if data is not None:
         ref = dataclasses.replace(ref, uri=uri)  # parse_manifest_row resolved it as a path
     elif ref.size < 0 and stat and not download.is_url(ref.uri):  # a URL is fetched by its shard's writer alone
-        size, problem = assign_lib._size(ref)  # the manifest rows' own lookup: a missing file is a row here
+        size, problem = assign_lib.looked_up_size(ref)  # the manifest rows' own lookup: a missing file is a row here
         if problem is not None:
             return Rejected(ref.uri, problem[0], ref.key, ref.split, stage="list", error=problem[1])
         ref = dataclasses.replace(ref, size=size)

@@ -58,7 +58,7 @@ def manifest_row(line: bytes, parse: Callable[[str], Mapping[str, Any]], manifes
     if ref.size >= 0 or not stat or download.is_url(ref.uri):  # given, skipped, or fetched only by its shard's writer
         size, problem = ref.size, None
     else:
-        size, problem = _size(ref)
+        size, problem = looked_up_size(ref)
     if problem is not None:
         reason, error = problem
         return Rejected(ref.uri, reason, ref.key, ref.split, stage="list", error=error)
@@ -72,7 +72,7 @@ def manifest_row(line: bytes, parse: Callable[[str], Mapping[str, Any]], manifes
 _folder_of = functools.lru_cache(maxsize=16)(refs_lib.dirname)
 
 
-def _size(ref: ImageRef) -> Tuple[int, Optional[Tuple[str, str]]]:
+def looked_up_size(ref: ImageRef) -> Tuple[int, Optional[Tuple[str, str]]]:
     """Returns (size, None), or (-1, (reason, error type)) when the file cannot be listed."""
     if storage.is_local(ref.uri):
         # Local: stat only (a FIFO, dangling symlink or folder is a row, never opened).
