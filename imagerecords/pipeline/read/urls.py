@@ -1,0 +1,90 @@
+"""What the builder reads out of an http(s) URL, spelled once: whether a uri is one, whether it
+parses, the host and port a per-host limit counts, the origin that request headers belong to, and
+the URL as it may be written anywhere (its password masked)."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from typing import NamedTuple, Optional
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# user:password@ in an authority; used when the URL does not parse and urlsplit cannot say where it is.
+_USERINFO = re.compile(r"(?i)^(https?://)([^/?#@]*)@")
+MASK = "***"
+
+
+class BadUrl(ValueError):
+    """A URL that cannot be requested; str() is a reason that never holds the URL's password."""
+
+
+class Origin(NamedTuple):
+    """The (scheme, host, port) a request goes to: headers and credentials belong to one origin."""
+
+    scheme: str
+    host: str
+    port: int
+
+
+def is_url(uri: str) -> bool:
+    lower = uri[:8].lower()
+    return lower.startswith("http://") or lower.startswith("https://")
+
+
+def parse(url: str) -> urllib.parse.SplitResult:
+    """urlsplit(url), checked: an http(s) scheme, a host, a port in range. Raises BadUrl."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # raises ValueError for a port that is not a number or out of range
+        host = parts.hostname
+    except ValueError as e:
+        raise BadUrl(f"the URL does not parse ({_reason(e)})") from None
+    if parts.scheme.lower() not in _DEFAULT_PORTS:
+        raise BadUrl(f"the URL's scheme is {parts.scheme or 'missing'!r}: only http and https are read")
+    if not host:
+        raise BadUrl("the URL has no host")
+    if port == 0:
+        raise BadUrl("the URL's port is 0")
+    return parts
+
+
+def origin(url: str) -> Origin:
+    """The URL's origin; raises BadUrl."""
+    parts = parse(url)
+    scheme = parts.scheme.lower()
+    return Origin(scheme, parts.hostname.lower(), parts.port or _DEFAULT_PORTS[scheme])
+
+
+def host_key(url: str) -> str:
+    """'host:port' (lower case, default port filled in, no user name): what --http_per_host counts."""
+    o = origin(url)
+    host = f"[{o.host}]" if ":" in o.host else o.host
+    return f"{host}:{o.port}"
+
+
+def has_userinfo(url: str) -> bool:
+    return _USERINFO.match(url) is not None
+
+
+def masked(url: str) -> str:
+    """`url` with the password of a user:password@ part replaced by ***; safe to write or log."""
+    m = _USERINFO.match(url)
+    if m is None:
+        return url
+    user, sep, _ = m.group(2).partition(":")
+    return f"{m.group(1)}{user}{':' + MASK if sep else ''}@{url[m.end():]}"
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e)
+    # Python's messages name the offending part ("Port out of range 0-65535", "Invalid IPv6 URL"),
+    # never the whole URL; cut anyway, so that no message carries more than a reason.
+    return text.splitlines()[0][:120] if text else type(e).__name__
+
+
+def describe(url: Optional[str]) -> str:
+    """A URL for a message: masked, and cut to 300 characters."""
+    if url is None:
+        return "(none)"
+    text = masked(url)
+    return text if len(text) <= 300 else text[:297] + "..."
