@@ -75,11 +75,29 @@ def masked(url: str) -> str:
     return f"{m.group(1)}{user}{':' + MASK if sep else ''}@{url[m.end():]}"
 
 
+def join(base: str, reference: str) -> str:
+    """The URL `reference` (a Location header's value, as http.client decoded it) leads to from
+    `base`. http.client decodes header bytes as latin-1: the bytes are got back and the non-ASCII ones
+    percent-quoted, so a UTF-8 path stays UTF-8 (as browsers send it). Raises BadUrl."""
+    raw = reference.encode("latin-1", "replace")
+    quoted = "".join(chr(b) if 0x20 < b < 0x7F else f"%{b:02X}" for b in raw)
+    try:
+        return urllib.parse.urljoin(base, quoted)
+    except ValueError as e:
+        raise BadUrl(f"the URL does not parse ({_reason(e)})") from None
+
+
+# Python's messages, in our words: a message may quote the URL's text (a server's, for a Location).
+_REASONS = (("Invalid IPv6 URL", "an unclosed [ or ] in its host"),
+            ("cannot be in brackets", "an IPv4 address in [...]"),
+            ("out of range", "the port is out of range 0-65535"),
+            ("could not be cast", "the port is not a number"),
+            ("does not appear to be an IPv4 or IPv6 address", "a [...] host that is not an IP address"))
+
+
 def _reason(e: BaseException) -> str:
     text = str(e)
-    # Python's messages name the offending part ("Port out of range 0-65535", "Invalid IPv6 URL"),
-    # never the whole URL; cut anyway, so that no message carries more than a reason.
-    return text.splitlines()[0][:120] if text else type(e).__name__
+    return next((ours for theirs, ours in _REASONS if theirs in text), "its authority is malformed")
 
 
 def describe(url: Optional[str]) -> str:
