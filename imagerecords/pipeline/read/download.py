@@ -12,8 +12,10 @@ on a Beam runner it holds per worker process.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import multiprocessing
 import random
+import socket
 import threading
 import time
 import urllib.parse
@@ -21,6 +23,7 @@ import zlib
 from typing import Dict, Mapping, Optional, Tuple
 from imagerecords.pipeline import processes
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.read import urls
 
 MAX_REDIRECTS = 5
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -30,6 +33,13 @@ RETRY_AFTER_CAP_S = 60.0  # a Retry-After longer than this (or than the deadline
 CHUNK = 64 * 1024
 # Served types that are never images: refused before any byte is decoded.
 _NOT_IMAGES = ("text/", "application/json", "application/xml", "application/xhtml")
+# The served types and redirect schemes a reason names; any other is said in our words (a reason
+# never repeats the server's bytes).
+_NAMED_TYPES = frozenset({"text/html", "text/plain", "text/xml", "text/css", "text/javascript", "text/csv",
+                          "application/json", "application/xml", "application/xhtml+xml"})
+_NAMED_SCHEMES = frozenset({"file", "ftp", "data", "javascript", "mailto", "gopher", "ws", "wss", "gs", "s3"})
+# The request headers that go to every host; the rest (--http_headers) only to the row's own origin.
+_EVERYWHERE = ("user-agent", "accept")
 
 
 def is_url(uri: str) -> bool:
@@ -148,6 +158,7 @@ class Downloader:
         headers = {"User-Agent": settings.user_agent or f"imagerecords/{__version__}", "Accept": "image/*,*/*;q=0.5"}
         headers.update(dict(settings.headers))
         self._headers = headers
+        self._plain_headers = {k: v for k, v in headers.items() if k.lower() in _EVERYWHERE}
         self._pool = urllib3.PoolManager(num_pools=64, maxsize=settings.per_host, block=False,
                                          retries=False, headers=headers)
         self._workers = threading.BoundedSemaphore(settings.workers)
@@ -188,22 +199,23 @@ class Downloader:
                     time.sleep(wait)
 
     def _follow(self, url: str, end: float) -> bytes:
+        try:
+            urls.parse(url)  # the first touch of a row's URL: one that cannot be requested is its row's reason
+        except urls.BadUrl as e:
+            raise Failed(str(e), "BadUrl") from None
+        row, trusted = url, True  # --http_headers go to the row's origin only; once a chain leaves it, never again
         for _ in range(MAX_REDIRECTS + 1):
-            status, location, body = self._get(url, end)
+            status, location, body = self._get(url, end, self._headers if trusted else self._plain_headers)
             if location is None:
                 return body
-            target = urllib.parse.urljoin(url, location)
-            if not is_url(target):
-                scheme = urllib.parse.urlsplit(target).scheme or "schemeless"
-                raise Failed(f"HTTP {status} redirect to a {scheme}: URL refused: only http and https are followed",
-                             "RefusedScheme")
-            url = target
+            url = _redirect_target(status, url, location)
+            trusted = trusted and _same_origin(row, url)
         raise Failed(f"too many redirects (more than {MAX_REDIRECTS})", "TooManyRedirects")
 
-    def _get(self, url: str, end: float) -> Tuple[int, Optional[str], bytes]:
-        """One request: (status, redirect location or None, body)."""
+    def _get(self, url: str, end: float, headers: Optional[Mapping[str, str]] = None) -> Tuple[int, Optional[str], bytes]:
+        """One request with `headers` (all of the settings' by default): (status, redirect location or None, body)."""
         import urllib3
-        from urllib3.exceptions import HTTPError, ProtocolError, ReadTimeoutError, TimeoutError
+        from urllib3.exceptions import HTTPError, NewConnectionError, ProtocolError, ReadTimeoutError, TimeoutError
 
         left = end - time.monotonic()
         if left <= 0:
@@ -212,11 +224,16 @@ class Downloader:
         timeout = urllib3.Timeout(connect=min(self._settings.timeout, left), read=min(self._settings.timeout, left))
         with self._host(url):
             try:
-                response = self._pool.request("GET", url, preload_content=False, redirect=False, timeout=timeout)
+                response = self._pool.request("GET", url, preload_content=False, redirect=False, timeout=timeout,
+                                              headers=dict(headers if headers is not None else self._headers))
+            except ValueError:  # urllib3's LocationParseError, http.client's InvalidURL, a host IDNA refuses
+                raise Failed("the URL cannot be requested: its host or path is not valid in a request", "BadUrl")
+            except NewConnectionError as e:  # before TimeoutError: urllib3 makes it a subclass of that
+                raise _connect_failure(e)
             except TimeoutError as e:
                 raise _Retry(f"timed out connecting or waiting for the response ({type(e).__name__})", "Timeout")
             except ProtocolError as e:
-                raise _Retry(_protocol_reason(e, 0, None), "ConnectionError")
+                raise _protocol_failure(e, 0, None)
             except HTTPError as e:
                 raise _Retry(f"connection failed ({_first_reason(e)})", "ConnectionError")
             try:
@@ -230,7 +247,9 @@ class Downloader:
                     raise Failed(f"HTTP {status} ({_phrase(status)})", "HTTPError")
                 kind = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
                 if kind.startswith(_NOT_IMAGES):
-                    raise Failed(f"not an image: the server sent {kind}", "NotAnImage")
+                    family = next(p for p in _NOT_IMAGES if kind.startswith(p))
+                    said = kind if kind in _NAMED_TYPES else f"a type under {family}"
+                    raise Failed(f"not an image: the server sent {said}", "NotAnImage")
                 declared = response.headers.get("Content-Length")
                 limit = self._max_bytes
                 if limit is not None and declared is not None and declared.isdigit() and int(declared) > limit:
@@ -246,7 +265,7 @@ class Downloader:
                     except ReadTimeoutError:
                         raise _Retry(f"timed out: no byte for {self._settings.timeout:g} s", "Timeout") from None
                     except ProtocolError as e:
-                        raise _Retry(_protocol_reason(e, got, declared), "ConnectionError") from None
+                        raise _protocol_failure(e, response.tell(), declared) from None
                     except HTTPError as e:
                         raise _Retry(f"connection failed while reading ({_first_reason(e)})", "ConnectionError")
                     if not chunk:
@@ -256,8 +275,9 @@ class Downloader:
                         raise Failed(f"too large: over the {limit:,}-byte limit (--max_file_mb); the download "
                                      "was stopped there", "TooLarge")
                     parts.append(chunk)
-                if declared is not None and declared.isdigit() and got < int(declared):
-                    raise _Retry(f"truncated: the connection ended after {got:,} of {int(declared):,} bytes",
+                wire = response.tell()  # Content-Length counts the bytes sent, before any Content-Encoding
+                if declared is not None and declared.isdigit() and wire < int(declared):
+                    raise _Retry(f"truncated: the connection ended after {wire:,} of {int(declared):,} bytes",
                                  "Truncated")
                 response.release_conn()
                 return status, None, b"".join(parts)
@@ -306,16 +326,83 @@ def _first_reason(e: BaseException) -> str:
     return (text.split(">: ", 1)[-1] if ">: " in text else text).splitlines()[0][:200] or type(e).__name__
 
 
-def _protocol_reason(e: BaseException, got: int, declared: Optional[str]) -> str:
-    text = str(e)
-    if "IncompleteRead" in text or "incomplete" in text.lower():
+def _protocol_failure(e: BaseException, got: int, declared: Optional[str]) -> Exception:
+    """What a broken connection says, in our words (never the server's bytes), and whether to try again:
+    `got` bytes came over the wire of `declared`."""
+    import http.client
+
+    cause = _cause(e, (http.client.HTTPException, OSError))
+    if isinstance(cause, http.client.IncompleteRead) or "IncompleteRead" in str(e):
         total = f" of {int(declared):,}" if declared is not None and declared.isdigit() else ""
-        return f"truncated: the connection ended after {got:,}{total} bytes"
-    if "reset" in text.lower():
-        return "connection reset by the server"
-    if "closed connection without response" in text.lower():
-        return "connection closed by the server before an answer"
-    return f"connection broken ({_first_reason(e)})"
+        return _Retry(f"truncated: the connection ended after {got:,}{total} bytes", "ConnectionError")
+    if isinstance(cause, http.client.RemoteDisconnected):
+        return _Retry("connection closed by the server before an answer", "ConnectionError")
+    if isinstance(cause, ConnectionResetError) or "reset" in str(e).lower():
+        return _Retry("connection reset by the server", "ConnectionError")
+    if isinstance(cause, http.client.LineTooLong):  # it would say the same next time
+        return Failed("the server's answer has a line longer than HTTP clients accept", "BadResponse")
+    if isinstance(cause, http.client.HTTPException):  # BadStatusLine and kin: it does not speak HTTP
+        return Failed("the server's answer is not HTTP", "BadResponse")
+    if isinstance(cause, OSError) and cause.errno:
+        return _Retry(f"connection broken ({errno.errorcode.get(cause.errno, cause.errno)})", "ConnectionError")
+    return _Retry(f"connection broken ({type(cause or e).__name__})", "ConnectionError")
+
+
+def _connect_failure(e: BaseException) -> Exception:
+    """Why no connection was made, in our words. A refused port or a name the DNS says does not exist
+    is not retried: nothing listens there, and a few seconds rarely change that (curl and wget do
+    not retry them either); a resolver that did not answer is."""
+    cause = _cause(e, (socket.gaierror, OSError))
+    if isinstance(cause, socket.gaierror):
+        if cause.errno in (socket.EAI_AGAIN, getattr(socket, "EAI_SYSTEM", None)):
+            return _Retry("the host name does not resolve for now (the name lookup failed for a while)",
+                          "NameNotResolved")
+        return Failed("the host name does not resolve", "NameNotResolved")
+    if isinstance(cause, ConnectionRefusedError):
+        return Failed("connection refused: nothing listens at that host and port", "ConnectionRefused")
+    if isinstance(cause, OSError) and cause.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+        return _Retry("the host cannot be reached (no route to it)", "ConnectionError")
+    name = errno.errorcode.get(cause.errno, "") if isinstance(cause, OSError) and cause.errno else ""
+    return _Retry(f"connection failed ({name or type(cause or e).__name__})", "ConnectionError")
+
+
+def _cause(e: BaseException, kinds: Tuple[type, ...]) -> Optional[BaseException]:
+    """The first exception of `kinds` in e's chain (its args, __cause__, __context__), or None."""
+    seen, todo = set(), [e]
+    while todo:
+        x = todo.pop(0)
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, kinds):
+            return x
+        todo.extend(a for a in getattr(x, "args", ()) if isinstance(a, BaseException))
+        todo.extend((x.__cause__, x.__context__, getattr(x, "reason", None)))
+    return None
+
+
+def _same_origin(a: str, b: str) -> bool:
+    """Whether two parsed URLs share scheme, host and port: another host, port or a step down from https
+    to http is another origin (as urllib3's, requests' and curl's own redirects judge it)."""
+    return urls.origin(a) == urls.origin(b)
+
+
+def _redirect_target(status: int, url: str, location: str) -> str:
+    """The URL a redirect from `url` leads to; raises Failed (not retried) if it cannot be followed.
+    No reason repeats the Location: it is the server's text, and may hold a user:password@."""
+    try:
+        target = urls.join(url, location)
+    except urls.BadUrl as e:
+        raise Failed(f"HTTP {status} redirect refused (the Location: {e})", "BadUrl") from None
+    scheme = urllib.parse.urlsplit(target).scheme.lower()
+    if not is_url(target):
+        said = f"a {scheme}: URL" if scheme in _NAMED_SCHEMES else "a URL of another scheme"
+        raise Failed(f"HTTP {status} redirect to {said} refused: only http and https are followed", "RefusedScheme")
+    try:
+        urls.parse(target)
+    except urls.BadUrl as e:
+        raise Failed(f"HTTP {status} redirect refused (the Location: {e})", "BadUrl") from None
+    return target
 
 
 def reader(settings: HttpSettings, max_bytes: Optional[int], files,
