@@ -6,18 +6,21 @@ requests per path, and the headers it received."""
 from __future__ import annotations
 
 import collections
+import gzip
 import http.server
 import io
 import socket
 import struct
 import threading
 import time
+import urllib.parse
 from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 from PIL import Image
 
 LARGE_BYTES = 256 * 1024 * 1024  # what /large would send if nobody stopped it
+SERVER_WORDS = "srv-phrase-7f3a"  # in every reason phrase and odd header the server sends: no reason may hold it
 
 
 def jpeg(i: int, size=(40, 30)) -> bytes:
@@ -31,21 +34,28 @@ def jpeg(i: int, size=(40, 30)) -> bytes:
 
 
 class Server:
-    """Start with `with Server(images) as s:`; `s.url(path)` names a path on it.
+    """Start with `with Server(images) as s:`; `s.url(path)` names a path on it, by `name` (another
+    name of 127.0.0.1, such as localhost, makes it a second host to a client).
 
-    Paths: /img/NAME (the image NAME), /redirect/NAME (302 to it), /once503/NAME and /once429/NAME
+    Paths: /img/NAME (the image NAME, percent-decoded), /redirect/NAME (302 to it), /to/QUOTED (302 to
+    the percent-decoded bytes of QUOTED, sent raw: any Location, a UTF-8 one included), /gzip/NAME
+    (the image gzip-encoded, longer than
+    the image; Content-Length the encoded length), /status/CODE (that status, with a
+    reason phrase of the server's own words), /nothttp (an answer that is not HTTP), /once503/NAME and /once429/NAME
     (503 or 429 with Retry-After: 1 the first time, then the image), /missing (404), /page (an HTML
     page), /loop (302 to itself), /tofile (302 to a file: URL), /large (a body far over any limit),
     /drip (one byte every 0.3 s), /reset (the connection reset before any answer), /truncated
     (Content-Length 20000, 100 bytes sent, then closed). `delay` slows every /img answer.
     """
 
-    def __init__(self, images: Mapping[str, bytes], delay: float = 0.0):
+    def __init__(self, images: Mapping[str, bytes], delay: float = 0.0, name: str = "127.0.0.1"):
         self.images = dict(images)
         self.delay = delay
+        self.name = name
         self.lock = threading.Lock()
         self.requests: Dict[str, int] = collections.Counter()
         self.headers: List[Dict[str, str]] = []
+        self.headers_of: Dict[str, List[Dict[str, str]]] = collections.defaultdict(list)  # by request path
         self.in_flight = self.max_in_flight = 0
         self.open = self.max_open = 0
         self.large_sent = 0
@@ -54,9 +64,12 @@ class Server:
         self._server: Optional[http.server.ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
 
-    def url(self, path: str) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}{path}"
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    def url(self, path: str, name: Optional[str] = None) -> str:
+        return f"http://{name or self.name}:{self.port}{path}"
 
     def __enter__(self) -> "Server":
         owner = self
@@ -89,6 +102,7 @@ class Server:
                     owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
                     owner.requests[self.path] += 1
                     owner.headers.append(dict(self.headers.items()))
+                    owner.headers_of[self.path].append(dict(self.headers.items()))
                 self.counted = True
                 try:
                     owner._answer(self)
@@ -140,7 +154,7 @@ class Server:
 
     def _answer(self, h) -> None:
         path = h.path
-        name = path.rsplit("/", 1)[-1]
+        name = urllib.parse.unquote(path.rsplit("/", 1)[-1])
         if path.startswith("/img/") and name in self.images:
             if self.delay:
                 time.sleep(self.delay)
@@ -153,6 +167,23 @@ class Server:
                 self._send(h, status, b"busy", "text/plain", {"Retry-After": "1"})
             else:
                 self._send(h, 200, self.images[name])
+        elif path.startswith("/to/"):
+            # latin-1 turns the bytes back into themselves on the wire (http.server encodes headers so)
+            target = urllib.parse.unquote_to_bytes(path[len("/to/"):]).decode("latin-1")
+            self._send(h, 302, b"", "text/plain", {"Location": target})
+        elif path.startswith("/gzip/") and name in self.images:
+            # level 0 (stored blocks): the body on the wire is longer than the image it decodes to
+            self._send(h, 200, gzip.compress(self.images[name], compresslevel=0), "image/jpeg",
+                       {"Content-Encoding": "gzip"})
+        elif path.startswith("/status/"):
+            self._leave(h)
+            h.send_response(int(name), f"{SERVER_WORDS} phrase")
+            h.send_header("Content-Type", f"text/{SERVER_WORDS}")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+        elif path == "/nothttp":
+            h.wfile.write(f"HELLO {SERVER_WORDS}\r\n\r\n".encode())
+            h.close_connection = True
         elif path == "/page":
             self._send(h, 200, b"<html><body>not a picture</body></html>", "text/html; charset=utf-8")
         elif path == "/loop":
