@@ -330,7 +330,7 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
       http_timeout: seconds to connect to a server, and to wait for its next byte.
       http_deadline: seconds one URL may take in all (retries and redirects included); a server that
         drips its body is cut off then.
-      http_retries: further tries of a URL after a connection error, a timeout, a 5xx or a 429, with
+      http_retries: further tries of a URL after a broken connection, a timeout or HTTP 429/500/502/503/504, with
         exponential backoff and jitter (a Retry-After is honoured up to 60 s).
       http_user_agent: the User-Agent of downloads (default imagerecords/VERSION; Beam has a --user_agent of its own).
       http_headers: a file of request headers for downloads, one `Name: value` per line (a token);

@@ -74,7 +74,7 @@ class HttpSettings:
         workers where the launcher shares HostSlots).
       timeout: seconds to connect, and without a byte while reading.
       deadline: seconds one URL may take in all, its retries and redirects included.
-      retries: further tries after a connection error, a timeout, a 5xx or a 429.
+      retries: further tries after a broken connection, a timeout or a status in RETRY_STATUSES.
       user_agent: the User-Agent header.
       headers: extra request headers (from --http_headers); never logged or written anywhere.
     """
