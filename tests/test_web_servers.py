@@ -53,6 +53,8 @@ def web(tmp_path_factory):
             "599": first.url("/status/599"),
             "type": first.url("/status/200"),
             "not_http": first.url("/nothttp"),
+            "not_gzip": first.url("/notgzip/q5.jpg"),
+            "unknown_encoding": first.url("/encoded/q5.jpg"),
         }
         headers = tmp / "headers.txt"
         headers.write_text(f"Authorization: {SECRET}\n")
@@ -136,7 +138,7 @@ def test_only_the_listed_statuses_are_retried_and_no_reason_holds_the_servers_wo
     assert _reason(web, "505") == "HTTP 505 (HTTP Version Not Supported)"
     assert _reason(web, "599") == "HTTP 599 (unknown status)"
     assert _reason(web, "type") == "not an image: the server sent a type under text/"
-    assert _reason(web, "not_http") == "the server's answer is not HTTP"
+    assert _reason(web, "not_http") == "the server's answer is not valid HTTP"
     for path in ("/status/501", "/status/505", "/status/599", "/nothttp"):
         assert web["first"].requests[path] == 1, path  # FAST allows one retry: none was made
     for row in web["errors"].values():
@@ -150,6 +152,13 @@ def test_a_gzip_body_longer_than_its_plain_form_is_stored_byte_exact(web):
     stored = web["examples"][web["rows"]["gzip"]].features.feature["image"].bytes_list.value[0]
     assert stored == IMAGES["q4.jpg"]  # the decoded body, as a plain answer would give
     assert web["first"].requests["/gzip/q4.jpg"] == 1
+
+
+def test_a_body_that_does_not_decode_as_its_encoding_says_is_one_row_not_retried(web):
+    assert _reason(web, "not_gzip") == "the body does not decode as its Content-Encoding says"
+    assert _reason(web, "unknown_encoding").startswith(
+        "the body is in a Content-Encoding this client does not decode (it decodes gzip, x-gzip, deflate")
+    assert web["first"].requests["/notgzip/q5.jpg"] == 1 and web["first"].requests["/encoded/q5.jpg"] == 1
 
 
 def test_a_utf8_location_is_followed_to_its_image(web):

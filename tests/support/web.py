@@ -40,7 +40,8 @@ class Server:
     Paths: /img/NAME (the image NAME, percent-decoded), /redirect/NAME (302 to it), /to/QUOTED (302 to
     the percent-decoded bytes of QUOTED, sent raw: any Location, a UTF-8 one included), /gzip/NAME
     (the image gzip-encoded, longer than
-    the image; Content-Length the encoded length), /status/CODE (that status, with a
+    the image; Content-Length the encoded length), /notgzip/NAME (the image as it is, said to be gzip),
+    /encoded/NAME (the image, said to be in an encoding nobody knows), /status/CODE (that status, with a
     reason phrase of the server's own words), /nothttp (an answer that is not HTTP), /once503/NAME and /once429/NAME
     (503 or 429 with Retry-After: 1 the first time, then the image), /missing (404), /page (an HTML
     page), /loop (302 to itself), /tofile (302 to a file: URL), /large (a body far over any limit),
@@ -175,6 +176,10 @@ class Server:
             # level 0 (stored blocks): the body on the wire is longer than the image it decodes to
             self._send(h, 200, gzip.compress(self.images[name], compresslevel=0), "image/jpeg",
                        {"Content-Encoding": "gzip"})
+        elif path.startswith("/notgzip/") and name in self.images:
+            self._send(h, 200, self.images[name], "image/jpeg", {"Content-Encoding": "gzip"})
+        elif path.startswith("/encoded/") and name in self.images:
+            self._send(h, 200, self.images[name], "image/jpeg", {"Content-Encoding": f"x-{SERVER_WORDS}"})
         elif path.startswith("/status/"):
             self._leave(h)
             h.send_response(int(name), f"{SERVER_WORDS} phrase")

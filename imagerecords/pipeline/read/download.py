@@ -215,7 +215,8 @@ class Downloader:
     def _get(self, url: str, end: float, headers: Optional[Mapping[str, str]] = None) -> Tuple[int, Optional[str], bytes]:
         """One request with `headers` (all of the settings' by default): (status, redirect location or None, body)."""
         import urllib3
-        from urllib3.exceptions import HTTPError, NewConnectionError, ProtocolError, ReadTimeoutError, TimeoutError
+        from urllib3.exceptions import (DecodeError, HTTPError, NewConnectionError, ProtocolError, ReadTimeoutError,
+                                        TimeoutError)
 
         left = end - time.monotonic()
         if left <= 0:
@@ -250,6 +251,11 @@ class Downloader:
                     family = next(p for p in _NOT_IMAGES if kind.startswith(p))
                     said = kind if kind in _NAMED_TYPES else f"a type under {family}"
                     raise Failed(f"not an image: the server sent {said}", "NotAnImage")
+                decoded = ("identity", *type(response).CONTENT_DECODERS)  # gzip, deflate (br, zstd if installed)
+                coding = (response.headers.get("Content-Encoding") or "").lower()
+                if any(c.strip() not in decoded for c in coding.split(",") if c.strip()):  # else passed on raw
+                    raise Failed("the body is in a Content-Encoding this client does not decode (it decodes "
+                                 f"{', '.join(decoded[1:])})", "BadEncoding")
                 declared = response.headers.get("Content-Length")
                 limit = self._max_bytes
                 if limit is not None and declared is not None and declared.isdigit() and int(declared) > limit:
@@ -266,6 +272,8 @@ class Downloader:
                         raise _Retry(f"timed out: no byte for {self._settings.timeout:g} s", "Timeout") from None
                     except ProtocolError as e:
                         raise _protocol_failure(e, response.tell(), declared) from None
+                    except DecodeError:  # the same bytes would come again: not retried
+                        raise Failed("the body does not decode as its Content-Encoding says", "BadEncoding") from None
                     except HTTPError as e:
                         raise _Retry(f"connection failed while reading ({_first_reason(e)})", "ConnectionError")
                     if not chunk:
@@ -342,7 +350,7 @@ def _protocol_failure(e: BaseException, got: int, declared: Optional[str]) -> Ex
     if isinstance(cause, http.client.LineTooLong):  # it would say the same next time
         return Failed("the server's answer has a line longer than HTTP clients accept", "BadResponse")
     if isinstance(cause, http.client.HTTPException):  # BadStatusLine and kin: it does not speak HTTP
-        return Failed("the server's answer is not HTTP", "BadResponse")
+        return Failed("the server's answer is not valid HTTP", "BadResponse")
     if isinstance(cause, OSError) and cause.errno:
         return _Retry(f"connection broken ({errno.errorcode.get(cause.errno, cause.errno)})", "ConnectionError")
     return _Retry(f"connection broken ({type(cause or e).__name__})", "ConnectionError")
@@ -355,8 +363,7 @@ def _connect_failure(e: BaseException) -> Exception:
     cause = _cause(e, (socket.gaierror, OSError))
     if isinstance(cause, socket.gaierror):
         if cause.errno in (socket.EAI_AGAIN, getattr(socket, "EAI_SYSTEM", None)):
-            return _Retry("the host name does not resolve for now (the name lookup failed for a while)",
-                          "NameNotResolved")
+            return _Retry("the host name does not resolve for now (the resolver did not answer)", "NameNotResolved")
         return Failed("the host name does not resolve", "NameNotResolved")
     if isinstance(cause, ConnectionRefusedError):
         return Failed("connection refused: nothing listens at that host and port", "ConnectionRefused")
