@@ -55,6 +55,7 @@ def web(tmp_path_factory):
             "not_http": first.url("/nothttp"),
             "not_gzip": first.url("/notgzip/q5.jpg"),
             "unknown_encoding": first.url("/encoded/q5.jpg"),
+            "4gib": first.url("/huge"),
         }
         headers = tmp / "headers.txt"
         headers.write_text(f"Authorization: {SECRET}\n")
@@ -165,3 +166,17 @@ def test_a_utf8_location_is_followed_to_its_image(web):
     stored = web["examples"][web["rows"]["utf8_location"]].features.feature["image"].bytes_list.value[0]
     assert stored == IMAGES["ü.jpg"]
     assert web["first"].requests["/img/%C3%BC.jpg"] == 1
+
+
+def test_a_4gib_content_length_is_refused_unread(web):
+    assert _reason(web, "4gib") == ("too large: the server declares 4,294,967,296 bytes, over the 1,000,000-byte "
+                                    "limit (--max_file_mb); nothing was read")
+    assert web["first"].requests["/huge"] == 1
+
+
+def test_a_reset_mid_body_says_how_far_it_got_over_the_wire():
+    with Server({}) as s:
+        with pytest.raises(download.Failed) as e:
+            download.Downloader(download.HttpSettings(retries=0), max_bytes=None).fetch(s.url("/resetmid"))
+    assert e.value.error == "ConnectionError"
+    assert str(e.value).startswith("truncated: the connection ended after 10,000 of 20,000 bytes"), e.value

@@ -46,7 +46,8 @@ class Server:
     (503 or 429 with Retry-After: 1 the first time, then the image), /missing (404), /page (an HTML
     page), /loop (302 to itself), /tofile (302 to a file: URL), /large (a body far over any limit),
     /drip (one byte every 0.3 s), /reset (the connection reset before any answer), /truncated
-    (Content-Length 20000, 100 bytes sent, then closed). `delay` slows every /img answer.
+    (Content-Length 20000, 100 bytes sent, then closed), /resetmid (10000 of 20000 bytes, then a reset), /huge
+    (Content-Length 4 GiB, 100 bytes sent). `delay` slows every /img answer.
     """
 
     def __init__(self, images: Mapping[str, bytes], delay: float = 0.0, name: str = "127.0.0.1"):
@@ -224,6 +225,22 @@ class Server:
             h.close_connection = True
         elif path == "/reset":
             # SO_LINGER 0: close() sends RST, the client sees "connection reset" and no answer
+            h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            h.close_connection = True
+        elif path == "/huge":  # declares 4 GiB, sends 100 bytes
+            h.send_response(200)
+            h.send_header("Content-Type", "image/jpeg")
+            h.send_header("Content-Length", str(4 << 30))
+            h.end_headers()
+            h.wfile.write(b"\xff\xd8" + b"\x00" * 98)
+            h.close_connection = True
+        elif path == "/resetmid":  # half the body, then RST (SO_LINGER 0)
+            h.send_response(200)
+            h.send_header("Content-Type", "image/jpeg")
+            h.send_header("Content-Length", "20000")
+            h.end_headers()
+            h.wfile.write(b"\xff\xd8" + b"\x00" * 9998)
+            h.wfile.flush()
             h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             h.close_connection = True
         elif path == "/truncated":
