@@ -38,7 +38,7 @@ def parse(url: str) -> urllib.parse.SplitResult:
         port = parts.port  # raises ValueError for a port that is not a number or out of range
         host = parts.hostname
     except ValueError as e:
-        raise BadUrl(f"the URL does not parse ({_reason(e)})") from None
+        raise _unparsable(e) from None
     if parts.scheme.lower() not in _DEFAULT_PORTS:
         raise BadUrl(f"the URL's scheme is {parts.scheme or 'missing'!r}: only http and https are read")
     if not host:
@@ -79,12 +79,12 @@ def join(base: str, reference: str) -> str:
     """The URL `reference` (a Location header's value, as http.client decoded it) leads to from
     `base`. http.client decodes header bytes as latin-1: the bytes are got back and the non-ASCII ones
     percent-quoted, so a UTF-8 path stays UTF-8 (as browsers send it). Raises BadUrl."""
-    raw = reference.encode("latin-1", "replace")
+    raw = reference.encode("latin-1", "replace").strip(bytes(range(0x21)))  # as browsers: no edge spaces or controls
     quoted = "".join(chr(b) if 0x20 < b < 0x7F else f"%{b:02X}" for b in raw)
     try:
         return urllib.parse.urljoin(base, quoted)
     except ValueError as e:
-        raise BadUrl(f"the URL does not parse ({_reason(e)})") from None
+        raise _unparsable(e) from None
 
 
 # Python's messages, in our words: a message may quote the URL's text (a server's, for a Location).
@@ -95,9 +95,9 @@ _REASONS = (("Invalid IPv6 URL", "an unclosed [ or ] in its host"),
             ("does not appear to be an IPv4 or IPv6 address", "a [...] host that is not an IP address"))
 
 
-def _reason(e: BaseException) -> str:
+def _unparsable(e: ValueError) -> BadUrl:
     text = str(e)
-    return next((ours for theirs, ours in _REASONS if theirs in text), "its authority is malformed")
+    return BadUrl(f"the URL does not parse ({next((ours for theirs, ours in _REASONS if theirs in text), 'malformed')})")
 
 
 def describe(url: Optional[str]) -> str:
