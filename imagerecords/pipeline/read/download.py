@@ -340,12 +340,12 @@ def _protocol_failure(e: BaseException, got: int, declared: Optional[str]) -> Ex
     import http.client
 
     cause = _cause(e, (http.client.HTTPException, OSError))
-    if isinstance(cause, http.client.IncompleteRead) or "IncompleteRead" in str(e):
+    if isinstance(cause, http.client.IncompleteRead) or (cause is None and "IncompleteRead" in str(e)):
         total = f" of {int(declared):,}" if declared is not None and declared.isdigit() else ""
         return _Retry(f"truncated: the connection ended after {got:,}{total} bytes", "ConnectionError")
-    if isinstance(cause, http.client.RemoteDisconnected):
+    if isinstance(cause, http.client.RemoteDisconnected):  # before its base classes, reset and BadStatusLine
         return _Retry("connection closed by the server before an answer", "ConnectionError")
-    if isinstance(cause, ConnectionResetError) or "reset" in str(e).lower():
+    if isinstance(cause, ConnectionResetError):
         return _Retry("connection reset by the server", "ConnectionError")
     if isinstance(cause, http.client.LineTooLong):  # it would say the same next time
         return Failed("the server's answer has a line longer than HTTP clients accept", "BadResponse")
