@@ -37,16 +37,16 @@ class Server:
     """Start with `with Server(images) as s:`; `s.url(path)` names a path on it, by `name` (another
     name of 127.0.0.1, such as localhost, makes it a second host to a client).
 
-    Paths: /img/NAME (the image NAME, percent-decoded), /redirect/NAME (302 to it), /to/QUOTED (302 to
-    the percent-decoded bytes of QUOTED, sent raw: any Location, a UTF-8 one included), /gzip/NAME
-    (the image gzip-encoded, longer than
-    the image; Content-Length the encoded length), /notgzip/NAME (the image as it is, said to be gzip),
-    /encoded/NAME (the image, said to be in an encoding nobody knows), /status/CODE (that status, with a
-    reason phrase of the server's own words), /nothttp (an answer that is not HTTP), /once503/NAME and /once429/NAME
-    (503 or 429 with Retry-After: 1 the first time, then the image), /missing (404), /page (an HTML
-    page), /loop (302 to itself), /tofile (302 to a file: URL), /large (a body far over any limit),
-    /drip (one byte every 0.3 s), /reset (the connection reset before any answer), /truncated
-    (Content-Length 20000, 100 bytes sent, then closed), /resetmid (10000 of 20000 bytes, then a reset), /huge
+    Paths: /img/NAME (the image NAME, percent-decoded), /redirect/NAME (302 to it), /to/QUOTED (302
+    to the percent-decoded bytes of QUOTED, sent raw: any Location, a UTF-8 one included),
+    /gzip/NAME (the image gzip-encoded, longer than the image; Content-Length the encoded length),
+    /notgzip/NAME (the image as it is, said to be gzip), /encoded/NAME (the image, said to be in an
+    encoding nobody knows), /status/CODE (that status, with a reason phrase of the server's own
+    words), /nothttp (an answer that is not HTTP), /once503/NAME and /once429/NAME (503 or 429 with
+    Retry-After: 1 the first time, then the image), /missing (404), /page (an HTML page), /loop (302
+    to itself), /tofile (302 to a file: URL), /large (a body far over any limit), /drip (one byte
+    every 0.3 s), /reset (the connection reset before any answer), /truncated (Content-Length 20000,
+    100 bytes sent, then closed), /resetmid (10000 of 20000 bytes, then a reset), /huge
     (Content-Length 4 GiB, 100 bytes sent). `delay` slows every /img answer.
     """
 
