@@ -212,8 +212,9 @@ class Downloader:
             trusted = trusted and _same_origin(row, url)
         raise Failed(f"too many redirects (more than {MAX_REDIRECTS})", "TooManyRedirects")
 
-    def _get(self, url: str, end: float, headers: Optional[Mapping[str, str]] = None) -> Tuple[int, Optional[str], bytes]:
-        """One request with `headers` (all of the settings' by default): (status, redirect location or None, body)."""
+    def _get(self, url: str, end: float,
+             headers: Optional[Mapping[str, str]] = None) -> Tuple[int, Optional[str], bytes]:
+        """One request with `headers` (the settings' all by default): (status, redirect location or None, body)."""
         import urllib3
         from urllib3.exceptions import (DecodeError, HTTPError, NewConnectionError, ProtocolError, ReadTimeoutError,
                                         TimeoutError)

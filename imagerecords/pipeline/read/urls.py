@@ -96,8 +96,8 @@ _REASONS = (("Invalid IPv6 URL", "an unclosed [ or ] in its host"),
 
 
 def _unparsable(e: ValueError) -> BadUrl:
-    text = str(e)
-    return BadUrl(f"the URL does not parse ({next((ours for theirs, ours in _REASONS if theirs in text), 'malformed')})")
+    said = next((ours for theirs, ours in _REASONS if theirs in str(e)), "malformed")
+    return BadUrl(f"the URL does not parse ({said})")
 
 
 def describe(url: Optional[str]) -> str:
