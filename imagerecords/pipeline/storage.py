@@ -17,7 +17,7 @@ from typing import BinaryIO, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 from imagerecords.format import records
 from imagerecords.format.paths import has_scheme, join  # join: re-exported as the builder's one path join
 
-__all__ = ["is_local", "join", "open_read", "read_bytes", "open_if_exists", "create", "rename", "link", "checked_identity",
+__all__ = ["is_local", "join", "open_read", "read_bytes", "size", "open_if_exists", "create", "rename", "link", "checked_identity",
            "moved_identity", "exists", "delete",
            "delete_all", "delete_quietly", "list_names", "list_tree", "list_folder", "gcs_objects", "gcs_client",
            "write_bytes", "os_reason", "is_no_space"]
@@ -52,6 +52,16 @@ def read_bytes(uri: str) -> bytes:
     """The whole file, for the small ones read at once (manifests, records, locks, label maps)."""
     with open_read(uri) as f:
         return f.read()
+
+
+def size(uri: str) -> int:
+    """A file's size in bytes from its metadata, nothing read; FileNotFoundError when it is not there."""
+    if is_local(uri):
+        return os.stat(uri).st_size
+    found = _filesystems().match([uri])[0].metadata_list
+    if not found:
+        raise FileNotFoundError(f"{uri} does not exist")
+    return found[0].size_in_bytes
 
 
 def open_if_exists(uri: str) -> Optional[BinaryIO]:
