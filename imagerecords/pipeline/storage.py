@@ -84,17 +84,34 @@ def create(uri: str) -> BinaryIO:
     return _filesystems().create(uri, mime_type="application/octet-stream", compression_type=_uncompressed())
 
 
+# A file system that keeps times in whole 10 ms or coarser (1 s: ext4 with 128-byte inodes, HFS+, NFS
+# from such a server; FAT 2 s; exFAT 10 ms) leaves them as they were after a write in the same tick.
+_COARSE_TIMES_NS = 10**7
+
+
+def _times(st: os.stat_result) -> Tuple[int, int]:
+    """(mtime_ns, ctime_ns) of a stat result: the one place identity reads them (the tests emulate a
+    coarse file system here; no tmpfs or ext4 can be made coarse without root)."""
+    return st.st_mtime_ns, st.st_ctime_ns
+
+
 def identity(uri: str) -> Optional[str]:
-    """A local file's identity, "device:inode:size:mtime_ns:ctime_ns", or None (not local, or gone):
-    any write, truncation or replacement through the file system changes it (the change time
-    cannot be set back), so an equal identity later means the same bytes without reading them."""
+    """A local file's identity, "device:inode:size:mtime_ns:ctime_ns", or None (not local, gone, or
+    on a file system with coarse times): any write, truncation or replacement through the file system
+    changes it (the change time cannot be set back), so an equal identity later means the same bytes
+    without reading them. Where both times are whole ticks of 10 ms or more (_COARSE_TIMES_NS) a
+    write in the writer's own tick would change none of them, so such a file has no identity and
+    whoever checks it reads its bytes (the odds that a fine clock gives two whole ticks are 1e-8)."""
     if not is_local(uri):
         return None
     try:
         st = os.stat(uri)
     except OSError:
         return None
-    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    mtime, ctime = _times(st)
+    if mtime % _COARSE_TIMES_NS == 0 and ctime % _COARSE_TIMES_NS == 0:
+        return None
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{mtime}:{ctime}"
 
 
 def checked_identity(uri: str, crc32c: Optional[str]) -> Optional[str]:
