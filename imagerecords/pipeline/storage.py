@@ -58,10 +58,12 @@ def size(uri: str) -> int:
     """A file's size in bytes from its metadata, nothing read; FileNotFoundError when it is not there."""
     if is_local(uri):
         return os.stat(uri).st_size
-    found = _filesystems().match([uri])[0].metadata_list
-    if not found:
-        raise FileNotFoundError(f"{uri} does not exist")
-    return found[0].size_in_bytes
+    try:  # metadata, not match: a name with [ * ? in it is no pattern here
+        return _filesystems().get_filesystem(uri).metadata(uri).size_in_bytes
+    except OSError:  # BeamIOError, for a missing object as for any other failure
+        if not exists(uri):
+            raise FileNotFoundError(f"{uri} does not exist") from None
+        raise
 
 
 def open_if_exists(uri: str) -> Optional[BinaryIO]:
