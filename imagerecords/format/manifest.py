@@ -28,7 +28,7 @@ READABLE_VERSIONS = (1, 2, 3)
 COLUMNS_FROM = 1_000
 SHARDS_SUFFIX = ".shards.jsonl"  # <version>/<split>.shards.jsonl: a columnar split's per-shard histograms
 # The largest manifest.json `load` reads; a larger file is refused by its size, before a byte is read
-# (json.loads needs several times a file's size: a 2 GB one ended in MemoryError). Columns give a 1B-image
+# (it was read whole, then decoded, then parsed: several times its size in memory). Columns give a 1B-image
 # build 58 MB (docs/scale.md), a million class names of 255 bytes are 0.26 GB (twice with a class_list
 # feature), a row-form manifest of 100M images (format 2, still read) ~1.06 GB: docs/reader.md.
 MAX_MANIFEST_BYTES = 1 << 30
