@@ -33,7 +33,8 @@ def _one_line_each(capsys, commands, said):
     for argv in commands:
         code = main(argv)
         err = capsys.readouterr().err
-        assert code in (3, 4) and err.count("\n") == 1 and said in err, (argv, code, err)
+        expected = 4 if argv[0] == "build" else 3  # an output problem for --append, an input one to read
+        assert code == expected and err.count("\n") == 1 and said in err, (argv, code, err)
         assert "Traceback" not in err
 
 
