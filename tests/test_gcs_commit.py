@@ -1,6 +1,7 @@
 """The commit on gs:// at cloud size, against the GCS emulator: it checks staged shards by their
 object metadata (size and crc32c) and downloads none of them, it still refuses a staged object
-changed after its writer reported it, and it finds version folders with a delimited listing.
+changed after its writer reported it, and it finds version folders with a delimited listing. A
+manifest over the size cap is refused by its object metadata, its bytes never downloaded.
 
 Bytes are counted at the emulator's front proxy (every answer's body length, as sent), not guessed.
 Arrays come from a seeded NumPy generator; float32 noise does not compress, so shard bytes are
@@ -136,6 +137,31 @@ def test_version_folders_are_found_without_listing_the_shards(emulator):
     # The same answer but for the objects' timestamps (whose text length varies by a few bytes);
     # listing the 56 more shards would add about 500 bytes each.
     assert abs(listed[60] - listed[4]) < 64, listed
+
+
+def test_a_manifest_over_the_cap_is_refused_by_its_metadata_without_a_download(emulator, monkeypatch, capsys):
+    from imagerecords.cli.main import main
+    from imagerecords.format import access
+    from imagerecords.format import manifest as manifest_lib
+    from imagerecords.pipeline import storage
+
+    bucket = _bucket(emulator)
+    out = f"gs://{bucket}/out"
+    emulator.upload(b"{" + b" " * 99, f"{out}/{MANIFEST}")
+    monkeypatch.setattr(manifest_lib, "MAX_MANIFEST_BYTES", 10)  # 3 GiB objects are not uploaded in a test
+    said = f"{out}/{MANIFEST}: 100 bytes, larger than any manifest.json can be (at most 10)"
+    with emulator.activated():
+        before = len(emulator.requests())
+        code = main(["verify", out])  # the builder's storage (Beam's GCS file system)
+        err = capsys.readouterr().err
+        with pytest.raises(manifest_lib.ManifestError) as refused:  # the torch and Grain readers' files
+            access.load_manifest(out)
+        with pytest.raises(FileNotFoundError):
+            storage.size(f"{out}/absent.json")
+        requests = emulator.requests()[before:]
+    assert code == 3 and err.count("\n") == 1 and said in err, err
+    assert str(refused.value).startswith(said)
+    assert _downloaded(requests, bucket, "out/") == 0
 
 
 def test_a_gcs_append_makes_its_folder_whole_without_moving_bytes_through_the_launcher(emulator, tmp_path):

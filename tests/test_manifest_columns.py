@@ -62,9 +62,9 @@ def test_the_columnar_form_is_written_with_its_side_file(built):
 
 def test_the_loader_gives_the_same_shards_as_the_row_form(built):
     rows, columns = built
-    plain = manifest_lib.load(rows, _read, os.path.exists)
-    slim = manifest_lib.load(columns, _read, os.path.exists)
-    full = manifest_lib.load(columns, _read, os.path.exists, details=True)
+    plain = manifest_lib.load(rows, _read, os.path.exists, size=os.path.getsize)
+    slim = manifest_lib.load(columns, _read, os.path.exists, size=os.path.getsize)
+    full = manifest_lib.load(columns, _read, os.path.exists, details=True, size=os.path.getsize)
 
     def strip(shard, version):  # the version folder is the build id, the one thing that differs
         return (shard.index, shard.filename.replace(version, "V"), shard.count, shard.num_bytes,
@@ -137,7 +137,7 @@ def test_a_tampered_side_file_is_refused_naming_it(built, tmp_path):
     with open(side, "ab") as f:
         f.write(b"\n")
     with pytest.raises(manifest_lib.ManifestError) as e:
-        manifest_lib.load(copy, _read, os.path.exists, details=True)
+        manifest_lib.load(copy, _read, os.path.exists, details=True, size=os.path.getsize)
     assert side in str(e.value) and "sha256" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(errors.InputError, match="train.shards.jsonl: sha256"):
         inspection.verify(copy)
@@ -153,7 +153,7 @@ def test_an_append_onto_the_columnar_form_keeps_old_and_new_shards(built, tmp_pa
     _, columns = built
     out = str(tmp_path / "ds")
     shutil.copytree(columns, out)
-    before = manifest_lib.load(out, _read, os.path.exists, details=True)
+    before = manifest_lib.load(out, _read, os.path.exists, details=True, size=os.path.getsize)
     more = tmp_path / "more"
     example_images.write_tree(str(more), per_class=2)
     for cls in os.listdir(more):  # new files under the same classes
@@ -161,7 +161,7 @@ def test_an_append_onto_the_columnar_form_keeps_old_and_new_shards(built, tmp_pa
             os.rename(more / cls / name, more / cls / f"new-{name}")
     monkeypatch.setenv("IMAGERECORDS_COLUMNS_FROM", "1")
     build(more, out, *ARGS, "--append")
-    after = manifest_lib.load(out, _read, os.path.exists, details=True)
+    after = manifest_lib.load(out, _read, os.path.exists, details=True, size=os.path.getsize)
     assert _json(os.path.join(out, "manifest.json"))["format_version"] == 3
     assert after.num_examples == before.num_examples + 8
     for old in before.splits:

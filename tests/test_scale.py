@@ -27,7 +27,7 @@ def test_simulated_manifest_loads_with_the_real_loaders_and_counts_add_up(tmp_pa
     shards = planning.choose_num_shards(5000, 5000 * 20_000, None, 1.0, 8)
     assert shards == 100
     figures = scale_sim.build_manifest(folder, 5000, shards, 20_000, classes=7)
-    manifest = manifest_lib.load(folder, _read, os.path.exists)
+    manifest = manifest_lib.load(folder, _read, os.path.exists, size=os.path.getsize)
     (split,) = manifest.splits
     assert split.name == "train" and len(split.shards) == shards and split.num_examples == 5000
     for shard in split.shards:  # each shard's histogram counts its records, over the 7 classes
@@ -86,11 +86,11 @@ def test_a_columnar_simulated_manifest_loads_slim_and_its_side_file_holds_the_hi
     with open(os.path.join(folder, "manifest.json")) as f:
         written = json.load(f)
     assert written["format_version"] == 3 and "shards" not in written["splits"]["train"]
-    slim = manifest_lib.load(folder, _read, os.path.exists)
+    slim = manifest_lib.load(folder, _read, os.path.exists, size=os.path.getsize)
     (split,) = slim.splits
     assert isinstance(split.shards, manifest_lib.ShardColumns) and split.counts == [50] * 100
     assert sum(n for _, n in split.label_counts) == 5000 and {k for k, _ in split.label_counts} <= set(range(7))
-    full = manifest_lib.load(folder, _read, os.path.exists, details=True)
+    full = manifest_lib.load(folder, _read, os.path.exists, details=True, size=os.path.getsize)
     assert [sum(n for _, n in s.labels) for s in full.splits[0].shards] == [50] * 100
     assert figures["label_pairs"] == sum(len(s.labels) for s in full.splits[0].shards)
     loaded = scale_sim.load_in_reader(folder)

@@ -63,10 +63,15 @@ def load(output: str, check_features: bool = True) -> Manifest:
             raise FileNotFoundError(path)
         return _read_bytes(path)
 
+    def size(path: str) -> int:
+        if MANIFEST not in names:
+            raise FileNotFoundError(path)
+        return files.local_size(path) if not has_scheme(path) else storage.size(path)
+
     try:
         # The side files too (a columnar split's histograms): verify checks them, the report uses them.
         return manifest_lib.load(output, read, lambda _: STAGING in names, details=True,
-                                 check_features=check_features)
+                                 check_features=check_features, size=size)
     except manifest_lib.NotPublished as e:
         raise (errors.UnfinishedBuild if e.unfinished else errors.InputError)(str(e)) from None
     except (ManifestError, NotRegularFile) as e:

@@ -102,7 +102,7 @@ def load_manifest(path: str, files: Optional[Files] = None) -> Manifest:
       imagerecords.format.manifest.ManifestError: when the manifest is unreadable.
     """
     files = files or Files()
-    return manifest_lib.load(path, files.read, lambda p: not has_scheme(p) and os.path.exists(p))
+    return manifest_lib.load(path, files.read, lambda p: not has_scheme(p) and os.path.exists(p), size=files.size)
 
 
 def split_digest(shards: Sequence) -> str:

@@ -7,6 +7,7 @@ import hashlib
 import json
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from imagerecords.format import schema as schema_lib
 from imagerecords.format.paths import join
 from imagerecords.format.errors import ManifestError, NotPublished
 from imagerecords.format.shards import Shard, ShardColumns, check_inside, count_problem
@@ -26,6 +27,11 @@ READABLE_VERSIONS = (1, 2, 3)
 # took 27 s; at 1B images (572,917 shards) rows would be ~10 GB of JSON, columns are 58 MB.
 COLUMNS_FROM = 1_000
 SHARDS_SUFFIX = ".shards.jsonl"  # <version>/<split>.shards.jsonl: a columnar split's per-shard histograms
+# The largest manifest.json `load` reads; a larger file is refused by its size, before a byte is read
+# (it was read whole, then decoded, then parsed: several times its size in memory). Columns give a 1B-image
+# build 58 MB (docs/scale.md), a million class names of 255 bytes are 0.26 GB (twice with a class_list
+# feature), a row-form manifest of 100M images (format 2, still read) ~1.06 GB: docs/reader.md.
+MAX_MANIFEST_BYTES = 1 << 30
 
 # Names inside an output folder that belong to the publish protocol (imagerecords.pipeline.publish.commit). They
 # live here, in a module without Beam or TensorFlow, so the reader can name them in its errors.
@@ -453,7 +459,7 @@ class Manifest:
 
 
 def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool], details: bool = False,
-         check_features: bool = True) -> Manifest:
+         check_features: bool = True, *, size: Callable[[str], int]) -> Manifest:
     """Reads `folder`/manifest.json: the one loader behind every reader, verify and the report.
 
     Each caller brings its own file access (plain files, TensorFlow's gfile, Beam's filesystems,
@@ -463,6 +469,8 @@ def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool
       folder: the dataset folder.
       read: returns a file's bytes; raises FileNotFoundError when it is not there.
       exists: whether a path exists (asked of the staging area only when there is no manifest).
+      size: returns a file's size without reading it (a stat; one metadata request on gs://); raises
+        FileNotFoundError when it is not there. A manifest over MAX_MANIFEST_BYTES is never read.
       details: also read the columnar splits' side files into their shards (Manifest.with_details).
       check_features: refuse a feature spec no reader can follow (off only for the report, which
         shows each feature's problem on its page).
@@ -470,16 +478,20 @@ def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool
     Raises:
       NotPublished: when there is no manifest.json (the message says whether an unfinished build
         is there, and how to finish or clear it).
-      ManifestError: when the manifest is unreadable.
+      ManifestError: when the manifest is unreadable, larger than any manifest can be, or of a
+        schema preset this imagerecords does not know.
     """
     path = join(folder, MANIFEST)
     try:
-        data = read(path)
+        data = read_bytes(path, read, size)
     except FileNotFoundError:
         if exists(join(folder, STAGING)):
             raise NotPublished(unfinished_hint(folder), unfinished=True) from None
         raise NotPublished(no_manifest_hint(folder), unfinished=False) from None
     manifest = Manifest.loads(data, path)
+    if manifest.schema not in schema_lib.PRESETS:  # every reader, verify and the report key records by it
+        raise ManifestError(f"{path}: schema {manifest.schema!r} is not one this imagerecords knows "
+                            f"({', '.join(schema_lib.PRESETS)}); manifest.json was altered or written by a newer version")
     for split in manifest.splits:
         counts, sizes = ((split.shards.counts, split.shards.sizes) if isinstance(split.shards, ShardColumns)
                          else ([s.count for s in split.shards], [s.num_bytes for s in split.shards]))
@@ -496,6 +508,20 @@ def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool
             raise ManifestError(f"{path}: its feature spec cannot be read ({e}); manifest.json is not the one its "
                                 "build wrote") from None
     return manifest.with_details(folder, read) if details else manifest
+
+
+def read_bytes(path: str, read: Callable[[str], bytes], size: Callable[[str], int]) -> bytes:
+    """The bytes of the manifest.json at `path` (`read`, `size`: see load), refused by its size first.
+
+    Raises:
+      FileNotFoundError: from `size` or `read`, when it is not there.
+      ManifestError: when it is larger than MAX_MANIFEST_BYTES (nothing read).
+    """
+    num_bytes = size(path)
+    if num_bytes > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{path}: {num_bytes:,} bytes, larger than any manifest.json can be (at most "
+                            f"{MAX_MANIFEST_BYTES:,}); it is not the one its build wrote, so it is not read")
+    return read(path)
 
 
 def dumps(obj: object) -> bytes:

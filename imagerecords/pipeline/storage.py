@@ -17,7 +17,7 @@ from typing import BinaryIO, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 from imagerecords.format import records
 from imagerecords.format.paths import has_scheme, join  # join: re-exported as the builder's one path join
 
-__all__ = ["is_local", "join", "open_read", "read_bytes", "open_if_exists", "create", "rename", "link", "checked_identity",
+__all__ = ["is_local", "join", "open_read", "read_bytes", "size", "open_if_exists", "create", "rename", "link", "checked_identity",
            "moved_identity", "exists", "delete",
            "delete_all", "delete_quietly", "list_names", "list_tree", "list_folder", "gcs_objects", "gcs_client",
            "write_bytes", "os_reason", "is_no_space"]
@@ -54,6 +54,18 @@ def read_bytes(uri: str) -> bytes:
         return f.read()
 
 
+def size(uri: str) -> int:
+    """A file's size in bytes from its metadata, nothing read; FileNotFoundError when it is not there."""
+    if is_local(uri):
+        return os.stat(uri).st_size
+    try:  # metadata, not match: a name with [ * ? in it is no pattern here
+        return _filesystems().get_filesystem(uri).metadata(uri).size_in_bytes
+    except OSError:  # BeamIOError, for a missing object as for any other failure
+        if not exists(uri):
+            raise FileNotFoundError(f"{uri} does not exist") from None
+        raise
+
+
 def open_if_exists(uri: str) -> Optional[BinaryIO]:
     """Like open_read, but None when there is no such file (optional files such as errors.jsonl)."""
     if is_local(uri):
@@ -74,17 +86,34 @@ def create(uri: str) -> BinaryIO:
     return _filesystems().create(uri, mime_type="application/octet-stream", compression_type=_uncompressed())
 
 
+# A file system that keeps times in whole 10 ms or coarser (1 s: ext4 with 128-byte inodes, HFS+, NFS
+# from such a server; FAT 2 s; exFAT 10 ms) leaves them as they were after a write in the same tick.
+_COARSE_TIMES_NS = 10**7
+
+
+def _times(st: os.stat_result) -> Tuple[int, int]:
+    """(mtime_ns, ctime_ns) of a stat result: the one place identity reads them (the tests emulate a
+    coarse file system here; no tmpfs or ext4 can be made coarse without root)."""
+    return st.st_mtime_ns, st.st_ctime_ns
+
+
 def identity(uri: str) -> Optional[str]:
-    """A local file's identity, "device:inode:size:mtime_ns:ctime_ns", or None (not local, or gone):
-    any write, truncation or replacement through the file system changes it (the change time
-    cannot be set back), so an equal identity later means the same bytes without reading them."""
+    """A local file's identity, "device:inode:size:mtime_ns:ctime_ns", or None (not local, gone, or
+    on a file system with coarse times): any write, truncation or replacement through the file system
+    changes it (the change time cannot be set back), so an equal identity later means the same bytes
+    without reading them. Where both times are whole ticks of 10 ms or more (_COARSE_TIMES_NS) a
+    write in the writer's own tick would change none of them, so such a file has no identity and
+    whoever checks it reads its bytes (the odds that a fine clock gives two whole ticks are 1e-8)."""
     if not is_local(uri):
         return None
     try:
         st = os.stat(uri)
     except OSError:
         return None
-    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    mtime, ctime = _times(st)
+    if mtime % _COARSE_TIMES_NS == 0 and ctime % _COARSE_TIMES_NS == 0:
+        return None
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{mtime}:{ctime}"
 
 
 def checked_identity(uri: str, crc32c: Optional[str]) -> Optional[str]:

@@ -12,7 +12,7 @@ import posixpath
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from imagerecords.format import manifest as manifest_lib
-from imagerecords.format import files, schema
+from imagerecords.format import files
 from imagerecords.format.paths import has_scheme, join
 from imagerecords.format.manifest import Manifest, Shard, ShardColumns, Split
 from imagerecords.format.errors import ReadError, FilesMissing
@@ -196,9 +196,18 @@ def load_info(path: Union[str, "DatasetInfo"]) -> DatasetInfo:
     if isinstance(path, DatasetInfo):
         return path
     path = str(path)
-    manifest = manifest_lib.load(path, _read, _exists)
-    schema.keys(manifest.schema)  # fails early, naming the preset, if this reader does not know it
+    manifest = manifest_lib.load(path, _read, _exists, size=_size)
     return DatasetInfo.of(manifest, path)
+
+
+def _size(path: str) -> int:
+    if not has_scheme(path):
+        return files.local_size(path)
+    import tensorflow as tf
+
+    if not tf.io.gfile.exists(path):
+        raise FilesMissing(path)
+    return tf.io.gfile.stat(path).length
 
 
 def _read(path: str) -> bytes:

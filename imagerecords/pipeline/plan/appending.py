@@ -8,6 +8,7 @@ import logging
 from typing import Any, Collection, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from imagerecords.format import record_format, schema
+from imagerecords.format import manifest as manifest_lib
 from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError
 from imagerecords.pipeline import errors, storage
 from imagerecords.pipeline.encode import image_codec as codec
@@ -183,9 +184,8 @@ def with_dataset_settings(config, given: Optional[Collection[str]] = None):
     """
     from imagerecords.pipeline import config as config_lib
 
-    path = storage.join(config.output, MANIFEST)
     try:
-        manifest = Manifest.loads(storage.read_bytes(path), path)
+        manifest = _load(config.output)
     except (OSError, ManifestError):
         return config
     if manifest.version is None or manifest.features_only:
@@ -282,7 +282,12 @@ def _scan(output: str, manifest: Manifest) -> Dict[str, Known]:
     return known
 
 
-_CACHE: Dict[Tuple[str, bytes], Base] = {}
+def _load(output: str, details: bool = False) -> Manifest:
+    """`output`'s manifest through the readers' one loader (manifest.load), on the builder's storage."""
+    return manifest_lib.load(output, storage.read_bytes, storage.exists, details=details, size=storage.size)
+
+
+_CACHE: Dict[str, Tuple[Manifest, Base]] = {}
 
 
 def load_base(config) -> Base:
@@ -295,22 +300,21 @@ def load_base(config) -> Base:
     if not storage.exists(path):
         raise errors.UsageError(f"{setting('append')} refused: {config.output} holds no published dataset to append to; "
                                 f"build it first (without {setting('append')})")
-    data = storage.read_bytes(path)
     try:
         # Its side files too: the merged manifest writes every shard's histogram again.
-        manifest = Manifest.loads(data, path).with_details(config.output, storage.read_bytes)
+        manifest = _load(config.output, details=True)
     except ManifestError as e:
         raise errors.OutputError(f"{setting('append')} refused: {e}") from None
     _check_compatible(config, manifest)
-    cached = _CACHE.get((config.output, data))
-    if cached is None:
+    seen, cached = _CACHE.get(config.output, (None, None))
+    if cached is None or seen != manifest:
         try:
             cached = Base(manifest, _scan(config.output, manifest))
         except (OSError, ValueError) as e:
             raise errors.OutputError(f"{setting('append')} refused: a shard of {config.output} cannot be read ({e}); "
                                      f"rebuild with {setting('overwrite')}") from None
         _CACHE.clear()
-        _CACHE[(config.output, data)] = cached
+        _CACHE[config.output] = (manifest, cached)
     return cached
 
 

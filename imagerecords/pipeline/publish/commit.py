@@ -35,6 +35,7 @@ from imagerecords.pipeline.errors import BudgetExceeded, OutputError, Unfinished
 from imagerecords.pipeline.publish import staged_check
 from imagerecords.pipeline.publish import lock as output_lock
 from imagerecords.pipeline.write import dataset_files
+from imagerecords.format import manifest as manifest_lib
 from imagerecords.format.manifest import (COLUMNS_FROM, DUPLICATES, ERRORS, FLAT_LAYOUT, MANIFEST, STAGING, VERSION_PREFIX,
                                           SHARDS_SUFFIX, Manifest, dumps)
 from imagerecords.format.record_format import is_shard_name
@@ -312,7 +313,7 @@ def _published(output: str) -> Optional[Manifest]:
     if not storage.exists(path):
         return None
     try:
-        return Manifest.loads(storage.read_bytes(path), path)
+        return Manifest.loads(manifest_lib.read_bytes(path, storage.read_bytes, storage.size), path)
     except ValueError as e:
         log.warning("ignoring the unreadable previous manifest: %s", e)
         return None
