@@ -17,6 +17,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from imagerecords.format import codecs
 from imagerecords.format import features as features_lib
 from imagerecords.format.paths import has_scheme, join
+from imagerecords.pipeline.read import urls
 
 
 @dataclasses.dataclass(frozen=True, slots=True)  # slots: less memory per ref, and a build holds one per image
@@ -72,6 +73,9 @@ class Rejected:
     skipped: bool = False
 
     def __post_init__(self):
+        # A URL's password never reaches errors.jsonl, the report or a log: every row is masked here.
+        for name in ("uri", "reason", "key"):
+            object.__setattr__(self, name, urls.masked_text(getattr(self, name)))
         # A lone surrogate (a JSON \ud800 escape, a file name that is not UTF-8) is kept as its escape:
         # the row must be writable as UTF-8 whatever the input held.
         for name in ("uri", "reason", "key", "split"):
@@ -262,6 +266,11 @@ def parse_manifest_row(
     key = row.get(columns.key)
     key = str(key) if key not in (None, "") else path
     split = row.get(columns.split)
+    for what, text in (("path", path), ("key", key)):
+        if urls.is_url(text) and urls.has_userinfo(text):
+            return None, Rejected(path, f"the {what} is a URL with credentials (user:password@): they are never sent or "
+                                        "stored; give them in the --http_headers file as an Authorization header",
+                                  key, str(split or ""), stage="list", error="CredentialsInUrl")
     for what, text in (("path", path), ("key", key), ("split", str(split or ""))):
         problem = features_lib.surrogate_problem(text)
         if problem is not None:
