@@ -334,7 +334,8 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         exponential backoff and jitter (a Retry-After is honoured up to 60 s).
       http_user_agent: the User-Agent of downloads (default imagerecords/VERSION; Beam has a --user_agent of its own).
       http_headers: a file of request headers for downloads, one `Name: value` per line (a token);
-        never logged, and written into no file of the output.
+        never logged, and written into no file of the output; its path travels to the workers, which
+        read it (on a cluster: a path every worker reads, such as gs://...).
       overwrite: allow replacing a dataset this tool wrote earlier in `output`.
       write_index: also write `index/<shard>.idx` (tfrecord2idx: offset and frame length per
         record) for DALI and the PyTorch tfrecord package.
