@@ -16,7 +16,19 @@ from conftest import build, read_examples
 from support.web import Server, jpeg
 from imagerecords.pipeline.read import download, urls
 
-IMAGES = {f"s{i:02d}.jpg": jpeg(i) for i in range(12)}
+def _grey(size=(40, 30)):
+    """A 1-channel JPEG the size of jpeg()'s: what an image feature (a mask) holds by default."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.full(size[::-1], 128, np.uint8)).save(out, format="JPEG")
+    return out.getvalue()
+
+
+IMAGES = {**{f"s{i:02d}.jpg": jpeg(i) for i in range(12)}, "mask.jpg": _grey()}
 PASSWORD = "pw-7Qx9-never-written"
 FAST = ["--http_timeout", 2, "--http_deadline", 4, "--http_retries", 0, "--max_reject_fraction", 1,
         "--num_shards", 2, "--path_column", "url"]
@@ -44,13 +56,13 @@ def _files_holding(folder, secret):
 
 
 def _manifest(tmp_path, kind, rows):
-    """A CSV or JSONL manifest of (url, label, key) rows; a CSV's extra raw line is appended as is."""
+    """A CSV or JSONL manifest of (url, label, key, mask) rows: mask an image feature's URL."""
     path = tmp_path / f"urls.{kind}"
     if kind == "csv":
-        path.write_text("url,label,key\n" + "".join(f"{u},{label},{key}\n" for u, label, key in rows))
+        path.write_text("url,label,key,mask\n" + "".join(",".join(row) + "\n" for row in rows))
     else:
-        path.write_text("".join(json.dumps({"url": u, "label": label, **({"key": key} if key else {})}) + "\n"
-                                for u, label, key in rows))
+        path.write_text("".join(json.dumps({"url": u, "label": label, "mask": mask, **({"key": key} if key else {})})
+                                + "\n" for u, label, key, mask in rows))
     return path
 
 
@@ -60,17 +72,19 @@ def test_a_url_with_a_password_is_a_masked_row_held_by_no_file_or_log(server, tm
     from imagerecords.cli import main as cli
     from imagerecords.cli.launcher import LOG_DIR
 
-    good = [(server.url(f"/img/s{i:02d}.jpg"), "cat", "") for i in range(4)]
+    mask = server.url("/img/mask.jpg")
+    good = [(server.url(f"/img/s{i:02d}.jpg"), "cat", "", mask) for i in range(4)]
     secret_url = _with_user(server.url("/img/s05.jpg"), f"alice:{PASSWORD}")
     user_only = _with_user(server.url("/img/s06.jpg"), "bob")
-    # A password URL, a user-only URL, and a password URL as the key of a plain URL...
-    manifest = _manifest(tmp_path, kind, good + [(secret_url, "cat", ""), (user_only, "dog", ""),
-                                                  (server.url("/img/s07.jpg"), "cat", secret_url)])
+    # A password URL, a user-only URL, a password URL as the key or the image feature of a plain URL...
+    manifest = _manifest(tmp_path, kind, good + [(secret_url, "cat", "", mask), (user_only, "dog", "", mask),
+                                                  (server.url("/img/s07.jpg"), "cat", secret_url, mask),
+                                                  (server.url("/img/s08.jpg"), "cat", "", secret_url)])
     with open(manifest, "a") as f:  # ...and a line that does not parse, holding the password (its text is the uri)
-        f.write(f'"{secret_url},cat,x"y\n' if kind == "csv" else f'{{"url": "{secret_url}", "label": \n')
+        f.write(f'"{secret_url},cat,x"y,\n' if kind == "csv" else f'{{"url": "{secret_url}", "label": \n')
     out = tmp_path / "out"
-    built = build(manifest, out, *FAST, "--key_column", "key")
-    assert built.num_examples == 4 and built.num_rejected == 4
+    built = build(manifest, out, *FAST, "--key_column", "key", "--feature", "mask=image")
+    assert built.num_examples == 4 and built.num_rejected == 5
     with open(out / "errors.jsonl") as f:
         rows = [json.loads(line) for line in f]
     masked = urls.masked(secret_url)
@@ -79,9 +93,11 @@ def test_a_url_with_a_password_is_a_masked_row_held_by_no_file_or_log(server, tm
     assert sorted((r["uri"], r["key"]) for r in credentials) == sorted([
         (masked, masked), (user_only, user_only), (server.url("/img/s07.jpg"), masked)])
     assert all("--http_headers" in r["reason"] and r["stage"] == "list" for r in credentials), credentials
-    (unparsed,) = [r for r in rows if r["error"] != "CredentialsInUrl"]
+    (feature,) = [r for r in rows if r["uri"] == server.url("/img/s08.jpg")]
+    assert feature["reason"].startswith("the 'mask' image is a URL with credentials"), feature
+    (unparsed,) = [r for r in rows if r not in credentials and r != feature]
     assert masked in unparsed["uri"], unparsed
-    assert sorted(read_examples(out)) == sorted(u for u, _, _ in good)
+    assert sorted(read_examples(out)) == sorted(u for u, _, _, _ in good)
     # The report page, written beside the output, and the whole output: no password bytes anywhere.
     assert cli.main(["report", str(out), "--html", str(tmp_path / "report.html")]) == 0
     captured = capfd.readouterr()

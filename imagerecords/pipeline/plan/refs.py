@@ -267,10 +267,9 @@ def parse_manifest_row(
     key = str(key) if key not in (None, "") else path
     split = row.get(columns.split)
     for what, text in (("path", path), ("key", key)):
-        if urls.is_url(text) and urls.has_userinfo(text):
-            return None, Rejected(path, f"the {what} is a URL with credentials (user:password@): they are never sent or "
-                                        "stored; give them in the --http_headers file as an Authorization header",
-                                  key, str(split or ""), stage="list", error="CredentialsInUrl")
+        if _has_credentials(text):
+            return None, Rejected(path, _credentials_reason(what), key, str(split or ""), stage="list",
+                                  error="CredentialsInUrl")
     for what, text in (("path", path), ("key", key), ("split", str(split or ""))):
         problem = features_lib.surrogate_problem(text)
         if problem is not None:
@@ -307,6 +306,15 @@ def parse_manifest_row(
                      size=size, extras=extras), None)
 
 
+def _has_credentials(text: str) -> bool:
+    return urls.is_url(text) and urls.has_userinfo(text)
+
+
+def _credentials_reason(what: str) -> str:
+    return (f"the {what} is a URL with credentials (user:password@): they are never sent or stored; give them in "
+            "the --http_headers file as an Authorization header")
+
+
 def feature_values(row: Mapping[str, object], base: str,
                    features: Sequence[features_lib.Feature]) -> Tuple[str, Optional[str]]:
     """The row's declared feature values as ImageRef.extras, or ('', why the row cannot be used)."""
@@ -317,6 +325,8 @@ def feature_values(row: Mapping[str, object], base: str,
         except features_lib.ValueProblem as e:
             return "", str(e)
         if feature.dtype == "image":
+            if _has_credentials(value):
+                return "", _credentials_reason(f"{feature.name!r} image")
             value = resolve(base, value)
         elif feature.numeric:
             value = value.tolist()
