@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import random
+import re
 import threading
 import time
-import re
 import urllib.parse
 import zlib
 from typing import Dict, Mapping, Optional, Tuple
@@ -105,7 +105,7 @@ def value_problem(value: str) -> Optional[str]:
     outside Latin-1 (what HTTP/1.1 sends)."""
     for c in value:
         if c == "\ufeff":
-            return "holds a byte order mark (U+FEFF); save the file as UTF-8 without a BOM"
+            return "holds a byte order mark (U+FEFF)"
         if (c < " " and c != "\t") or "\x7f" <= c <= "\x9f":
             return f"holds a control character (U+{ord(c):04X}); header values are one line of text"
         if ord(c) > 0xFF:
