@@ -175,9 +175,9 @@ def _worker_headers(path: str) -> Tuple[Tuple[str, str], ...]:
 
 class HostSlots:
     """The per-host limit shared by every process forked after it is made: SLOTS process-shared
-    semaphores of `per_host` each, a host taking the one its name hashes to. Two hosts on one slot
-    share one limit (stricter, never looser); with 256 slots that is rare among the hosts a build
-    downloads from at once (--http_workers per worker)."""
+    semaphores of `per_host` each, a host taking the one its host_of key (host:port) hashes to.
+    Two hosts on one slot share one limit (stricter, never looser); with 256 slots that is rare
+    among the hosts a build downloads from at once (--http_workers per worker)."""
 
     SLOTS = 256
 
