@@ -294,8 +294,8 @@ def test_a_gzip_bomb_is_stopped_at_the_size_limit(tmp_path):
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--http_workers", "0", "http_workers must be >= 1, got 0"),
-    ("--http_deadline", "-1", "http_deadline must be > 0 seconds, got -1.0"),
+    ("--http_workers", "0", "http_workers must be within 1..1024, got 0"),
+    ("--http_deadline", "-1", "http_deadline must be > 0 and at most 86400 seconds, got -1.0"),
     ("--http_retries", "1.5", "1.5"),
 ])
 def test_http_settings_out_of_range_are_one_line(tmp_path, capsys, flag, value, message):

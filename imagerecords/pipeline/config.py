@@ -226,23 +226,23 @@ class DownloadOptions(_Concern):
     http_headers: Optional[str] = None
 
     def http_settings(self) -> download.HttpSettings:
-        """What a worker downloads with: these settings, the headers file read (raises what
-        download.read_headers raises)."""
-        headers = download.read_headers(self.http_headers) if self.http_headers else ()
+        """What a worker downloads with: these settings and the headers file's path (each worker
+        reads the file; ManifestSource.check reads it first, in the launcher)."""
         return download.HttpSettings(workers=self.http_workers, per_host=self.http_per_host, timeout=self.http_timeout,
                                      deadline=self.http_deadline, retries=self.http_retries,
-                                     user_agent=self.http_user_agent, headers=headers)
+                                     user_agent=self.http_user_agent, headers_file=self.http_headers)
 
     def _problems(self) -> List[str]:
         problems = []
         for name in ("http_workers", "http_per_host"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+            if not 1 <= getattr(self, name) <= download.MAX_CONNECTIONS:
+                problems.append(f"{name} must be within 1..{download.MAX_CONNECTIONS}, got {getattr(self, name)}")
         for name in ("http_timeout", "http_deadline"):
-            if not getattr(self, name) > 0:
-                problems.append(f"{name} must be > 0 seconds, got {getattr(self, name)}")
-        if self.http_retries < 0:
-            problems.append(f"http_retries must be >= 0, got {self.http_retries}")
+            if not 0 < getattr(self, name) <= download.MAX_SECONDS:
+                problems.append(f"{name} must be > 0 and at most {download.MAX_SECONDS:g} seconds, "
+                                f"got {getattr(self, name)}")
+        if not 0 <= self.http_retries <= download.MAX_RETRIES:
+            problems.append(f"http_retries must be within 0..{download.MAX_RETRIES}, got {self.http_retries}")
         return problems
 
 
@@ -334,7 +334,8 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         exponential backoff and jitter (a Retry-After is honoured up to 60 s).
       http_user_agent: the User-Agent of downloads (default imagerecords/VERSION; Beam has a --user_agent of its own).
       http_headers: a file of request headers for downloads, one `Name: value` per line (a token);
-        never logged, and written into no file of the output.
+        never logged, and written into no file of the output; its path travels to the workers, which
+        read it (on a cluster: a path every worker reads, such as gs://...).
       overwrite: allow replacing a dataset this tool wrote earlier in `output`.
       write_index: also write `index/<shard>.idx` (tfrecord2idx: offset and frame length per
         record) for DALI and the PyTorch tfrecord package.
