@@ -224,6 +224,10 @@ class DownloadOptions(_Concern):
     http_retries: int = _HTTP.retries
     http_user_agent: str = ""
     http_headers: Optional[str] = None
+    # Link rot is normal: about 1 URL in 20 of a fresh crawl list is gone within months (Conceptual
+    # Captions, LAION), far more after years; 0.10 passes that while a manifest of mostly dead links
+    # (a wrong column, a host that is down or blocks us) still fails.
+    max_download_failures: float = 0.10
 
     def http_settings(self) -> download.HttpSettings:
         """What a worker downloads with: these settings, the headers file read (raises what
@@ -243,6 +247,8 @@ class DownloadOptions(_Concern):
                 problems.append(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.http_retries < 0:
             problems.append(f"http_retries must be >= 0, got {self.http_retries}")
+        if not 0 <= self.max_download_failures <= 1:
+            problems.append(f"max_download_failures must be within 0..1, got {self.max_download_failures}")
         return problems
 
 
@@ -321,7 +327,12 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
       skip_stat: do not look up the size of manifest rows without a size (missing files are then
         rejected when read, and the automatic shard count only knows the sizes given).
       max_reject_fraction: the build fails (nothing published) when more than this fraction of
-        listed inputs is rejected; every reject is in errors.jsonl either way.
+        listed inputs is rejected, URLs that fail to download aside (`max_download_failures`);
+        every reject is in errors.jsonl either way.
+      max_download_failures: the build fails (nothing published) when more than this fraction of
+        its inputs are URLs that could not be downloaded (a 404, a timeout: link rot, normal on the
+        web); with --append, of the dataset's records and this build's inputs together, so
+        retrying the URLs that failed passes while some stay dead.
       threads: decode threads inside each shard writer.
       http_workers: downloads at once per worker process, for manifest rows that are http(s) URLs (each
         shard writer fetches with its `threads` image threads: the smaller bound wins).

@@ -263,7 +263,8 @@ class WriteDataset(beam.PTransform):
         results = outcome | "RecordResults" >> RecordResults(
             config.output, build_id="", name=config.name, schema=config.schema, seed=config.seed,
             parameters=config.to_json(), versions=publish.versions(),
-            max_reject_fraction=config.max_reject_fraction, version_name=config.version_name)
+            max_reject_fraction=config.max_reject_fraction, max_download_failures=config.max_download_failures,
+            version_name=config.version_name)
         # a single BuildResults, staged; the commit publishes it
         return (rows.pipeline
                 | "Last" >> beam.Create([None])
