@@ -224,9 +224,9 @@ class DownloadOptions(_Concern):
     http_retries: int = _HTTP.retries
     http_user_agent: str = ""
     http_headers: Optional[str] = None
-    # Link rot is normal: about 1 URL in 20 of a fresh crawl list is gone within months (Conceptual
-    # Captions, LAION), far more after years; 0.10 passes that while a manifest of mostly dead links
-    # (a wrong column, a host that is down or blocks us) still fails.
+    # Link rot is normal: a public URL list loses a few percent of its links within months, more every
+    # year; 0.10 passes that while a manifest of mostly dead links (a wrong column, a host that is down
+    # or blocks the crawler) still fails.
     max_download_failures: float = 0.10
 
     def http_settings(self) -> download.HttpSettings:
@@ -331,8 +331,9 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         every reject is in errors.jsonl either way.
       max_download_failures: the build fails (nothing published) when more than this fraction of
         its inputs are URLs that could not be downloaded (a 404, a timeout: link rot, normal on the
-        web); with --append, of the dataset's records and this build's inputs together, so
-        retrying the URLs that failed passes while some stay dead.
+        web), or than `max_reject_fraction` when that is larger; with --append, of the dataset's
+        records and this build's inputs together, so retrying the URLs that failed passes while
+        some stay dead.
       threads: decode threads inside each shard writer.
       http_workers: downloads at once per worker process, for manifest rows that are http(s) URLs (each
         shard writer fetches with its `threads` image threads: the smaller bound wins).

@@ -33,6 +33,7 @@ class RecordResults(beam.PTransform):
 
     Args:
       base: with --append, the published manifest (JSON) this build adds to; the commit merges it.
+      max_download_failures: the budget of URLs that could not be downloaded; None: the default.
     """
 
     def __init__(self, output: str, *, build_id: str, name: str, schema: str, seed: int,

@@ -198,8 +198,9 @@ class BuildResults:
 
     def verdict(self, output: str) -> None:
         """Raises BudgetExceeded when more inputs were rejected than the budgets allow: download
-        failures against max_download_failures (an append's of the whole dataset), the other
-        rejects against max_reject_fraction. The one place these rules live."""
+        failures against max_download_failures or max_reject_fraction, whichever is larger (an
+        append's against the whole dataset), the other rejects against max_reject_fraction. The one
+        place these rules live."""
         total = self.num_written + self.num_rejected
         if total == 0 and self.base is not None:
             raise BudgetExceeded(f"nothing to append: every input is already in {output}; the dataset is unchanged")
@@ -210,19 +211,20 @@ class BuildResults:
         others = self.num_rejected - self.num_download_failures
         if others > self.max_reject_fraction * total:
             self._over(output, f"{others} of {total} inputs rejected", others / total, "max_reject_fraction",
-                       "fix or remove those inputs")
+                       self.max_reject_fraction, "fix or remove those inputs")
         # A retry by --append fetches only the URLs that failed: against those alone, a few still dead would
         # always be over; against the dataset they are what they are, a few of its links.
         whole = total + (Manifest.from_json(self.base, "base manifest").num_examples if self.base is not None else 0)
-        if self.num_download_failures > self.max_download_failures * whole:
+        # A dead link is a reject too: a build that allows more rejects allows it as many dead links.
+        limit = max(self.max_download_failures, self.max_reject_fraction)
+        if self.num_download_failures > limit * whole:
             counted = f" (with the dataset's {whole - total} records)" if self.base is not None else ""
             self._over(output, f"{self.num_download_failures} of {whole} inputs{counted} could not be downloaded",
-                       self.num_download_failures / whole, "max_download_failures", "fix or remove those URLs")
+                       self.num_download_failures / whole, "max_download_failures", limit, "fix or remove those URLs")
 
-    def _over(self, output: str, what: str, fraction: float, budget: str, remedy: str) -> None:
+    def _over(self, output: str, what: str, fraction: float, budget: str, limit: float, remedy: str) -> None:
         # An append's rerun is another --append (the dataset stays as published); --overwrite would replace it.
         rerun = setting("append") if self.base is not None else setting("overwrite")
-        limit = getattr(self, budget)
         raise BudgetExceeded(
             f"{what} ({100 * fraction:.2f}%), over the budget of {100 * limit:g}% ({setting(budget)}); reasons are in "
             f"{storage.join(staging_dir(output, self.build_id), ERRORS)}; the dataset was not published; {remedy} "
