@@ -224,10 +224,6 @@ class DownloadOptions(_Concern):
     http_retries: int = _HTTP.retries
     http_user_agent: str = ""
     http_headers: Optional[str] = None
-    # Link rot is normal: a public URL list loses a few percent of its links within months, more every
-    # year; 0.10 passes that while a manifest of mostly dead links (a wrong column, a host that is down
-    # or blocks the crawler) still fails.
-    max_download_failures: float = 0.10
 
     def http_settings(self) -> download.HttpSettings:
         """What a worker downloads with: these settings, the headers file read (raises what
@@ -247,8 +243,6 @@ class DownloadOptions(_Concern):
                 problems.append(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.http_retries < 0:
             problems.append(f"http_retries must be >= 0, got {self.http_retries}")
-        if not 0 <= self.max_download_failures <= 1:
-            problems.append(f"max_download_failures must be within 0..1, got {self.max_download_failures}")
         return problems
 
 
@@ -259,6 +253,10 @@ class PublishOptions(_Concern):
 
     skip_duplicate_check: bool = False
     max_reject_fraction: float = 0.01
+    # Link rot is normal: a public URL list loses a few percent of its links within months, more every
+    # year; 0.10 passes that while a manifest of mostly dead links (a wrong column, a host that is down
+    # or blocks the crawler) still fails.
+    max_download_failures: float = 0.10
     overwrite: bool = False
     write_index: bool = False
     keep_versions: int = 2
@@ -268,8 +266,9 @@ class PublishOptions(_Concern):
 
     def _problems(self) -> List[str]:
         problems = []
-        if not 0 <= self.max_reject_fraction <= 1:
-            problems.append(f"max_reject_fraction must be within 0..1, got {self.max_reject_fraction}")
+        for name in ("max_reject_fraction", "max_download_failures"):
+            if not 0 <= getattr(self, name) <= 1:
+                problems.append(f"{name} must be within 0..1, got {getattr(self, name)}")
         if self.keep_versions < 1:
             problems.append(f"keep_versions must be >= 1, got {self.keep_versions}")
         if self.append and self.overwrite:
@@ -431,6 +430,8 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
             d["features"] = arrays.manifest_features(self)
             d["features_only"] = True
         d["splits"] = dict(self.splits) if self.splits else None
+        if self.max_download_failures == PublishOptions.max_download_failures:
+            del d["max_download_failures"]  # a default build's manifest keeps the bytes it had before the setting
         if self.image.image_encoding == "jpeg":
             del d["image"]["image_encoding"]  # a default build's manifest keeps the bytes it had before the setting
             if not any(f.dtype == "image" and f.encoding != "jpeg" for f in self.features or ()):

@@ -39,7 +39,7 @@ from imagerecords.format.manifest import (COLUMNS_FROM, DUPLICATES, ERRORS, FLAT
                                           SHARDS_SUFFIX, Manifest, dumps)
 from imagerecords.format.record_format import is_shard_name
 from imagerecords.format.paths import inside_problem, segment_problem
-from imagerecords.pipeline.config import DownloadOptions, version_name_problem
+from imagerecords.pipeline.config import PublishOptions, version_name_problem
 from imagerecords.pipeline.naming import setting
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ class BuildResults:
     num_already_present: int = 0
     base: Optional[Mapping[str, Any]] = None
     version_name: Optional[str] = None
-    max_download_failures: float = DownloadOptions.max_download_failures
+    max_download_failures: float = PublishOptions.max_download_failures
     num_download_failures: int = 0
 
     def to_json(self) -> Dict[str, Any]:
