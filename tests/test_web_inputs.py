@@ -404,6 +404,7 @@ def test_five_dead_links_in_200_pass_by_default_and_so_does_their_retry(tmp_path
         assert second.num_already_present == 200 and second.version != first.version
 
 
+@pytest.mark.slow  # three builds; tests/test_publish.py pins the rule in the fast tier
 def test_an_append_over_the_download_budget_names_the_flag_to_rerun_with(tmp_path, capsys):
     few = dict(list(TINY.items())[:10])
     with Server(few) as server:
