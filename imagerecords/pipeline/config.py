@@ -253,6 +253,10 @@ class PublishOptions(_Concern):
 
     skip_duplicate_check: bool = False
     max_reject_fraction: float = 0.01
+    # Link rot is normal: a public URL list loses a few percent of its links within months, more every
+    # year; 0.10 passes that while a manifest of mostly dead links (a wrong column, a host that is down
+    # or blocks the crawler) still fails.
+    max_download_failures: float = 0.10
     overwrite: bool = False
     write_index: bool = False
     keep_versions: int = 2
@@ -262,8 +266,9 @@ class PublishOptions(_Concern):
 
     def _problems(self) -> List[str]:
         problems = []
-        if not 0 <= self.max_reject_fraction <= 1:
-            problems.append(f"max_reject_fraction must be within 0..1, got {self.max_reject_fraction}")
+        for name in ("max_reject_fraction", "max_download_failures"):
+            if not 0 <= getattr(self, name) <= 1:
+                problems.append(f"{name} must be within 0..1, got {getattr(self, name)}")
         if self.keep_versions < 1:
             problems.append(f"keep_versions must be >= 1, got {self.keep_versions}")
         if self.append and self.overwrite:
@@ -321,7 +326,13 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
       skip_stat: do not look up the size of manifest rows without a size (missing files are then
         rejected when read, and the automatic shard count only knows the sizes given).
       max_reject_fraction: the build fails (nothing published) when more than this fraction of
-        listed inputs is rejected; every reject is in errors.jsonl either way.
+        listed inputs is rejected, URLs that fail to download aside (`max_download_failures`);
+        every reject is in errors.jsonl either way.
+      max_download_failures: the build fails (nothing published) when more than this fraction of
+        its inputs are URLs that could not be downloaded (a 404, a timeout: link rot, normal on the
+        web), or than `max_reject_fraction` when that is larger; with --append, of the dataset's
+        records and this build's inputs together, so retrying the URLs that failed passes while
+        some stay dead.
       threads: decode threads inside each shard writer.
       http_workers: downloads at once per worker process, for manifest rows that are http(s) URLs (each
         shard writer fetches with its `threads` image threads: the smaller bound wins).
@@ -420,6 +431,8 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
             d["features"] = arrays.manifest_features(self)
             d["features_only"] = True
         d["splits"] = dict(self.splits) if self.splits else None
+        if self.max_download_failures == PublishOptions.max_download_failures:
+            del d["max_download_failures"]  # a default build's manifest keeps the bytes it had before the setting
         if self.image.image_encoding == "jpeg":
             del d["image"]["image_encoding"]  # a default build's manifest keeps the bytes it had before the setting
             if not any(f.dtype == "image" and f.encoding != "jpeg" for f in self.features or ()):

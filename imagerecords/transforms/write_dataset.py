@@ -195,7 +195,7 @@ class WriteDataset(beam.PTransform):
     Args:
       output: the dataset folder (local path or FileSystems URI).
       **options: BuildConfig's field names (name, schema, seed, splits, num_shards, min_shards,
-        target_shard_mb, features, max_reject_fraction, overwrite, keep_versions, write_index,
+        target_shard_mb, features, max_reject_fraction, max_download_failures, overwrite, keep_versions, write_index,
         label_map, label_type, skip_duplicate_check, threads, ...) and ImageOptions' (quality,
         resize, image_encoding, max_file_mb, ...).
 
@@ -267,7 +267,8 @@ class WriteDataset(beam.PTransform):
         results = outcome | "RecordResults" >> RecordResults(
             config.output, build_id="", name=config.name, schema=config.schema, seed=config.seed,
             parameters=config.to_json(), versions=publish.versions(),
-            max_reject_fraction=config.max_reject_fraction, version_name=config.version_name)
+            max_reject_fraction=config.max_reject_fraction, max_download_failures=config.max_download_failures,
+            version_name=config.version_name)
         # a single BuildResults, staged; the commit publishes it
         return (rows.pipeline
                 | "Last" >> beam.Create([None])

@@ -33,6 +33,9 @@ class ImageRef:
       label_id: label id with the offset applied; set by AssignLabels.
       extras: the row's values of the declared features, as canonical JSON ({name: value}, keys
         sorted; paths of image features resolved), checked when listed; '' when none are declared.
+      row: the row number when the ref is a row of an arrays input (set by the source that listed
+        it); -1 for a file or URL. The input's kind travels here, never in the uri, which is the
+        user's path (a file may be named `x#row=1.jpg`).
     """
 
     key: str
@@ -42,6 +45,7 @@ class ImageRef:
     size: int = -1
     label_id: int = -1
     extras: str = ""
+    row: int = -1
 
 
 # Where in the build an input was turned away (the `stage` of an errors.jsonl row).

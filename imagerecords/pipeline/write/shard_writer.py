@@ -135,10 +135,11 @@ class ShardWriter:
         split, index, num_shards = shard
         phases.reached("before_shards")
         members = shard_members.of(refs)
-        if self.source and len(members):  # an arrays build: this process's cached arrays must be this input's
+        arrays_path = members.arrays_path() if self.source else None
+        if arrays_path is not None:  # arrays rows: this process's cached arrays must be this input's
             from imagerecords.pipeline.read import array_files as arrays
 
-            arrays.forget_if_changed(members.arrays_path(), self.source)
+            arrays.forget_if_changed(arrays_path, self.source)
         filename = planning.shard_name(self.name, split, index, num_shards)
         staging = publish.staging_dir(self.output, self.build_id)
         fingerprint_refs, fingerprint_lines = members.fingerprint()

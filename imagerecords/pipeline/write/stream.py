@@ -16,7 +16,6 @@ from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.encode.encoded import Encoded
 from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import download, input_files
-from imagerecords.pipeline.read import array_files as arrays
 
 
 limited_reader = input_files.limited_reader  # the reader of file inputs (a source may read its own way)
@@ -37,7 +36,7 @@ def encode_ref(
         over `options.max_file_mb` without reading them. Whatever reads, bytes over the limit are
         rejected here too.
     """
-    if arrays.is_row(ref.uri):
+    if ref.row >= 0:  # an arrays row, as its source listed it
         return array_encode.encode_ref(ref, preset, labels, options)
     try:
         data = read_bytes(ref.uri)
@@ -165,7 +164,7 @@ def write_shard(
     passthrough = 0
     done = 0
     contents: List[Tuple[bytes, ImageRef]] = []
-    if refs and arrays.is_row(refs[0].uri):
+    if refs and refs[0].row >= 0:
         # Array rows are encoded in blocks (array_encode.encode_rows), in this thread: they wait on no I/O.
         encoded = array_encode.encode_rows(refs, preset, labels, options)
     else:
