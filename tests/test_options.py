@@ -30,7 +30,7 @@ def test_every_setting_belongs_to_one_concern_or_to_the_build_itself():
     (config_lib.ShardOptions, {"num_shards": 0}, "num_shards must be within 1..99,999 (shards of one split), got 0"),
     (config_lib.ShardOptions, {"target_shard_mb": 0.0}, "target_shard_mb must be > 0, got 0.0"),
     (config_lib.LabelOptions, {"label_type": "float"}, "label_type 'float' is not one of auto, name, int"),
-    (config_lib.DownloadOptions, {"http_per_host": 0}, "http_per_host must be >= 1, got 0"),
+    (config_lib.DownloadOptions, {"http_per_host": 0}, "http_per_host must be within 1..1024, got 0"),
     (config_lib.PublishOptions, {"keep_versions": 0}, "keep_versions must be >= 1, got 0"),
     (config_lib.PublishOptions, {"version_name": "v-1"}, "version_name 'v-1' starts with 'v-'"),
     (config_lib.PublishOptions, {"max_download_failures": 1.5}, "max_download_failures must be within 0..1, got 1.5"),
