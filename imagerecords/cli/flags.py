@@ -29,6 +29,7 @@ PROG = "imagerecords build"
 CHOICES: Dict[str, Tuple[str, ...]] = {
     "schema": tuple(schema.PRESETS),
     "writer": tuple(config_lib.WRITERS),
+    "near_duplicates": tuple(config_lib.NEAR_DUPLICATES),
     "label_type": tuple(config_lib.LABEL_TYPES),
     "image_encoding": tuple(codec.ENCODINGS),
 }

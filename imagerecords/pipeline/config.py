@@ -19,6 +19,7 @@ from imagerecords.pipeline.plan.refs import MAX_NAME_LENGTH, ManifestColumns, sp
 from imagerecords.pipeline.read import download
 
 WRITERS = ("shards", "beam")
+NEAR_DUPLICATES = ("report", "off")
 LABEL_TYPES = ("auto", "name", "int")
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]*")  # fullmatch: '$' also matches before a last '\n'
 _VERSION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -252,6 +253,7 @@ class PublishOptions(_Concern):
     and named, index files, the duplicate check, and the reject budget that fails a build."""
 
     skip_duplicate_check: bool = False
+    near_duplicates: str = "report"
     max_reject_fraction: float = 0.01
     # Link rot is normal: a public URL list loses a few percent of its links within months, more every
     # year; 0.10 passes that while a manifest of mostly dead links (a wrong column, a host that is down
@@ -269,6 +271,8 @@ class PublishOptions(_Concern):
         for name in ("max_reject_fraction", "max_download_failures"):
             if not 0 <= getattr(self, name) <= 1:
                 problems.append(f"{name} must be within 0..1, got {getattr(self, name)}")
+        if self.near_duplicates not in NEAR_DUPLICATES:
+            problems.append(f"near_duplicates {self.near_duplicates!r} is not one of {', '.join(NEAR_DUPLICATES)}")
         if self.keep_versions < 1:
             problems.append(f"keep_versions must be >= 1, got {self.keep_versions}")
         if self.append and self.overwrite:
@@ -323,6 +327,10 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         stat-ed (one request per image on gs://).
       skip_duplicate_check: do not look for written images whose files hold identical bytes
         (duplicates.jsonl; the check moves a 16-byte digest and the key of every image).
+      near_duplicates: 'report' (each image's 64-bit perceptual hash is kept in hashes/<shard>.txt and
+        groups of images within 8 bits of each other, resized, recompressed or slightly cropped copies,
+        are duplicates.jsonl rows of kind "near", flagged when they cross splits or labels disagree)
+        or 'off'.
       skip_stat: do not look up the size of manifest rows without a size (missing files are then
         rejected when read, and the automatic shard count only knows the sizes given).
       max_reject_fraction: the build fails (nothing published) when more than this fraction of
@@ -431,6 +439,8 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
             d["features"] = arrays.manifest_features(self)
             d["features_only"] = True
         d["splits"] = dict(self.splits) if self.splits else None
+        if self.near_duplicates == PublishOptions.near_duplicates:
+            del d["near_duplicates"]  # a default build's manifest keeps the bytes it had before the setting
         if self.max_download_failures == PublishOptions.max_download_failures:
             del d["max_download_failures"]  # a default build's manifest keeps the bytes it had before the setting
         if self.image.image_encoding == "jpeg":

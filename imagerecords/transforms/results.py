@@ -27,8 +27,8 @@ class RecordResults(beam.PTransform):
     on one worker. Without duplicate detection ('duplicates' absent), no duplicates.jsonl is staged.
 
     Input: {'results': ShardResult, 'rejected': Rejected, 'labels': singleton LabelMap, and
-    optionally 'duplicates': DuplicateGroup and 'build_id': a singleton str naming the build when
-    it runs (then `build_id` here is ignored)}.
+    optionally 'duplicates': DuplicateGroup, 'near': NearGroup (FindNearDuplicates) and 'build_id':
+    a singleton str naming the build when it runs (then `build_id` here is ignored)}.
     Output: a single BuildResults.
 
     Args:
@@ -58,10 +58,14 @@ class RecordResults(beam.PTransform):
                       else inputs["results"].pipeline | "NoDuplicates" >> beam.Create([]))
         duplicates = duplicates | "CollectDuplicates" >> beam.combiners.ToList()
         named = [beam.pvalue.AsSingleton(inputs["build_id"])] if "build_id" in inputs else []
+        # NearGroup, when the near-duplicate check ran (FindNearDuplicates)
+        near = {"near": beam.pvalue.AsSingleton(inputs["near"] | "CollectNear" >> beam.combiners.ToList())} \
+            if "near" in inputs else {}
         return (
             inputs["results"].pipeline
             | "Once" >> beam.Create([None])
             | "Write" >> beam.Map(_record, beam.pvalue.AsSingleton(results), beam.pvalue.AsSingleton(rejected),
                                   beam.pvalue.AsSingleton(inputs["labels"]), beam.pvalue.AsSingleton(duplicates),
-                                  *named, output=self._output, build=self._build, find_duplicates=find_duplicates)
+                                  *named, output=self._output, build=self._build, find_duplicates=find_duplicates,
+                                  **near)
         )

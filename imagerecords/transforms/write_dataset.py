@@ -22,8 +22,9 @@ from imagerecords.pipeline.read import download, input_files
 from imagerecords.pipeline.sources.manifests import ManifestSource, check_http
 from imagerecords.pipeline.write import stream as write_stream
 from imagerecords.transforms.coders import ShardKey
-from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, REJECTED
+from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, NEAR, REJECTED
 from imagerecords.transforms.duplicates import FindDuplicates
+from imagerecords.transforms.near_duplicates import FindNearDuplicates
 from imagerecords.transforms.labels import AssignLabels
 from imagerecords.transforms.results import RecordResults
 from imagerecords.transforms.shuffle import GlobalShuffle
@@ -264,6 +265,8 @@ class WriteDataset(beam.PTransform):
                    "build_id": build_ids}
         if not config.skip_duplicate_check:
             outcome["duplicates"] = written[CONTENTS] | "FindDuplicates" >> FindDuplicates()
+        if config.near_duplicates == "report":
+            outcome["near"] = written[NEAR] | "FindNearDuplicates" >> FindNearDuplicates()
         results = outcome | "RecordResults" >> RecordResults(
             config.output, build_id="", name=config.name, schema=config.schema, seed=config.seed,
             parameters=config.to_json(), versions=publish.versions(),

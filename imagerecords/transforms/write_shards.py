@@ -16,7 +16,7 @@ from imagerecords.pipeline.plan.refs import ImageRef, LabelMap
 from imagerecords.pipeline.publish import lock as output_lock
 from imagerecords.pipeline.write import shard_writer
 from imagerecords.pipeline.write.dataset_files import ShardResult
-from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, REJECTED
+from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, NEAR, REJECTED
 
 __all__ = ["WriteShards", "options_config"]
 
@@ -78,6 +78,8 @@ class _WriteShardFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(REJECTED, r)
         for item in staged.contents:
             yield beam.pvalue.TaggedOutput(CONTENTS, item)
+        for item in staged.near:
+            yield beam.pvalue.TaggedOutput(NEAR, item)
         yield staged.result
 
 
@@ -91,7 +93,8 @@ class WriteShards(beam.PTransform):
     (split, shard index, shards in the split).
     Outputs: 'results' (ShardResult per shard), REJECTED (Rejected: unreadable, undecodable,
     duplicate key) and CONTENTS ((16-byte digest of the source bytes, (key, split, uri, label
-    name)) per written image; empty with skip_duplicate_check).
+    name)) per written image; empty with skip_duplicate_check) and NEAR (near.Item per hashed image;
+    empty with near_duplicates 'off').
 
     Example:
         labelled = refs | AssignLabels()
@@ -128,4 +131,4 @@ class WriteShards(beam.PTransform):
     def expand(self, shards):
         extra = [beam.pvalue.AsSingleton(self._build_ids)] if self._build_ids is not None else []
         return shards | "Write" >> beam.ParDo(self._fn, beam.pvalue.AsSingleton(self._labels), *extra).with_outputs(
-            REJECTED, CONTENTS, main="results")
+            REJECTED, CONTENTS, NEAR, main="results")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,6 +16,7 @@ class Encoded:
       passthrough: whether the stored JPEG is the source file unchanged.
       content: a 16-byte digest of the source file's bytes (finds identical files under two keys).
       kind: codec.stored_kind of the stored image, when the encoding is not 'jpeg' (else "").
+      phash: the image's perceptual hash (perceptual.phash), when asked for and taken.
     """
 
     record: bytes
@@ -22,3 +24,4 @@ class Encoded:
     passthrough: bool
     content: bytes = b""
     kind: str = ""
+    phash: Optional[int] = None

@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 from PIL import Image
 
 from imagerecords.pipeline import naming
+from imagerecords.pipeline.encode import perceptual as perceptual_lib
 from imagerecords.pipeline.read.input_files import stable_text
 
 # Decompression-bomb guard: an image above this many pixels is refused with our own error, from
@@ -241,6 +242,7 @@ class PreparedImage:
       source_format: format sniffed from the input bytes.
       passthrough: True when `data` is the input file unchanged.
       format: 'jpeg' or 'png', what `data` is.
+      phash: the upright image's perceptual.phash when asked for (prepare_image's `perceptual`), else None.
     """
 
     data: bytes
@@ -249,6 +251,7 @@ class PreparedImage:
     source_format: str
     passthrough: bool
     format: str = "jpeg"
+    phash: Optional[int] = None
 
 
 def target_size(width: int, height: int, options: ImageOptions) -> Tuple[int, int]:
@@ -506,6 +509,10 @@ def _raw(data: bytes, fmt: str, options: ImageOptions) -> PreparedImage:
                          format="raw")
 
 
+def _phash(img: Image.Image, wanted: bool) -> Optional[int]:
+    return perceptual_lib.phash(img) if wanted else None
+
+
 def _as_image_error(fmt: str, e: BaseException) -> ImageError:
     """The rejected row's error for a failure while decoding bytes sniffed as `fmt`."""
     if isinstance(e, Image.DecompressionBombError):
@@ -520,7 +527,7 @@ def _target(fmt: str, options: ImageOptions) -> str:
     return options.image_encoding
 
 
-def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> PreparedImage:
+def prepare_image(data: bytes, options: ImageOptions = ImageOptions(), perceptual: bool = False) -> PreparedImage:
     """Turns image file bytes into the stored image: a JPEG or a PNG (options.image_encoding).
 
     'jpeg': a JPEG that is already 8-bit RGB (YCbCr), upright and within the size limits is passed
@@ -531,7 +538,8 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
     its own channels and bit depth (see _lossless). 'keep': a PNG, or an 8-bit RGB or greyscale
     JPEG, that is upright and within the size limits is passed through after a full (PNG) or draft
     (JPEG) decode; one that is not is re-encoded in its own format; other formats as 'png'.
-    Animated images keep their first frame.
+    Animated images keep their first frame. With `perceptual`, the image's perceptual hash is taken
+    from the pixels decoded here (a pass-through JPEG's 1/8-scale draft), never from a second decode.
 
     Raises:
       ImageError: with the reason the bytes cannot be used.
@@ -559,10 +567,10 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
         if target == "jpeg" and fmt == "jpeg" and unchanged and img.mode in jpeg_modes:
             img.draft(img.mode, (max(1, width // 8), max(1, height // 8)))
             img.load()
-            return PreparedImage(data, height, width, fmt, passthrough=True)
+            return PreparedImage(data, height, width, fmt, passthrough=True, phash=_phash(img, perceptual))
         if target == "png" and fmt == "png" and keep and unchanged:
             img.load()  # the whole stream must decode: a truncated PNG is a rejected row, not a record
-            return PreparedImage(data, height, width, fmt, passthrough=True, format="png")
+            return PreparedImage(data, height, width, fmt, passthrough=True, format="png", phash=_phash(img, perceptual))
         if resize and fmt == "jpeg":
             img.draft(img.mode if img.mode in ("RGB", "L") else None, (tw, th))
         img.load()
@@ -580,10 +588,11 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
         if orientation in _TRANSPOSE:
             img = img.transpose(_TRANSPOSE[orientation])
         if target == "png":
-            return PreparedImage(png_bytes(img, options.png_level), img.height, img.width, fmt, passthrough=False, format="png")
+            return PreparedImage(png_bytes(img, options.png_level), img.height, img.width, fmt, passthrough=False,
+                                 format="png", phash=_phash(img, perceptual))
         out = io.BytesIO()
         img.save(out, format="JPEG", quality=options.quality)
-        return PreparedImage(out.getvalue(), img.height, img.width, fmt, passthrough=False)
+        return PreparedImage(out.getvalue(), img.height, img.width, fmt, passthrough=False, phash=_phash(img, perceptual))
     except ImageError:
         raise
     except (Image.DecompressionBombError, *_DECODE_ERRORS) as e:

@@ -39,7 +39,7 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Uni
 
 from imagerecords.pipeline import processes, sources
 from imagerecords.pipeline.config import BuildConfig
-from imagerecords.pipeline.plan import appending, array_rows
+from imagerecords.pipeline.plan import appending, array_rows, near
 from imagerecords.pipeline.plan import assign as assign_lib
 from imagerecords.pipeline.plan import refs as refs_lib
 from imagerecords.pipeline.plan import shard_plan as planning
@@ -473,12 +473,14 @@ def _build(config: BuildConfig, writer: shard_writer.ShardWriter, process_pool, 
         pool = concurrent.futures.ThreadPoolExecutor(cores, thread_name_prefix="imagerecords-shard")
         write = local_writer
     results = []
+    hashed: List[near.Item] = []
     try:
         futures = [pool.submit(write, key, shards.take(key), label_map) for key in shards.keys()]
         for future in concurrent.futures.as_completed(futures):
             staged = future.result()
             results.append(staged.result)
             rejected.extend(staged.rejected)
+            hashed.extend(staged.near)
             if isinstance(contents, array_rows.Contents):
                 contents.add(staged.contents)
             else:
@@ -497,9 +499,15 @@ def _build(config: BuildConfig, writer: shard_writer.ShardWriter, process_pool, 
             pool.shutdown()
     groups = contents.groups() + known
     del contents
+    near_groups = None
+    if writer.near:
+        if base is not None:  # the dataset's records, from its hashes files: compared with this build's
+            hashed.extend(appending.near_items(config.output, base.manifest))
+        near_groups = near.groups(near.find_pairs(hashed))
+    del hashed
     results_written = results_lib.record_results(
         results, rejected, label_map, groups, output=config.output,
-        find_duplicates=not config.skip_duplicate_check or config.append,
+        find_duplicates=not config.skip_duplicate_check or config.append, near=near_groups,
         build=dict(build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
                    parameters=config.to_json(), versions=dict(versions),
                    max_reject_fraction=config.max_reject_fraction,

@@ -282,6 +282,32 @@ def _scan(output: str, manifest: Manifest) -> Dict[str, Known]:
     return known
 
 
+def near_items(output: str, manifest: Manifest) -> List["near.Item"]:
+    """The near-duplicate check's items of the dataset's records (uri: the shard holding each), from
+    each shard's keys and hashes files; a shard without both (built with --near_duplicates off,
+    before hashes were kept, or whose files are not its build's) adds none, and is not compared."""
+    from imagerecords.pipeline.plan import near
+    from imagerecords.pipeline.write import dataset_files
+
+    out: List[near.Item] = []
+    for split in manifest.splits:
+        for shard in split.shards:
+            path = dataset_files.hashes_path(output, shard.filename)
+            data = storage.open_if_exists(path) if path else None
+            if data is None:
+                continue
+            with data:
+                hashes = near.parse_hashes(data.read(), shard.keys_sha256, shard.count)
+            rows = _keys_file(output, shard) if hashes is not None else None
+            if rows is None:
+                log.warning("%s is not the hashes file of %s; its records are not compared for near-duplicates",
+                            path, shard.filename)
+                continue
+            out.extend((h, digest.hex(), (key, split.name, shard.filename, label), True)
+                       for h, (key, label, _, digest) in zip(hashes, rows) if h is not None)
+    return out
+
+
 def _load(output: str, details: bool = False) -> Manifest:
     """`output`'s manifest through the readers' one loader (manifest.load), on the builder's storage."""
     return manifest_lib.load(output, storage.read_bytes, storage.exists, details=details, size=storage.size)

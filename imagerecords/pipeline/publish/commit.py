@@ -312,7 +312,7 @@ def discard_staged_shards(output: str, results: BuildResults) -> None:
     """Removes a failed build's staged shards and results; its errors.jsonl stays for the reasons."""
     staging = staging_dir(output, results.build_id)
     names = [n for r in results.shards for n in (r.filename, r.index_file, r.filename + STAGED_RECORD,
-                                                 dataset_files.keys_name(r.filename)) if n]
+                                                 *dataset_files.side_names(r.filename)) if n]
     storage.delete_quietly([storage.join(staging, n) for n in names + [RESULTS]])
 
 
@@ -535,18 +535,20 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     earlier = {f for f, origin in sources.items() if not origin.startswith(own)}
     staged_check.check_staged(output, manifest, staged, reported, metadata, identities, earlier=earlier)
     staged_check.check_link_sizes(output, manifest, links)
-    # The shards' keys files ride along (unlisted: --append checks each against its shard's count),
-    # also those of shards a cut commit already moved, so a redone commit publishes every one.
+    # The shards' keys and hashes files ride along (unlisted: --append checks each against its shard's
+    # count and keys digest), also those of shards a cut commit already moved, so a redone commit
+    # publishes every one.
     for filename in manifest.shard_files():
         origin = sources.get(filename, filename)
         origin_folder, _, origin_plain = origin.rpartition("/")
-        keys, origin_keys = dataset_files.keys_name(filename[len(own):]), dataset_files.keys_name(origin_plain)
         if not filename.startswith(own) or not origin_folder:
             continue
-        if origin.startswith(own) and origin_keys in in_staging:
-            staged[f"{own}{keys}"] = storage.join(staging, origin_keys)
-        elif not origin.startswith(own) and not present(f"{own}{keys}") and present(f"{origin_folder}/{origin_keys}"):
-            links[f"{own}{keys}"] = f"{origin_folder}/{origin_keys}"
+        for keys, origin_keys in zip(dataset_files.side_names(filename[len(own):]),
+                                     dataset_files.side_names(origin_plain)):
+            if origin.startswith(own) and origin_keys in in_staging:
+                staged[f"{own}{keys}"] = storage.join(staging, origin_keys)
+            elif not origin.startswith(own) and not present(f"{own}{keys}") and present(f"{origin_folder}/{origin_keys}"):
+                links[f"{own}{keys}"] = f"{origin_folder}/{origin_keys}"
     # 2. Into the version folder, which no published manifest names yet: readers see nothing change.
     for i, (filename, path) in enumerate(sorted(staged.items())):
         final = storage.join(output, filename)
@@ -666,7 +668,8 @@ def _named_versions(output: str, published: Optional[Manifest]) -> set:
         prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
         names = [p[len(prefix):].replace(os.sep, "/") for p in storage.list_tree(root)]
         if all((n.startswith(f"{published.name}-") and is_shard_name(n) and "/" not in n)
-               or (n.startswith((f"{dataset_files.INDEX_DIR}/", f"{dataset_files.KEYS_DIR}/")) and n.count("/") == 1)
+               or (n.startswith((f"{dataset_files.INDEX_DIR}/", f"{dataset_files.KEYS_DIR}/",
+                                 f"{dataset_files.HASHES_DIR}/")) and n.count("/") == 1)
                or (n.endswith(SHARDS_SUFFIX) and "/" not in n)
                for n in names):
             out.add(v)

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from imagerecords.format.manifest import DUPLICATES, ERRORS
 from imagerecords.pipeline import storage
+from imagerecords.pipeline.plan.near import NearGroup
 from imagerecords.pipeline.plan.refs import DuplicateGroup, LabelMap, Rejected
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.write.dataset_files import ShardResult
@@ -20,22 +21,27 @@ def errors_jsonl(rejected: Sequence[Rejected]) -> Iterator[bytes]:
         yield (r.to_json() + "\n").encode("utf-8")
 
 
-def duplicates_jsonl(groups: Sequence[DuplicateGroup]) -> Iterator[bytes]:
+def duplicates_jsonl(groups: Sequence[DuplicateGroup], near: Sequence[NearGroup] = ()) -> Iterator[bytes]:
     """duplicates.jsonl, line by line: one row per group of identical files, groups that leak
-    across splits first, then label conflicts."""
+    across splits first, then label conflicts; then the near-duplicate groups ("kind": "near"), in
+    the same order."""
     for g in sorted(groups, key=lambda g: (not g.leaks, not g.conflicts, g.members)):
         yield (g.to_json() + "\n").encode("utf-8")
+    for n in sorted(near, key=lambda g: (not g.leaks, not g.conflicts, g.members)):
+        yield (n.to_json() + "\n").encode("utf-8")
 
 
 def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected], labels: LabelMap,
                    duplicates: Sequence[DuplicateGroup], *, output: str, build: Mapping[str, Any],
-                   find_duplicates: bool) -> publish.BuildResults:
-    """Writes errors.jsonl, duplicates.jsonl (when looked for) and, last, results.json into staging:
-    the presence of results.json says every shard was written."""
+                   find_duplicates: bool, near: Optional[Sequence[NearGroup]] = None) -> publish.BuildResults:
+    """Writes errors.jsonl, duplicates.jsonl (when looked for: identical files, or `near`, the
+    near-duplicate groups, when not None) and, last, results.json into staging: the presence of
+    results.json says every shard was written."""
     staging = publish.staging_dir(output, build["build_id"])
     storage.write_bytes(storage.join(staging, ERRORS), errors_jsonl(rejected))
-    if find_duplicates:
-        storage.write_bytes(storage.join(staging, DUPLICATES), duplicates_jsonl(duplicates))
+    if find_duplicates or near is not None:
+        storage.write_bytes(storage.join(staging, DUPLICATES), duplicates_jsonl(duplicates if find_duplicates else (),
+                                                                                near or ()))
     skipped = sum(1 for r in rejected if r.skipped)
     downloads = sum(1 for r in rejected if r.stage == "download" and not r.skipped)
     # An append's rows of keys the dataset holds are counted apart: present, not duplicated.

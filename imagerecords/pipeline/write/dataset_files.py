@@ -25,6 +25,10 @@ FILEPATH_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
 # source size and digest) so that --append learns the stored keys without reading the shards.
 KEYS_DIR = "keys"
 KEYS_SUFFIX = ".jsonl"
+# Beside the keys file: each record's perceptual hash (near.hashes_text), so that an append compares
+# its images with the whole dataset's without reading a shard.
+HASHES_DIR = "hashes"
+HASHES_SUFFIX = ".txt"
 # What TFDS reads to find a dataset: removed with manifest.json when a commit starts, so that
 # neither our readers nor TFDS see the previous dataset's metadata over the new shards.
 PUBLICATION_MARKS = (MANIFEST, DATASET_INFO, FEATURES)
@@ -89,6 +93,22 @@ class ShardResult:
 def keys_name(shard_filename: str) -> str:
     """The keys file of a shard, relative to its version folder ('/' separated on every filesystem)."""
     return f"{KEYS_DIR}/{shard_filename}{KEYS_SUFFIX}"
+
+
+def hashes_name(shard_filename: str) -> str:
+    """The hashes file of a shard, relative to its version folder."""
+    return f"{HASHES_DIR}/{shard_filename}{HASHES_SUFFIX}"
+
+
+def side_names(shard_filename: str) -> Tuple[str, str]:
+    """The per-record side files a shard may have (keys, hashes), relative to its version folder."""
+    return keys_name(shard_filename), hashes_name(shard_filename)
+
+
+def hashes_path(output: str, shard_filename: str) -> Optional[str]:
+    """The hashes file of the shard a manifest names `shard_filename` (None: a shard without a folder)."""
+    folder, _, plain = shard_filename.rpartition("/")
+    return join(output, folder, hashes_name(plain)) if folder else None
 
 
 def keys_path(output: str, shard_filename: str) -> Optional[str]:

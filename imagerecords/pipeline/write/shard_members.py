@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from typing import Any, BinaryIO, Callable, List, Optional, Sequence, Tuple, Union
 
-from imagerecords.pipeline.plan import array_rows
+from imagerecords.pipeline.plan import array_rows, near
 from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import array_files as arrays
 from imagerecords.pipeline.write import dataset_files, row_writer
 from imagerecords.pipeline.write import stream as write_stream
+
+
+def _label_name(labels: LabelMap) -> Callable[[ImageRef], str]:
+    names, offset = labels.names, labels.offset
+    # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
+    return lambda r: names[r.label_id - offset] if 0 <= r.label_id - offset < len(names) else ""
 
 
 class RefMembers:
@@ -43,18 +49,27 @@ class RefMembers:
         return len(self._kept)
 
     def write(self, stream: BinaryIO, *, read_bytes: Callable[[str], bytes], preset: str, labels: LabelMap,
-              options, features, executor, window: int, on_progress) -> Tuple[write_stream.ShardStats, List[Rejected]]:
+              options, features, executor, window: int, on_progress,
+              perceptual: bool = False) -> Tuple[write_stream.ShardStats, List[Rejected]]:
         self._stats, rejected = write_stream.write_shard(
             self._kept, stream, read_bytes=read_bytes, preset=preset, labels=labels, options=options,
-            executor=executor, window=window, on_progress=on_progress, features=features)
+            executor=executor, window=window, on_progress=on_progress, features=features, perceptual=perceptual)
         return self._stats, rejected
+
+    def hashes(self, labels: LabelMap) -> Tuple[List[Optional[int]], List[near.Item]]:
+        """(every record's perceptual hash in shard order, the near-duplicate check's items of those
+        that have one); empty when none were taken."""
+        stats = self._stats
+        if not stats.hashes:
+            return [], []
+        name = _label_name(labels)
+        return stats.hashes, [(h, digest.hex(), (r.key, r.split, r.uri, name(r)), False)
+                              for h, (digest, r) in zip(stats.hashes, stats.contents) if h is not None]
 
     def staged(self, labels: LabelMap, contents: bool) -> Tuple[bytes, Any, int, Optional[str]]:
         """(keys file, staged contents, passthrough records, contents entries already spelled or None)."""
         stats = self._stats
-        names, offset = labels.names, labels.offset
-        # The label map's name, not the input's text: "03" and "3" are one integer class, not a conflict.
-        name = lambda r: names[r.label_id - offset] if 0 <= r.label_id - offset < len(names) else ""  # noqa: E731
+        name = _label_name(labels)
         keys = dataset_files.format_keys([(r.key, name(r), r.size, digest) for digest, r in stats.contents])
         written = [(digest, (r.key, r.split, r.uri, name(r))) for digest, r in stats.contents] if contents else []
         return keys, written, stats.passthrough, None
@@ -81,12 +96,15 @@ class RowMembers:
         return len(self.shard)
 
     def write(self, stream: BinaryIO, *, read_bytes, preset: str, labels: LabelMap, options, features, executor,
-              window: int, on_progress) -> Tuple[write_stream.ShardStats, List[Rejected]]:
+              window: int, on_progress, perceptual: bool = False) -> Tuple[write_stream.ShardStats, List[Rejected]]:
         written, rejected, self._positions, self._digests = row_writer.write_shard(
             self.shard, stream, preset=preset, labels=labels, options=options, on_progress=on_progress)
         return write_stream.ShardStats(written.count, written.num_bytes, written.sha256(),
                                        row_writer.histogram(self.shard, self._positions), 0, written.offsets,
                                        crc32c=written.crc32c()), rejected
+
+    def hashes(self, labels: LabelMap) -> Tuple[List[Optional[int]], List[near.Item]]:
+        return [], []  # arrays rows are not hashed (docs/building.md, "Near-duplicates")
 
     def staged(self, labels: LabelMap, contents: bool) -> Tuple[bytes, Any, int, Optional[str]]:
         keys, spelled = row_writer.written_lines(self.shard, self._positions, self._digests, labels, contents)

@@ -19,6 +19,7 @@ from imagerecords.format.manifest import Shard
 from imagerecords.pipeline import phases, storage
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.plan import array_rows
+from imagerecords.pipeline.plan import near as near_lib
 from imagerecords.pipeline.plan import shard_plan as planning
 from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.publish import staged_check
@@ -42,21 +43,28 @@ class BuildAbandoned(RuntimeError):
 class StagedShard:
     """What ShardWriter.write wrote: the shard, the inputs it turned away, and (with contents) the
     (16-byte source digest, (key, split, uri, label name)) of every record written, for the
-    duplicate check."""
+    duplicate check, and (with near) the near-duplicate check's near.Item of every record hashed."""
 
     result: ShardResult
     rejected: List[Rejected]
     contents: List[Tuple[bytes, Tuple[str, str, str, str]]]
     passthrough: int
+    near: List[near_lib.Item] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"result": self.result.to_json(), "rejected": [dataclasses.asdict(r) for r in self.rejected],
-                "contents": [[d.hex(), list(m)] for d, m in self.contents], "passthrough": self.passthrough}
+                "contents": [[d.hex(), list(m)] for d, m in self.contents], "passthrough": self.passthrough,
+                **({"near": _near_json(self.near)} if self.near else {})}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "StagedShard":
         return cls(ShardResult.from_json(d["result"]), [Rejected(**r) for r in d["rejected"]],
-                   [(bytes.fromhex(h), tuple(m)) for h, m in d["contents"]], int(d["passthrough"]))
+                   [(bytes.fromhex(h), tuple(m)) for h, m in d["contents"]], int(d["passthrough"]),
+                   [(int(h, 16), digest, tuple(m), False) for h, digest, m in d.get("near", ())])
+
+
+def _near_json(items: Sequence[near_lib.Item]) -> List[list]:
+    return [[f"{h:016x}", digest, list(m)] for h, digest, m, _ in items]
 
 
 # Observes a shard being written: (shard file name, images done, rejected, total). The local engine
@@ -80,6 +88,8 @@ class ShardWriter:
       options: how images are decoded, resized and encoded.
       write_index: also write each shard's tfrecord2idx index.
       contents: keep each written record's source digest (for the duplicate check).
+      near: take each image's perceptual hash where it is decoded, write the shard's hashes file and
+        keep the near-duplicate check's items.
       features: the declared features each record also holds (ImageRef.extras has their values).
       resume_from: the earlier builds (ids, newest first) whose staging areas a resumed build takes
         shards from when they staged one with the same fingerprint (moved, not rewritten); listed
@@ -93,6 +103,7 @@ class ShardWriter:
     options: codec.ImageOptions
     write_index: bool = False
     contents: bool = True
+    near: bool = False
     resume_from: Tuple[str, ...] = ()
     features: Tuple[Any, ...] = ()  # imagerecords.format.features.Feature
     source: str = ""  # the input's identity beyond its refs (Source.identity), in the resume fingerprint
@@ -107,7 +118,7 @@ class ShardWriter:
         fingerprint_lib.look_up_versions()
         return cls(output=config.output, build_id=build_id, name=config.name, preset=config.schema,
                    options=config.image, write_index=config.write_index, contents=not config.skip_duplicate_check,
-                   resume_from=earlier, features=tuple(config.features),
+                   near=config.near_duplicates == "report" and config.writer == "shards", resume_from=earlier, features=tuple(config.features),
                    source=source.identity(config.input) if source is not None else "", input=source)
 
     def reader(self) -> Callable[[str], bytes]:
@@ -147,7 +158,7 @@ class ShardWriter:
                                                         labels=labels, options=self.options,
                                                         write_index=self.write_index, contents=self.contents,
                                                         features=self.features, source=self.source,
-                                                        lines=fingerprint_lines)
+                                                        lines=fingerprint_lines, near=self.near)
         if self.resume_from:
             reused = _reuse_staged(self.output, self.build_id, self.resume_from, filename, fingerprint)
             if reused is not None:
@@ -170,7 +181,7 @@ class ShardWriter:
             with storage.create(tmp) as stream:
                 stats, rejected = members.write(stream, read_bytes=read_bytes, preset=self.preset, labels=labels,
                                                 options=self.options, features=self.features, executor=executor,
-                                                window=window, on_progress=on_progress)
+                                                window=window, on_progress=on_progress, perceptual=self.near)
             phases.reached("before_rename", filename=filename)
             if not publish.owns_output(self.output, self.build_id):
                 raise BuildAbandoned(f"build {self.build_id} no longer holds the lock of {self.output}: {filename} "
@@ -198,11 +209,15 @@ class ShardWriter:
                              storage.checked_identity(storage.join(staging, index_file), index_crc32c)
                              if index_file else None)
         keys, written, passthrough, spelled = members.staged(labels, self.contents)
-        out = StagedShard(result, duplicates + rejected, written, passthrough)
+        hashes, items = members.hashes(labels)
+        out = StagedShard(result, duplicates + rejected, written, passthrough, items)
         storage.write_bytes(storage.join(staging, dataset_files.keys_name(filename)), keys)
         # Its digest goes to the manifest with the shard: --append trusts no other keys file.
         out.result = dataclasses.replace(out.result, shard=dataclasses.replace(
             out.result.shard, keys_sha256=dataset_files.keys_digest(keys)))
+        if hashes:  # bound to the keys file by its digest, which the manifest records
+            storage.write_bytes(storage.join(staging, dataset_files.hashes_name(filename)),
+                                near_lib.hashes_text(hashes, out.result.shard.keys_sha256))
         storage.write_bytes(storage.join(staging, filename + publish.STAGED_RECORD), _staged_record_bytes(
             fingerprint, out, spelled))
         phases.reached("mid_shards")
@@ -228,7 +243,7 @@ def _staged_record_bytes(fingerprint: str, staged: StagedShard, contents: Option
                                  for d, (k, s, u, n) in staged.contents])
         except (AttributeError, TypeError, ValueError):  # not (bytes, four strings): the encoder spells it
             return _record_bytes({"fingerprint": fingerprint, "staged": staged.to_json()})
-    rest = _record_bytes({"passthrough": staged.passthrough, "rejected": [dataclasses.asdict(r) for r in staged.rejected],
+    rest = _record_bytes({**({"near": _near_json(staged.near)} if staged.near else {}), "passthrough": staged.passthrough, "rejected": [dataclasses.asdict(r) for r in staged.rejected],
                           "result": staged.result.to_json()})
     # Sorted keys: "contents" comes before "passthrough", "rejected" and "result".
     head = _record_bytes({"fingerprint": fingerprint})
@@ -268,9 +283,9 @@ def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: 
             log.warning("not reusing %s: %s; writing it again", storage.join(source, filename), damage)
             continue
         target = publish.staging_dir(output, build_id)
-        keys = dataset_files.keys_name(filename)
-        if storage.exists(storage.join(source, keys)):  # without it, --append reads this shard's records instead
-            moves.append(keys)
+        for side in dataset_files.side_names(filename):
+            if storage.exists(storage.join(source, side)):  # without a keys file, --append reads the shard instead
+                moves.append(side)
         checked = {staged.result.shard.filename: staged.result.identity,
                    staged.result.shard.index_file: staged.result.index_identity}
         for n in moves + [filename + publish.STAGED_RECORD]:

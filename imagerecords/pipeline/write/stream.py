@@ -28,8 +28,10 @@ def encode_ref(
     labels: LabelMap,
     options: codec.ImageOptions,
     features: Sequence[Feature] = (),
+    perceptual: bool = False,
 ) -> Union[Encoded, Rejected]:
-    """Loads and prepares one image and returns its Example, or the reason it cannot be used.
+    """Loads and prepares one image and returns its Example, or the reason it cannot be used
+    (with `perceptual`, the Encoded holds the image's perceptual hash).
 
     Args:
       read_bytes: reads a uri whole; use `limited_reader(options)`, which refuses FIFOs and files
@@ -51,7 +53,7 @@ def encode_ref(
     if too_big is not None:
         return Rejected(ref.uri, too_big.replace("it was not read", "it was not decoded"), ref.key, ref.split, stage="read")
     try:
-        image = codec.prepare_image(data, options)
+        image = codec.prepare_image(data, options, perceptual)
     except codec.ImageError as e:
         return Rejected(ref.uri, str(e), ref.key, ref.split, stage="decode", error=e.error)
     extra = None
@@ -76,7 +78,7 @@ def encode_ref(
         extra=extra,
     )
     kind = codec.prepared_kind(image) if options.image_encoding != "jpeg" else ""
-    return Encoded(record, ref.label_id, image.passthrough, content_digest(data), kind)
+    return Encoded(record, ref.label_id, image.passthrough, content_digest(data), kind, image.phash)
 
 
 def content_digest(data: bytes) -> bytes:
@@ -122,6 +124,7 @@ class ShardStats:
     contents: List[Tuple[bytes, ImageRef]] = dataclasses.field(default_factory=list)
     kinds: Tuple[Tuple[str, int], ...] = ()
     crc32c: Optional[str] = None
+    hashes: List[Optional[int]] = dataclasses.field(default_factory=list)
 
 
 def _ordered_map(fn, items: Iterable, executor: Optional[concurrent.futures.Executor], window: int):
@@ -151,8 +154,10 @@ def write_shard(
     window: int = 16,
     on_progress: Optional[Callable[[int, int], None]] = None,
     features: Sequence[Feature] = (),
+    perceptual: bool = False,
 ) -> Tuple[ShardStats, List[Rejected]]:
-    """Writes `refs` (already in hash order, repeats removed) as framed records to `stream`.
+    """Writes `refs` (already in hash order, repeats removed) as framed records to `stream`; with
+    `perceptual`, keeps each record's perceptual hash (ShardStats.hashes).
 
     Returns:
       The shard's statistics and the rejected inputs.
@@ -164,16 +169,19 @@ def write_shard(
     passthrough = 0
     done = 0
     contents: List[Tuple[bytes, ImageRef]] = []
+    hashes: List[Optional[int]] = []
     if refs and refs[0].row >= 0:
         # Array rows are encoded in blocks (array_encode.encode_rows), in this thread: they wait on no I/O.
         encoded = array_encode.encode_rows(refs, preset, labels, options)
     else:
-        encoded = _ordered_map(lambda r: (r, encode_ref(r, read_bytes, preset, labels, options, features)), refs,
+        encoded = _ordered_map(lambda r: (r, encode_ref(r, read_bytes, preset, labels, options, features, perceptual)),
+                               refs,
                                executor, window)
     for item in encoded:
         if isinstance(item, array_encode.Block):
             writer.write_framed(item.data, item.lengths)
             contents.extend(zip(item.contents, item.refs))
+            hashes.extend([None] * len(item.refs) if perceptual else ())
             histogram.update(ref.label_id for ref in item.refs)
             done += len(item.refs)
             if on_progress is not None:
@@ -186,6 +194,8 @@ def write_shard(
         else:
             writer.write(result.record)
             contents.append((result.content, ref))
+            if perceptual:
+                hashes.append(result.phash)
             histogram[result.label_id] += 1
             passthrough += result.passthrough
             if result.kind:
@@ -193,5 +203,5 @@ def write_shard(
         if on_progress is not None:
             on_progress(done, len(rejected))
     stats = ShardStats(writer.count, writer.num_bytes, writer.sha256(), tuple(sorted(histogram.items())), passthrough,
-                       writer.offsets, contents, tuple(sorted(kinds.items())), writer.crc32c())
+                       writer.offsets, contents, tuple(sorted(kinds.items())), writer.crc32c(), hashes)
     return stats, rejected

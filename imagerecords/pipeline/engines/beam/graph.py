@@ -14,9 +14,9 @@ from imagerecords.pipeline.plan import refs as refs_lib
 from imagerecords.pipeline.plan.refs import DuplicateGroup, ImageRef, Rejected
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.sources import InputInfo
-from imagerecords.transforms import (AssignLabels, FindDuplicates, GlobalShuffle, ListSource, RecordResults,
-                                     WriteShards, WriteWithBeamSink)
-from imagerecords.transforms.common import CONTENTS, REJECTED
+from imagerecords.transforms import (AssignLabels, FindDuplicates, FindNearDuplicates, GlobalShuffle, ListSource,
+                                     RecordResults, WriteShards, WriteWithBeamSink)
+from imagerecords.transforms.common import CONTENTS, NEAR, REJECTED
 
 
 # The tag of the refs whose keys the published dataset already holds with the same content.
@@ -104,6 +104,12 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
         found = written[CONTENTS] | "FindDuplicates" >> FindDuplicates()
         # DuplicateGroup per content shared by two or more keys
         outcome["duplicates"] = found if known is None else (found, known) | "WithKnown" >> beam.Flatten()
+    if config.writer == "shards" and config.near_duplicates == "report":
+        hashed = written[NEAR]
+        if base is not None:  # the dataset's records, from its hashes files: compared with this build's
+            hashed = (hashed, p | "DatasetHashes" >> beam.Create(appending.near_items(config.output, base.manifest))
+                      ) | "WithDataset" >> beam.Flatten()
+        outcome["near"] = hashed | "FindNearDuplicates" >> FindNearDuplicates()
     results = outcome | "RecordResults" >> RecordResults(
         config.output, build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
         parameters=config.to_json(), versions=versions, max_reject_fraction=config.max_reject_fraction,
