@@ -13,8 +13,8 @@ from imagerecords.pipeline import errors
 from imagerecords.format.manifest import Manifest, Split
 from imagerecords.format.paths import has_scheme
 from imagerecords.cli.report.extras import read_extras
-from imagerecords.cli.report.render import render
-from imagerecords.cli.report.sample import label_ids, sample_split
+from imagerecords.cli.report.render import near_keys, render
+from imagerecords.cli.report.sample import label_ids, sample_split, thumbs_by_key
 
 DEFAULT_PER_CLASS = 8
 DEFAULT_MAX_CLASSES = 100
@@ -105,7 +105,10 @@ def write_report(output: str, html_path: Optional[str] = None, per_class: int = 
     chosen = _choose_split(output, manifest, split)
     classes = label_ids(manifest)[:max_classes]
     taken = sample_split(output, manifest, chosen, classes, per_class, sample) if chosen else None
-    page = render(output, manifest, taken, classes, read_extras(output, manifest), per_class)
+    extras = read_extras(output, manifest)
+    shown = near_keys(extras)
+    page = render(output, manifest, taken, classes, extras, per_class,
+                  thumbs_by_key(output, manifest, shown) if shown else None)
     _write_atomically(html_path, _marked(page, output))
     return html_path
 

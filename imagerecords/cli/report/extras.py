@@ -60,7 +60,8 @@ class Extras:
       rejected: groups of rejected rows; None when errors.jsonl is absent.
       skipped: groups of skipped rows.
       bad_error_lines: errors.jsonl lines that were not JSON objects.
-      duplicates: duplicates.jsonl rows; None when the file is absent.
+      duplicates: duplicates.jsonl rows of identical content; None when the file is absent.
+      near: duplicates.jsonl rows of near-duplicates ("kind": "near").
       bad_duplicate_lines: duplicates.jsonl lines that were not rows.
       features: the manifest's declared features (Manifest.features), by name; None when it declares none.
     """
@@ -69,6 +70,7 @@ class Extras:
     skipped: List[ReasonGroup] = dataclasses.field(default_factory=list)
     bad_error_lines: int = 0
     duplicates: Optional[List[dict]] = None
+    near: List[dict] = dataclasses.field(default_factory=list)
     bad_duplicate_lines: int = 0
     features: Optional[List[FeatureRow]] = None
 
@@ -83,7 +85,10 @@ def read_extras(output: str, manifest: Manifest) -> Extras:
     stream = open_if_exists(join(output, DUPLICATES))
     if stream is not None:
         with stream:
-            extras.duplicates, extras.bad_duplicate_lines = read_duplicates(stream)
+            rows, extras.bad_duplicate_lines = read_duplicates(stream)
+        # Near-duplicates are another kind of row: the identical-content sections never count them.
+        extras.duplicates = [r for r in rows if r.get("kind") != "near"]
+        extras.near = [r for r in rows if r.get("kind") == "near"]
     extras.features = read_features(manifest)
     return extras
 

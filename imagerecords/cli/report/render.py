@@ -36,7 +36,7 @@ code{font-size:12px}
 
 
 def render(output: str, manifest: Manifest, sample: Optional[Sample], classes: Sequence[int], extras: Extras,
-           per_class: int) -> str:
+           per_class: int, near_thumbs: Optional[Mapping[str, Thumb]] = None) -> str:
     """Returns the report page for `manifest` (no clock or random input: equal inputs, equal bytes).
 
     Args:
@@ -46,6 +46,8 @@ def render(output: str, manifest: Manifest, sample: Optional[Sample], classes: S
       classes: the label ids on the contact sheet.
       extras: the errors and duplicates files' contents.
       per_class: thumbnails asked for per class.
+      near_thumbs: {key: thumbnail} of the members of the cross-split near-duplicate groups shown
+        (near_keys); a member without one is shown by its key.
     """
     sections = [
         _head(output, manifest),
@@ -58,6 +60,7 @@ def render(output: str, manifest: Manifest, sample: Optional[Sample], classes: S
         _shards(manifest),
         _rejected(manifest, extras),
         _duplicates(extras),
+        _near(extras, near_thumbs or {}),
         _conflicts(manifest, extras),
         _build(manifest),
         ["</body></html>\n"],
@@ -74,7 +77,8 @@ def _head(output: str, m: Manifest) -> List[str]:
             '<a href="#values">feature values</a> · <a href="#sheet">contact sheet</a> · '
             '<a href="#labels">labels per split</a> · <a href="#sizes">image sizes</a> · '
             '<a href="#shards">shard sizes</a> · <a href="#rejected">rejected</a> · '
-            '<a href="#duplicates">duplicates</a> · <a href="#conflicts">label conflicts</a> · '
+            '<a href="#duplicates">duplicates</a> · <a href="#near">near-duplicates</a> · '
+            '<a href="#conflicts">label conflicts</a> · '
             '<a href="#build">build</a></p>']
 
 
@@ -297,6 +301,53 @@ def _duplicates(extras: Extras) -> List[str]:
     if len(dups) > _DUPLICATE_GROUPS_SHOWN:
         s.append(f"<p>First {_DUPLICATE_GROUPS_SHOWN} groups shown (cross-split ones first).</p>")
     return s + _bad_duplicate_lines(extras)
+
+
+def _near_shown(extras: Extras) -> List[Mapping[str, Any]]:
+    """The near-duplicate groups on the page: cross-split ones first, then label disagreements."""
+    rows = sorted(extras.near, key=lambda r: (not r.get("leak"), not r.get("conflict")))
+    return rows[:_DUPLICATE_GROUPS_SHOWN]
+
+
+def near_keys(extras: Extras) -> set:
+    """The keys whose thumbnails the near-duplicates section shows: members of cross-split groups."""
+    return {str(mb.get("key", "")) for row in _near_shown(extras) if row.get("leak") for mb in _members(row)}
+
+
+def _near(extras: Extras, thumbs: Mapping[str, Thumb]) -> List[str]:
+    s = [f'<h2 id="near">Near-duplicates</h2><p class=src>From {DUPLICATES}, rows of kind "near": images whose '
+         'perceptual hashes are a few bits apart (resized, recompressed or slightly cropped copies).</p>']
+    if extras.duplicates is None:
+        return s + [f"<p data-near=absent>No {DUPLICATES} in the dataset folder.</p>"]
+    rows = extras.near
+    leaks = [r for r in rows if r.get("leak")]
+    conflicts = [r for r in rows if r.get("conflict")]
+    s.append(f'<p data-near="{len(rows)}" data-near-leaks="{len(leaks)}">{len(rows)} groups of near-duplicates; '
+             f'<b>{len(leaks)} cross splits</b> (an edited copy of a training image in another split: an '
+             f'evaluation leak), shown side by side; {len(conflicts)} carry more than one label.</p>')
+    if not rows:
+        return s
+    s.append("<table class=near><tr><th class=n>bits apart</th><th>labels</th><th>members</th></tr>")
+    for row in _near_shown(extras):
+        if row.get("leak"):
+            figures = []
+            for mb in _members(row):
+                key, thumb = str(mb.get("key", "")), thumbs.get(str(mb.get("key", "")))
+                pic = (f'<img src="{thumb.data_uri}" width={thumb.size[0]} height={thumb.size[1]} alt="">'
+                       if thumb is not None and thumb.data_uri else "<span class=warn>no thumbnail</span>")
+                figures.append(f'<figure>{pic}<figcaption title="{_e(key)}">{_e(mb.get("split", ""))} · '
+                               f'{_e(mb.get("label", ""))}<br>{_e(key)}</figcaption></figure>')
+            members = f'<div class=sheet>{"".join(figures)}</div>'
+        else:
+            members = "<br>".join(f"<code>{_e(mb.get('key', ''))}</code> · {_e(mb.get('split', ''))}"
+                                  for mb in _members(row))
+        labels = _e(", ".join(str(x) for x in row.get("labels", [])))
+        s.append(f'<tr{" class=leak data-leak=1" if row.get("leak") else ""}><td class=n>{_e(str(row.get("distance", "")))}'
+                 f'</td><td{" class=warn" if row.get("conflict") else ""}>{labels}</td><td>{members}</td></tr>')
+    s.append("</table>")
+    if len(rows) > _DUPLICATE_GROUPS_SHOWN:
+        s.append(f"<p>First {_DUPLICATE_GROUPS_SHOWN} of {len(rows)} groups shown (cross-split ones first).</p>")
+    return s
 
 
 def _already_present(row: Mapping[str, Any]) -> bool:

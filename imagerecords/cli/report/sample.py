@@ -305,3 +305,48 @@ class _Picker:
 
 def _first(example: Mapping[str, List[Any]], key: str, default: Any) -> Any:
     return (example.get(key) or [default])[0]
+
+
+def thumbs_by_key(output: str, manifest: Manifest, keys: Set[str]) -> Dict[str, Thumb]:
+    """{key: its record's thumbnail} for the records of `keys`, found through each shard's keys file
+    (record order) and read from the shards that hold them, each only up to its last wanted record;
+    a key no keys file names has none."""
+    from imagerecords.pipeline.write import dataset_files
+
+    wanted: Dict[str, Dict[int, str]] = {}
+    for split in manifest.splits:
+        for shard in split.shards:
+            path = dataset_files.keys_path(output, shard.filename)
+            stream = open_if_exists(path) if path else None
+            if stream is None:
+                continue
+            with stream:
+                try:
+                    rows = dataset_files.parse_keys(stream.read())
+                except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+                    continue
+            at = {i: key for i, (key, _, _, _) in enumerate(rows) if key in keys}
+            if at:
+                wanted[shard.filename] = at
+    out: Dict[str, Thumb] = {}
+    for filename, at in sorted(wanted.items()):
+        stream = open_if_exists(join(output, filename))
+        if stream is None:
+            continue
+        last = max(at)
+        try:
+            with stream:
+                for index, raw in enumerate(record_format.read(stream, filename)):
+                    if index in at:
+                        image = _first(schema.parse_example(raw), schema.keys(manifest.schema).image, b"")
+                        thumb = Thumb(None, at[index], filename, 0, 0, index=index)
+                        try:
+                            thumb.data_uri, thumb.size = thumbnail(image)
+                        except (OSError, ValueError) as e:  # Pillow's UnidentifiedImageError is an OSError
+                            thumb.error = f"{type(e).__name__}: {e}"
+                        out[at[index]] = thumb
+                    if index >= last:
+                        break
+        except record_format.CorruptRecordError:
+            continue  # the thumbnails it holds are missing from the page; `verify` says why
+    return out

@@ -58,9 +58,9 @@ class RefMembers:
 
     def hashes(self, labels: LabelMap) -> Tuple[List[Optional[int]], List[near.Item]]:
         """(every record's perceptual hash in shard order, the near-duplicate check's items of those
-        that have one); empty when none were taken."""
+        that have one); both empty when none was taken."""
         stats = self._stats
-        if not stats.hashes:
+        if all(h is None for h in stats.hashes):  # arrays rows (not hashed): no hashes file either
             return [], []
         name = _label_name(labels)
         return stats.hashes, [(h, digest.hex(), (r.key, r.split, r.uri, name(r)), False)
