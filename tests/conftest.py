@@ -35,8 +35,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=_missing_extras(item)))
 
 
-# Parallel runs (`-n 2 --dist loadfile`, as CI runs the suite). Each test module runs whole on one
-# worker, so its module fixtures are built once and its tests keep their order. The Flink modules
+# Parallel runs (`-n auto --dist loadfile`: the README's test command, as CI runs it). Each test module
+# runs whole on one worker, so its module fixtures are built once and its tests keep their order. The Flink modules
 # together are one more such unit: each starts a cluster of 3-4 JVMs, and one worker runs them one
 # after another, as a serial run does, so two clusters never load a small machine at once (their
 # heartbeat and slot-request timeouts are seconds). At about 10 of the 25 minutes of serial work,

@@ -48,8 +48,8 @@ def test_a_needs_extra_test_skips_with_its_reason_here_and_fails_in_ci(tmp_path,
            "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"), ROOT]), "IMAGERECORDS_CI": ci}
     env.pop("PYTEST_ADDOPTS", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "conftest", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", "-p", "no:warnings", "test_marked.py"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
+                           "-p", "no:xdist", "-p", "no:warnings", "test_marked.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     if ci:
         assert proc.returncode == 1 and "1 passed, 1 error" in proc.stdout, proc.stdout[-2000:]
         assert "CI must run this test, but: chromium is not on PATH" in proc.stdout, proc.stdout[-2000:]
