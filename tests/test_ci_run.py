@@ -56,3 +56,20 @@ def test_a_needs_extra_test_skips_with_its_reason_here_and_fails_in_ci(tmp_path,
     else:
         assert proc.returncode == 0 and "1 passed, 1 skipped" in proc.stdout, proc.stdout[-2000:]
         assert "SKIPPED [1] test_marked.py:4: chromium is not on PATH" in proc.stdout, proc.stdout[-2000:]
+
+
+def _auto_workers(one_cpu=False, **env):
+    code = "import conftest; print(conftest.pytest_xdist_auto_num_workers(None))"
+    first = min(os.sched_getaffinity(0))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "tests"), **env},
+                          preexec_fn=(lambda: os.sched_setaffinity(0, {first})) if one_cpu else None)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.mark.slow  # three interpreters importing pytest, about a second
+def test_n_auto_is_two_to_four_workers_and_yields_to_the_users_count():
+    assert _auto_workers(one_cpu=True) == "2"  # one CPU: still two, as the tests mostly wait on subprocesses
+    assert 2 <= int(_auto_workers()) <= 4
+    assert _auto_workers(PYTEST_XDIST_AUTO_NUM_WORKERS="7") == "None"  # pytest-xdist then reads the 7
