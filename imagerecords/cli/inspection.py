@@ -179,7 +179,7 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
       errors.BuildError: when there is no readable manifest.
     """
     from imagerecords.format.record_format import FRAME_OVERHEAD, read
-    from imagerecords.format.records import CorruptRecordError, HashingReader
+    from imagerecords.format.records import CorruptRecordError, HashingReader, count_frames
 
     manifest = load(output)
     problems, keys_notes = [], []
@@ -214,13 +214,15 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                     except CorruptRecordError as e:
                         problems.append(str(e))
                         count = None
+                else:  # the frame headers, walked while the file is hashed: a count not the frames' is named
+                    count = count_frames(stream)
                 stream.drain()
             if stream.num_bytes != shard.num_bytes:
                 # The readers' own phrase (they refuse such a file when they open it), with what to do.
                 problems.append(f"{access.size_mismatch(path, stream.num_bytes, shard.num_bytes)}; {access.SHARD_MEND}")
             elif stream.sha256() != shard.sha256:
                 problems.append(f"{path}: sha256 differs from the manifest")
-            elif records and count is not None and count != shard.count:
+            elif count is not None and count != shard.count:
                 problems.append(f"{path}: {count} records, manifest says {shard.count}")
             if shard.index_file:
                 problems.extend(_index_problems(output, shard, frame_lengths))

@@ -93,6 +93,24 @@ def check_shards(dataset: str, shards: Sequence[Tuple[str, int]], size_of: Calla
     return differ
 
 
+def frames_problem(shard_path: str, dataset: str, count: int, num_bytes: int,
+                   entries: Sequence[Tuple[int, int]]) -> Optional[str]:
+    """Why shard `shard_path`, whose frame walk found (offset, frame length) `entries`, is not the
+    file of `count` records over `num_bytes` bytes that manifest.json lists, or None. A walk that
+    stopped after `count` frames short of the file's end means more records follow: every reader
+    sizes its work by the count, so a shard listed as 0 records that holds 10 was read as empty."""
+    end = entries[-1][0] + entries[-1][1] if entries else 0
+    if len(entries) == count and end == num_bytes:
+        return None
+    if len(entries) == count and end < num_bytes:
+        what = (f"its first {count} records end at byte {end} of its {num_bytes}: it holds more records than "
+                f"manifest.json's count of {count}")
+    else:
+        what = f"its frames are {len(entries)} records over {end} bytes, manifest.json says {count} over {num_bytes}"
+    return (f"shard {shard_path}: {what} (manifest.json is not the one its build wrote, or the file is not its "
+            f"shard); `imagerecords verify {dataset}` checks every file")
+
+
 def load_manifest(path: str, files: Optional[Files] = None) -> Manifest:
     """Reads `path`/manifest.json (local or gs://) without TensorFlow (imagerecords.format.manifest.load).
 
@@ -146,11 +164,9 @@ def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: s
                                          num_bytes=shard.num_bytes, sha256=shard.index_sha256)
         else:
             entries = records.scan_frames(files.read(shard_path), shard_path)
-            end = entries[-1][0] + entries[-1][1] if entries else 0
-            if len(entries) != shard.count or end != shard.num_bytes:
-                raise CorruptRecordError(
-                    f"{shard_path}: its frames are {len(entries)} records over {end} bytes, manifest.json says "
-                    f"{shard.count} over {shard.num_bytes} (`imagerecords verify {path}` checks every file)")
+            problem = frames_problem(shard_path, path, shard.count, shard.num_bytes, entries)
+            if problem:
+                raise CorruptRecordError(problem)
         offsets += [o for o, _ in entries]
         lengths += [n for _, n in entries]
         shard_of += [number] * len(entries)

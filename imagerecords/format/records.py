@@ -197,10 +197,31 @@ def index_problems(data: bytes, name: str, *, count: int, num_bytes: int,
         return [], problems + [str(e)[len(name) + 2:]]
     if len(entries) != count:
         problems.append(f"it lists {len(entries)} records, manifest.json says {count} for its shard")
+    layout = layout_problem(entries, num_bytes)
+    if layout:
+        problems.append(layout)
     end = entries[-1][0] + entries[-1][1] if entries else 0
     if end != num_bytes:
         problems.append(f"its records end at byte {end}, manifest.json says its shard is {num_bytes} bytes")
     return entries, problems
+
+
+def layout_problem(entries: Sequence[Tuple[int, int]], num_bytes: int) -> Optional[str]:
+    """Why (offset, frame length) entries are not frames that follow each other from byte 0 inside a
+    file of `num_bytes`, or None: a gap or overlap made a reader read one record twice and skip the
+    next, and a length of 2**62 made one allocate it."""
+    at = 0
+    for line, (offset, length) in enumerate(entries, 1):
+        if offset + length > num_bytes:
+            return (f"line {line} says a frame of {length} bytes at byte {offset}, past its shard's end at byte "
+                    f"{num_bytes}")
+        if length < FRAME_OVERHEAD:
+            return f"line {line} says a frame of {length} bytes; every frame takes at least {FRAME_OVERHEAD}"
+        if offset != at:
+            return (f"line {line} says offset {offset}, where the record before it ends at byte {at} (an index's "
+                    "frames follow each other from byte 0)")
+        at += length
+    return None
 
 
 def load_index(data: bytes, name: str, *, count: int, num_bytes: int,
@@ -393,6 +414,26 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes:
         parts.append(part)
         left -= len(part)
     return b"".join(parts)
+
+
+def count_frames(stream: BinaryIO) -> Optional[int]:
+    """The frames of a whole stream, read to its end (headers checked, data read in steps, not
+    checked); None when a header fails its checksum or the last frame runs past the end."""
+    count = 0
+    while True:
+        header = stream.read(FRAME_HEADER)
+        if not header:
+            return count
+        length = unpack_header(header)
+        if length is None:
+            return None
+        left = length + FRAME_FOOTER
+        while left:
+            part = stream.read(min(left, _ONE_READ))
+            if not part:
+                return None
+            left -= len(part)
+        count += 1
 
 
 def read_records(stream: BinaryIO, name: str = "<stream>") -> Iterator[bytes]:
