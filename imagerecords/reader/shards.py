@@ -14,7 +14,7 @@ from imagerecords.format import access, files
 from imagerecords.format import record_format
 from imagerecords.format.errors import Error
 from imagerecords.format.paths import has_scheme
-from imagerecords.reader.info import file_size
+from imagerecords.reader.info import file_size, read_range
 
 log = logging.getLogger("imagerecords.reader")
 
@@ -75,8 +75,8 @@ class ReadStats:
 
 def open_shards(shards: Sequence, dataset: str, policy: str, stats: Optional[ReadStats]) -> None:
     """Checks the shards a tf.data reader is about to read against manifest.json, in Python, before
-    any dataset op runs (imagerecords.format.access.check_shards: one stat per shard, the same rule
-    the PyTorch and Grain readers apply), so a file the manifest does not describe is a plain
+    any dataset op runs (imagerecords.format.access.check_shards: one stat and three small reads per
+    shard, the same rule the PyTorch and Grain readers apply), so a file the manifest does not describe is a plain
     exception from the make_dataset or as_dataset call, never a TensorFlow op error mid-epoch.
 
     Under "skip" a larger file's records are counted (its frame headers read once) and those past
@@ -92,10 +92,11 @@ def open_shards(shards: Sequence, dataset: str, policy: str, stats: Optional[Rea
     Raises:
       FileNotFoundError: naming every missing shard.
       imagerecords.format.access.ShardSizeError: ("fail") naming a shard of another size and what to do.
+      imagerecords.format.access.ShardSwappedError: naming a shard of the listed size that is another build's.
     """
     counts = {s.path: s.count for s in shards}
-    for path, size, listed in access.check_shards(dataset, [(s.path, s.num_bytes) for s in shards], file_size,
-                                                  policy=policy):
+    for path, size, listed in access.check_shards(dataset, [(s.path, s.num_bytes, s.ends_crc or None) for s in shards],
+                                                  file_size, read_range, policy=policy):
         if size > listed:
             found = _count_frames(path)
             if found > counts[path]:
@@ -160,6 +161,7 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, strid
       offset: scalar int64, ... starting at this index.
       policy: "fail" or "skip".
       stats: where "skip" counts skipped records; needed for "skip".
+      dataset: the dataset folder (for the messages).
 
     Returns:
       A dataset of serialized records (scalar tf.string).
@@ -226,7 +228,7 @@ def _frames_that_fit(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, *,
 
     A shard that is gone is 0 frames: TFRecordDataset's open of a missing file fails, and
     ignore_errors would retry it forever (as_dataset once spun a thread for ever on one)."""
-    name, wanted = path.numpy().decode("utf-8"), int(count.numpy())
+    name, wanted, size = path.numpy().decode("utf-8"), int(count.numpy()), int(num_bytes.numpy())
     try:
         if has_scheme(name):
             return (wanted, "") if tf.io.gfile.exists(name) else (0, _gone(name, dataset))
@@ -238,7 +240,7 @@ def _frames_that_fit(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, *,
     with stream:
         entries = record_format.frames(stream, wanted)
     try:
-        check_count(name, wanted, int(num_bytes.numpy()), entries, policy, stats, dataset)
+        check_count(name, wanted, size, entries, policy, stats, dataset)
     except record_format.CorruptRecordError as e:
         return 0, str(e)
     return len(entries), ""
