@@ -137,8 +137,8 @@ def frames_problem(shard_path: str, dataset: str, count: int, num_bytes: int,
     if len(entries) == count and end == num_bytes:
         return None
     if len(entries) == count and end < num_bytes:
-        what = (f"its first {count} records end at byte {end} of its {num_bytes}: it holds more records than "
-                f"manifest.json's count of {count}")
+        what = (f"its first {count} records end at byte {end} of its {num_bytes}: it holds more records than the "
+                f"{count} manifest.json lists")
     else:
         what = f"its frames are {len(entries)} records over {end} bytes, manifest.json says {count} over {num_bytes}"
     return (f"shard {shard_path}: {what} (manifest.json is not the one its build wrote, or the file is not its "
