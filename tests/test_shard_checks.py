@@ -248,3 +248,18 @@ def test_as_dataset_raises_and_stops_when_a_shard_vanishes_mid_read(builds, tmp_
         pytest.fail("as_dataset did not stop within 120 s after a shard vanished")
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"shard {gone} no longer exists: the dataset in {out} was rebuilt" in done.stdout, done.stdout
+
+
+def test_end_checksums_survive_a_columnar_split_and_a_malformed_one_is_refused():
+    from imagerecords.format.errors import ManifestError
+    from imagerecords.format.shards import Shard, ShardColumns
+
+    shards = [Shard(i, f"ds-train.tfrecord-{i:05d}-of-00002", 3, 99, f"{i}" * 64, ends_crc=f"{i + 4:x}" * 16)
+              for i in range(2)]
+    columns = ShardColumns.encode("ds", "train", shards)
+    assert columns.to_json()["ends_crc"] == "4" * 16 + "5" * 16
+    assert list(ShardColumns.from_json("ds", "train", columns.to_json())) == shards
+    row = dict(shards[0].to_json(), ends_crc="not hex")
+    with pytest.raises(ManifestError, match=r"^shard 'ds-train\.tfrecord-00000-of-00002': ends_crc 'not hex' is not "
+                                            r"16 lowercase hex digits$"):
+        Shard.from_json(row)
