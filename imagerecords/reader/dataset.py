@@ -352,8 +352,9 @@ def slice_files(slices, split_info, *, policy: str, stats: Optional[ReadStats], 
     """The (path, count, num_bytes, stride, offset) elements shard_records reads, one per FileSlice,
     once the shards they name are checked against manifest.json (shards.open_shards: raises naming a
     shard of another size under "fail")."""
-    sizes = {s.path: s.num_bytes for s in split_info.shards}
-    open_shards([s for s in split_info.shards if s.path in {s.path for s in slices}], dataset, policy, stats)
+    wanted = {s.path for s in slices}
+    sizes = {s.path: s.num_bytes for s in split_info.shards if s.path in wanted}
+    open_shards([s for s in split_info.shards if s.path in wanted], dataset, policy, stats)
     return tf.data.Dataset.from_tensor_slices((
         tf.constant([s.path for s in slices], tf.string),
         tf.constant([s.count for s in slices], tf.int64),
