@@ -132,13 +132,21 @@ def test_a_same_size_shard_of_another_build_is_refused_by_every_reader(builds, t
         assert problems == [f"{out / victim['filename']}: sha256 differs from the manifest"]
 
 
-def test_the_manifest_records_each_shards_first_and_last_checksums(builds):
+def test_the_manifest_records_each_shards_first_and_last_checksums(builds, tmp_path):
     from imagerecords.format import records
 
     for shard in _shards(json.loads((builds["mine"] / "manifest.json").read_text())):
         data = (builds["mine"] / shard["filename"]).read_bytes()
         first = records.unpack_header(data[:12]) + 12
         assert shard["ends_crc"] == (data[first:first + 4] + data[-4:]).hex()
+    # verify checks them too: a manifest whose ends_crc changed would make every reader refuse its shard
+    out, manifest, save = _copy(builds, "mine", tmp_path)
+    shard = _shards(manifest)[1]
+    shard["ends_crc"] = shard["ends_crc"][8:] + shard["ends_crc"][:8]
+    save()
+    for problems in _verify(out):
+        assert problems == [f"{out / shard['filename']}: its first or last record's checksum differs from "
+                            "manifest.json's ends_crc (every reader refuses it)"]
 
 
 # 2. A manifest count the frames disagree with ------------------------------------------------------

@@ -23,6 +23,18 @@ def _open(path: str):
     return files.open_local(path) if not has_scheme(path) else open_read(path)
 
 
+def _ends_differ(path: str, shard) -> bool:
+    """records.ends_differ of the shard file at `path` against the manifest's Shard.ends_crc."""
+    from imagerecords.format.records import ends_differ
+
+    with _open(path) as f:
+        def read_range(offset: int, length: int) -> bytes:
+            f.seek(offset)
+            return f.read(length)
+
+        return ends_differ(read_range, shard.num_bytes, shard.ends_crc)
+
+
 def _read_bytes(path: str) -> bytes:
     with _open(path) as f:
         return f.read()
@@ -222,6 +234,10 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                 problems.append(f"{access.size_mismatch(path, stream.num_bytes, shard.num_bytes)}; {access.SHARD_MEND}")
             elif stream.sha256() != shard.sha256:
                 problems.append(f"{path}: sha256 differs from the manifest")
+            elif shard.ends_crc and _ends_differ(path, shard):
+                # The readers compare these on open: a manifest whose ends_crc was changed makes them refuse the shard.
+                problems.append(f"{path}: its first or last record's checksum differs from manifest.json's ends_crc "
+                                "(every reader refuses it)")
             elif count is not None and count != shard.count:
                 problems.append(f"{path}: {count} records, manifest says {shard.count}")
             if shard.index_file:
