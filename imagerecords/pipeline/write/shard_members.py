@@ -101,7 +101,7 @@ class RowMembers:
             self.shard, stream, preset=preset, labels=labels, options=options, on_progress=on_progress)
         return write_stream.ShardStats(written.count, written.num_bytes, written.sha256(),
                                        row_writer.histogram(self.shard, self._positions), 0, written.offsets,
-                                       crc32c=written.crc32c()), rejected
+                                       crc32c=written.crc32c(), ends_crc=written.ends_crc()), rejected
 
     def hashes(self, labels: LabelMap) -> Tuple[List[Optional[int]], List[near.Item]]:
         return [], []  # arrays rows are not hashed (docs/building.md, "Near-duplicates")
