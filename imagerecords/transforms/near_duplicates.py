@@ -11,7 +11,7 @@ from imagerecords.pipeline.plan import near
 __all__ = ["FindNearDuplicates"]
 
 
-def _pairs(item: Tuple[Tuple[int, int], Iterable[Tuple[bool, near.Item]]]) -> Iterable[near.Pair]:
+def _pairs(item: Tuple[int, Iterable[Tuple[bool, near.Item]]]) -> Iterable[near.Pair]:
     return near.bucket_pairs(item[1])
 
 
@@ -32,7 +32,7 @@ class FindNearDuplicates(beam.PTransform):
         return (
             items
             | "Keyed" >> beam.FlatMap(near.keyed)
-            # ((band, value), (probe?, item))
+            # (bucket: band << 16 | value, (probe?, item))
             | "ByBucket" >> beam.GroupByKey()
             | "Pairs" >> beam.FlatMap(_pairs)
             # (item, item) within the threshold, each pair once per bucket it meets in

@@ -21,9 +21,9 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 from imagerecords.pipeline.encode.perceptual import distance
 
 # Hamming distance (of 64 bits) at or under which two images are near-duplicates. Measured on the
-# generated corpus of tests/test_near_duplicates.py: resized (0.5x, 0.8x) copies are within 6 bits,
-# quality-60 ones within 2, 2-4% crops within 12 (37 of 40 within 8); 200 distinct pictures are 12
-# bits apart or more (docs/building.md, "Near-duplicates"). The hash's bits always number 32 set
+# pictures of tests/support/near_corpus.py (40 copies per edit): resized (0.5x, 0.8x) copies are
+# within 4 bits, quality-60 ones within 2, 2-4% crops within 12 (38 of 40 within 8); 200 distinct
+# pictures are 12 bits apart or more (docs/building.md, "Near-duplicates"). The hash's bits always number 32 set
 # (a median split of 63 coefficients and the DC bit), so distances are even: 8 also admits 9.
 THRESHOLD = 8
 BANDS: Tuple[Tuple[int, int], ...] = ((51, 13), (38, 13), (25, 13), (12, 13), (0, 12))  # (shift, width)
@@ -34,19 +34,22 @@ Item = Tuple[int, str, Tuple[str, str, str, str], bool]
 Pair = Tuple[Item, Item]
 
 
-def _bands(h: int) -> Iterator[Tuple[int, int, int]]:
-    for band, (shift, width) in enumerate(BANDS):
-        yield band, (h >> shift) & ((1 << width) - 1), width
+# Per band: its shift, its mask, and the XOR masks of a probe (0: the value itself, then each bit).
+_PROBES = tuple((shift, (1 << width) - 1, (0, *(1 << b for b in range(width)))) for shift, width in BANDS)
 
 
-def stored_keys(h: int) -> List[Tuple[int, int]]:
-    """The (band, value) buckets a hash is stored under."""
-    return [(band, value) for band, value, _ in _bands(h)]
+def stored_keys(h: int) -> List[int]:
+    """The buckets a hash is stored under: band << 16 | the band's value."""
+    return [band << 16 | (h >> shift) & mask for band, (shift, mask, _) in enumerate(_PROBES)]
 
 
-def probe_keys(h: int) -> List[Tuple[int, int]]:
-    """The (band, value) buckets a hash looks in: its own, and each with one bit of the band flipped."""
-    return [(band, value ^ flip) for band, value, width in _bands(h) for flip in (0, *(1 << b for b in range(width)))]
+def probe_keys(h: int) -> List[int]:
+    """The buckets a hash looks in: its own, and each with one bit of the band flipped."""
+    out = []
+    for band, (shift, mask, flips) in enumerate(_PROBES):
+        key = band << 16 | (h >> shift) & mask
+        out.extend([key ^ flip for flip in flips])
+    return out
 
 
 def _near(a: Item, b: Item) -> bool:
@@ -70,7 +73,7 @@ def bucket_pairs(entries: Iterable[Tuple[bool, Item]]) -> Iterator[Pair]:
                 yield _ordered(p, s)
 
 
-def keyed(item: Item) -> Iterator[Tuple[Tuple[int, int], Tuple[bool, Item]]]:
+def keyed(item: Item) -> Iterator[Tuple[int, Tuple[bool, Item]]]:
     """An item under every bucket it is stored in or probes (Beam's GroupByKey input)."""
     for key in stored_keys(item[0]):
         yield key, (False, item)
@@ -80,16 +83,18 @@ def keyed(item: Item) -> Iterator[Tuple[Tuple[int, int], Tuple[bool, Item]]]:
 
 def find_pairs(items: Sequence[Item]) -> List[Pair]:
     """Every near pair of `items`, in one process: the buckets as a dict, each item probing it."""
-    buckets: Dict[Tuple[int, int], List[Item]] = {}
+    buckets: Dict[int, List[Item]] = {}
     for item in items:
         for key in stored_keys(item[0]):
             buckets.setdefault(key, []).append(item)
     out = []
+    get = buckets.get
     for item in items:
         for key in probe_keys(item[0]):
-            for other in buckets.get(key, ()):
-                if _near(item, other):
-                    out.append(_ordered(item, other))
+            found = get(key)
+            if found:
+                # Each pair is met from both sides: kept from its first member's.
+                out.extend([(item, other) for other in found if other[2] > item[2] and _near(item, other)])
     return out
 
 
