@@ -111,7 +111,8 @@ def test_the_banded_index_finds_every_pair_brute_force_finds():
     assert {(a[2], b[2]) for entries in buckets.values() for a, b in near.bucket_pairs(entries)} == want
 
 
-def test_an_append_finds_a_new_image_near_an_old_record(corpus, tmp_path):
+@pytest.mark.parametrize("workers", [None, pytest.param(2, marks=pytest.mark.slow)], ids=["local", "direct"])
+def test_an_append_finds_a_new_image_near_an_old_record(corpus, tmp_path, workers):
     out = tmp_path / "out"
     first = tmp_path / "first.csv"
     lines = open(corpus["csv"]).read().splitlines()
@@ -123,7 +124,7 @@ def test_an_append_finds_a_new_image_near_an_old_record(corpus, tmp_path):
     path.write_bytes(near_corpus.jpeg(copy, quality))
     second = tmp_path / "second.csv"
     second.write_text(f"{lines[0]}\n{path},wall,validation,validation/wall/new.jpg\n")
-    build(second, out, "--append")
+    build(second, out, "--append", workers=workers)
     rows = _near_rows(out)
     assert [[(m["key"], m["split"]) for m in r["members"]] for r in rows] == [
         [("train/road/o5.jpg", "train"), ("validation/wall/new.jpg", "validation")]]

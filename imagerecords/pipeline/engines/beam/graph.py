@@ -107,8 +107,10 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
     if config.writer == "shards" and config.near_duplicates == "report":
         hashed = written[NEAR]
         if base is not None:  # the dataset's records, from its hashes files: compared with this build's
-            hashed = (hashed, p | "DatasetHashes" >> beam.Create(appending.near_items(config.output, base.manifest))
-                      ) | "WithDataset" >> beam.Flatten()
+            # Hashes travel as hex: the coder Create infers for ints is signed 64-bit, and hashes are unsigned.
+            dataset = [(f"{h:016x}", *rest) for h, *rest in appending.near_items(config.output, base.manifest)]
+            hashed = (hashed, p | "DatasetHashes" >> beam.Create(dataset)
+                      | "Unhex" >> beam.Map(lambda item: (int(item[0], 16), *item[1:]))) | "WithDataset" >> beam.Flatten()
         outcome["near"] = hashed | "FindNearDuplicates" >> FindNearDuplicates()
     results = outcome | "RecordResults" >> RecordResults(
         config.output, build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
