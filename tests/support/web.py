@@ -37,7 +37,9 @@ class Server:
     (503 or 429 with Retry-After: 1 the first time, then the image), /missing (404), /page (an HTML
     page), /loop (302 to itself), /tofile (302 to a file: URL), /large (a body far over any limit),
     /drip (one byte every 0.3 s), /reset (the connection reset before any answer), /truncated
-    (Content-Length 20000, 100 bytes sent, then closed). `delay` slows every /img answer.
+    (Content-Length 20000, 100 bytes sent, then closed), /dripheaders (the status line and headers one
+    byte every 0.2 s, for a minute), /continue (`100 Continue` every 0.2 s, for a minute). `delay`
+    slows every /img answer.
     """
 
     def __init__(self, images: Mapping[str, bytes], delay: float = 0.0):
@@ -49,6 +51,7 @@ class Server:
         self.in_flight = self.max_in_flight = 0
         self.open = self.max_open = 0
         self.large_sent = 0
+        self.hung_up: Dict[str, float] = {}  # seconds from a /dripheaders or /continue request to the client's hang-up
         self._served_once: set = set()
         self._connections: set = set()
         self._server: Optional[http.server.ThreadingHTTPServer] = None
@@ -186,6 +189,24 @@ class Server:
             except OSError:
                 pass
             h.close_connection = True
+        elif path in ("/dripheaders", "/continue"):
+            self._leave(h)
+            if path == "/continue":
+                pieces = [b"HTTP/1.1 100 Continue\r\n\r\n"] * 300
+            else:
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: image/jpeg\r\nX-Padding: " + b"x" * 400 + b"\r\n\r\n"
+                pieces = [head[i:i + 1] for i in range(len(head))][:300]
+            started = time.monotonic()
+            try:
+                for piece in pieces:
+                    h.wfile.write(piece)
+                    h.wfile.flush()
+                    time.sleep(0.2)  # the misbehaviour itself: a byte (or an interim answer) at this pace
+            except OSError:
+                pass  # the client hung up: seen at the second write after it (at most 0.4 s late)
+            with self.lock:
+                self.hung_up[path] = time.monotonic() - started
+            h.close_connection = True
         elif path == "/reset":
             # SO_LINGER 0: close() sends RST, the client sees "connection reset" and no answer
             h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -199,3 +220,47 @@ class Server:
             h.close_connection = True
         else:
             self._send(h, 404, b"no such thing", "text/plain")
+
+
+class Silent:
+    """A listening socket that accepts connections and never answers a byte: every request to it
+    hangs. Counts the connections it accepted and when (time.monotonic()). `with Silent() as s:`."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.accepted: List[float] = []
+        self._held: List[socket.socket] = []
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._thread: Optional[threading.Thread] = None
+
+    def url(self, path: str) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"http://{host}:{port}{path}"
+
+    def __enter__(self) -> "Silent":
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self._thread = threading.Thread(target=self._accept, name="test-silent", daemon=True)
+        self._thread.start()
+        return self
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed by __exit__
+            with self.lock:
+                self.accepted.append(time.monotonic())
+                self._held.append(conn)
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() above
+        except OSError:
+            pass
+        self._sock.close()
+        self._thread.join(timeout=10)
+        with self.lock:
+            for conn in self._held:
+                conn.close()

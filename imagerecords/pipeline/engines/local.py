@@ -232,6 +232,13 @@ class _Writer:
             staged.contents = array_rows.RowContents.of(staged.contents, members)
         return staged
 
+    def stop(self) -> None:
+        """The build is cancelled: wakes the image threads blocked on a download (the reader of a
+        manifest of URLs cuts its requests in flight and fetches nothing more); files have no stop."""
+        stop = getattr(self._read, "stop", None)
+        if stop is not None:
+            stop()
+
     def close(self) -> None:
         if self._images is not None:
             self._images.shutdown(wait=True, cancel_futures=True)
@@ -247,6 +254,13 @@ def _start_worker(writer: shard_writer.ShardWriter, progress_dir: Optional[str],
         signal.signal(signum, signal.SIG_IGN)
     _die_with_launcher(launcher)
     _WORKER["writer"] = _Writer(writer, THREADS_PER_PROCESS, _Progress(progress_dir, cancel.is_set))
+    # A shard writer blocked on a download never reaches its next image: the cancel wakes it.
+    threading.Thread(target=_stop_on, args=(cancel, _WORKER["writer"]), name="imagerecords-cancel", daemon=True).start()
+
+
+def _stop_on(cancel, writer: _Writer) -> None:
+    cancel.wait()
+    writer.stop()
 
 
 def _die_with_launcher(launcher: int) -> None:
@@ -486,6 +500,8 @@ def _build(config: BuildConfig, writer: shard_writer.ShardWriter, process_pool, 
                     contents.add(digest, member)
     except BaseException:
         cancel.set()  # running shards stop at their next image; queued ones never start
+        if local_writer is not None:
+            local_writer.stop()
         if workers:
             end_workers(pool)
         else:

@@ -21,6 +21,7 @@ import zlib
 from typing import Dict, Mapping, Optional, Tuple
 from imagerecords.pipeline import processes
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.read import deadlines
 
 MAX_REDIRECTS = 5
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -150,6 +151,8 @@ class Downloader:
         self._headers = headers
         self._pool = urllib3.PoolManager(num_pools=64, maxsize=settings.per_host, block=False,
                                          retries=False, headers=headers)
+        self._pool.pool_classes_by_scheme = deadlines.pool_classes()  # sockets the watchdog can cut
+        self._watchdog = deadlines.Watchdog()
         self._workers = threading.BoundedSemaphore(settings.workers)
         self._hosts: Dict[str, threading.BoundedSemaphore] = {}
         self._lock = threading.Lock()
@@ -167,29 +170,33 @@ class Downloader:
     def __call__(self, url: str) -> bytes:
         return self.fetch(url)
 
+    def stop(self) -> None:
+        """The build is stopping: requests in flight are cut, and fetch raises deadlines.Cancelled from now on."""
+        self._watchdog.stop()
+
     def fetch(self, url: str) -> bytes:
         """The body `url` serves, following redirects and retrying as the settings say; raises Failed."""
         s = self._settings
-        end = time.monotonic() + s.deadline
-        with self._workers:
+        clock = deadlines.Clock(s.deadline)
+        with clock.waiting(self._workers):
             tries = 0
             while True:
                 tries += 1
                 try:
-                    return self._follow(url, end)
+                    return self._follow(url, clock)
                 except _Retry as e:
                     if tries > s.retries:
                         raise Failed(f"{e.reason} (after {tries} tries)", e.error) from None
                     wait = e.after if e.after is not None else min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (tries - 1))
                     wait = min(wait, RETRY_AFTER_CAP_S) * (1 if e.after is not None else random.uniform(0.5, 1.5))
-                    if time.monotonic() + wait >= end:
+                    if time.monotonic() + wait >= clock.end:
                         raise Failed(f"{e.reason}; no time left in the {s.deadline:g} s deadline to try again "
                                      f"(after {tries} tries)", e.error) from None
-                    time.sleep(wait)
+                    self._watchdog.sleep(wait)
 
-    def _follow(self, url: str, end: float) -> bytes:
+    def _follow(self, url: str, clock: deadlines.Clock) -> bytes:
         for _ in range(MAX_REDIRECTS + 1):
-            status, location, body = self._get(url, end)
+            status, location, body = self._get(url, clock)
             if location is None:
                 return body
             target = urllib.parse.urljoin(url, location)
@@ -200,17 +207,18 @@ class Downloader:
             url = target
         raise Failed(f"too many redirects (more than {MAX_REDIRECTS})", "TooManyRedirects")
 
-    def _get(self, url: str, end: float) -> Tuple[int, Optional[str], bytes]:
-        """One request: (status, redirect location or None, body)."""
+    def _get(self, url: str, clock: deadlines.Clock) -> Tuple[int, Optional[str], bytes]:
+        """One request: (status, redirect location or None, body); the watchdog cuts it at the deadline."""
         import urllib3
         from urllib3.exceptions import HTTPError, ProtocolError, ReadTimeoutError, TimeoutError
 
-        left = end - time.monotonic()
+        left = clock.left()
         if left <= 0:
             raise Failed(f"cut off: the download took longer than its {self._settings.deadline:g} s deadline",
                          "Deadline")
         timeout = urllib3.Timeout(connect=min(self._settings.timeout, left), read=min(self._settings.timeout, left))
-        with self._host(url):
+        with clock.waiting(self._host(url)), self._watchdog.watching(clock.end, self._cut_off) as call:
+            end = clock.end
             try:
                 response = self._pool.request("GET", url, preload_content=False, redirect=False, timeout=timeout)
             except TimeoutError as e:
@@ -219,6 +227,7 @@ class Downloader:
                 raise _Retry(_protocol_reason(e, 0, None), "ConnectionError")
             except HTTPError as e:
                 raise _Retry(f"connection failed ({_first_reason(e)})", "ConnectionError")
+            call.got = 0
             try:
                 status = response.status
                 if 300 <= status < 400 and status != 304 and response.headers.get("Location"):
@@ -252,6 +261,7 @@ class Downloader:
                     if not chunk:
                         break
                     got += len(chunk)
+                    call.got = got
                     if limit is not None and got > limit:
                         raise Failed(f"too large: over the {limit:,}-byte limit (--max_file_mb); the download "
                                      "was stopped there", "TooLarge")
@@ -264,6 +274,12 @@ class Downloader:
             except BaseException:
                 response.close()  # a body not read to its end: the connection cannot serve another request
                 raise
+
+    def _cut_off(self, got: Optional[int]) -> Failed:
+        """The row of a request the watchdog cut at the deadline, `got` body bytes in (None: before the headers)."""
+        where = "before the response's headers were in" if got is None else f"after {got:,} bytes"
+        return Failed(f"cut off {where}: the download took longer than its {self._settings.deadline:g} s deadline",
+                      "Deadline")
 
 
 class _Retry(Exception):
@@ -336,6 +352,7 @@ class UrlReader:
         self._shared = shared
         self._downloader: Optional[Downloader] = None
         self._lock = threading.Lock()
+        self._stopped = False
 
     def __getstate__(self) -> Mapping:
         return {"_settings": self._settings, "_max_bytes": self._max_bytes, "_files": self._files,
@@ -345,12 +362,22 @@ class UrlReader:
         self.__dict__.update(state)
         self._downloader = None
         self._lock = threading.Lock()
+        self._stopped = False
+
+    def stop(self) -> None:
+        """The build is stopping: downloads in flight are cut, and no URL is fetched from now on."""
+        with self._lock:
+            self._stopped = True
+            if self._downloader is not None:
+                self._downloader.stop()
 
     def __call__(self, uri: str) -> bytes:
         if not is_url(uri):
             return self._files(uri)
         if self._downloader is None:
             with self._lock:
+                if self._stopped:
+                    raise deadlines.Cancelled("downloads stopped")
                 if self._downloader is None:
                     self._downloader = Downloader(self._settings, self._max_bytes, self._shared)
         return self._downloader.fetch(uri)
