@@ -7,12 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from conftest import build
 from support.web import Server, Silent, jpeg
+from imagerecords.pipeline.read import deadlines, download
 
 IMAGES = {f"s{i}.jpg": jpeg(i) for i in range(8)}
 
@@ -66,6 +68,32 @@ def test_waiting_for_a_per_host_slot_is_not_charged_to_the_deadline(tmp_path):
     assert manifest.num_examples == len(IMAGES) and manifest.num_rejected == 0
 
 
+def test_a_stopped_downloader_cuts_its_request_in_flight_and_connects_no_more():
+    with Silent() as silent:
+        downloader = download.Downloader(download.HttpSettings(timeout=60, deadline=120), None)
+        raised = []
+
+        def fetch():
+            try:
+                downloader.fetch(silent.url("/hang/a.jpg"))
+            except BaseException as e:  # what the image thread would see
+                raised.append(e)
+
+        thread = threading.Thread(target=fetch)
+        thread.start()
+        limit = time.monotonic() + 10
+        while not silent.accepted:
+            assert time.monotonic() < limit, "the downloader never connected to the silent server within 10 s"
+            time.sleep(0.01)
+        downloader.stop()
+        thread.join(timeout=5)
+        assert not thread.is_alive(), "the fetch blocked on a silent socket was not woken by stop()"
+        assert len(raised) == 1 and isinstance(raised[0], deadlines.Cancelled), raised  # not a row: the build stops
+        with pytest.raises(deadlines.Cancelled):
+            downloader.fetch(silent.url("/hang/b.jpg"))
+        assert len(silent.settled()) == 1  # the fetch after stop() never connected
+
+
 def _stopped_by(signum, tmp_path, *args):
     """Starts the command on URLs that hang (a server that accepts and never answers), sends
     `signum` once the first connection is in: (seconds to exit, exit code, stderr, connections
@@ -91,8 +119,7 @@ def _stopped_by(signum, tmp_path, *args):
                 _, stderr = proc.communicate()
                 pytest.fail(f"the build did not end within 30 s of {signal.Signals(signum).name}: {stderr[-2000:]}")
             took = time.monotonic() - sent
-            with silent.lock:
-                after = [t for t in silent.accepted if t > sent]
+            after = [t for t in silent.settled() if t > sent]
         finally:
             if proc.poll() is None:
                 proc.kill()

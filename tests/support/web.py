@@ -230,6 +230,7 @@ class Silent:
         self.lock = threading.Lock()
         self.accepted: List[float] = []
         self._held: List[socket.socket] = []
+        self._peers: List[tuple] = []  # each accepted connection's client address, in `accepted`'s order
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._thread: Optional[threading.Thread] = None
 
@@ -247,12 +248,31 @@ class Silent:
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self._sock.accept()
+                conn, peer = self._sock.accept()
             except OSError:
                 return  # closed by __exit__
             with self.lock:
                 self.accepted.append(time.monotonic())
                 self._held.append(conn)
+                self._peers.append(peer)
+
+    def settled(self, timeout: float = 10.0) -> List[float]:
+        """`accepted` once every connection made so far is counted: a connection of ours, made now,
+        is accepted after all of them (the backlog is first in, first out); it is not in the list."""
+        with self.lock:
+            before = len(self.accepted)
+        probe = socket.create_connection(self._sock.getsockname()[:2], timeout=timeout)
+        try:
+            limit = time.monotonic() + timeout
+            while True:
+                with self.lock:
+                    if probe.getsockname() in self._peers[before:]:
+                        i = self._peers.index(probe.getsockname(), before)
+                        return self.accepted[:i] + self.accepted[i + 1:]
+                assert time.monotonic() < limit, f"the silent server never accepted the probe within {timeout} s"
+                time.sleep(0.01)
+        finally:
+            probe.close()
 
     def __exit__(self, *exc) -> None:
         try:

@@ -184,7 +184,7 @@ class _Progress:
 
     def __init__(self, folder: Optional[str], cancelled):
         self._folder = folder
-        self._cancelled = cancelled
+        self._cancelled = self.cancelled = cancelled
         self._last: Dict[str, float] = {}
 
     def __call__(self, filename: str, done: int, rejected: int, total: int) -> None:
@@ -218,6 +218,8 @@ class _Writer:
         self._threads = threads
         self._progress = progress
         self._read = writer.reader()
+        if hasattr(self._read, "stop_when"):  # a manifest's reader, which may be downloading when the build is cancelled
+            self._read.stop_when(progress.cancelled)
         self._images = (concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="imagerecords-image")
                         if threads > 1 else None)
 
@@ -233,11 +235,9 @@ class _Writer:
         return staged
 
     def stop(self) -> None:
-        """The build is cancelled: wakes the image threads blocked on a download (the reader of a
-        manifest of URLs cuts its requests in flight and fetches nothing more); files have no stop."""
-        stop = getattr(self._read, "stop", None)
-        if stop is not None:
-            stop()
+        """The build is cancelled: the downloads in flight are cut now (not at the reader's next look)."""
+        if hasattr(self._read, "stop"):
+            self._read.stop()
 
     def close(self) -> None:
         if self._images is not None:
@@ -254,13 +254,6 @@ def _start_worker(writer: shard_writer.ShardWriter, progress_dir: Optional[str],
         signal.signal(signum, signal.SIG_IGN)
     _die_with_launcher(launcher)
     _WORKER["writer"] = _Writer(writer, THREADS_PER_PROCESS, _Progress(progress_dir, cancel.is_set))
-    # A shard writer blocked on a download never reaches its next image: the cancel wakes it.
-    threading.Thread(target=_stop_on, args=(cancel, _WORKER["writer"]), name="imagerecords-cancel", daemon=True).start()
-
-
-def _stop_on(cancel, writer: _Writer) -> None:
-    cancel.wait()
-    writer.stop()
 
 
 def _die_with_launcher(launcher: int) -> None:

@@ -65,6 +65,8 @@ class Call:
     def before_send(self) -> None:
         """Raises Cut where the deadline has passed or the build stopped: no request is sent then."""
         with self.watchdog._lock:
+            if self.cut is None and self.watchdog._is_stopped():
+                self.cut = "stopped"
             if self.cut is None and time.monotonic() >= self.end:
                 self.cut = "deadline"
             if self.cut is not None:
@@ -93,34 +95,49 @@ def _shut(sock) -> None:
 _current = threading.local()  # the Call the thread is making, for the connection classes
 
 
+# How often `cancelled` is looked at while a request is in flight or a retry waits.
+POLL_S = 0.1
+
+
 class Watchdog:
     """The requests in flight of one Downloader; its thread (started while any is in flight) cuts
-    each one whose deadline has passed."""
+    each one whose deadline has passed, and all of them once stop() is called or `cancelled()` is
+    true (a worker process's view of its launcher's cancel: looked at before each request, and
+    polled while any is in flight, never waited on)."""
 
-    def __init__(self):
+    def __init__(self, cancelled: Optional[Callable[[], bool]] = None):
         self._lock = threading.Condition()
         self._calls: Set[Call] = set()
         self._stopped = False
+        self._cancelled = cancelled
         self._thread: Optional[threading.Thread] = None
 
-    @property
-    def stopped(self) -> bool:
+    def _is_stopped(self) -> bool:  # under the lock
+        if not self._stopped and self._cancelled is not None and self._cancelled():
+            self._stop()
         return self._stopped
 
     def stop(self) -> None:
         """Cuts every request in flight and refuses new ones (Cancelled), for good."""
         with self._lock:
-            self._stopped = True
-            for call in self._calls:
-                call._shut("stopped")
-            self._lock.notify_all()
+            self._stop()
+
+    def _stop(self) -> None:  # under the lock
+        self._stopped = True
+        for call in self._calls:
+            call._shut("stopped")
+        self._lock.notify_all()
 
     def sleep(self, seconds: float) -> None:
         """Waits `seconds` (a retry's backoff), or raises Cancelled as soon as the watchdog is stopped."""
+        end = time.monotonic() + seconds
         with self._lock:
-            self._lock.wait_for(lambda: self._stopped, seconds)
-            if self._stopped:
-                raise Cancelled("downloads stopped")
+            while not self._is_stopped():
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                self._lock.wait(min(left, POLL_S) if self._cancelled is not None else left)
+            raise Cancelled("downloads stopped")
 
     @contextlib.contextmanager
     def watching(self, end: float, cut_off: Callable[[Optional[int]], BaseException]) -> Iterator[Call]:
@@ -129,7 +146,7 @@ class Watchdog:
         partial: headers, a body); in Cancelled if the watchdog was stopped, or is on entry."""
         call = Call(self, end)
         with self._lock:
-            if self._stopped:
+            if self._is_stopped():
                 raise Cancelled("downloads stopped")
             self._calls.add(call)
             if self._thread is None:
@@ -158,11 +175,14 @@ class Watchdog:
         with self._lock:
             while self._calls:
                 now = time.monotonic()
-                for call in self._calls:
-                    if call.cut is None and call.end <= now:
-                        call._shut("deadline")
-                ends = [c.end for c in self._calls if c.cut is None]
-                self._lock.wait(min(ends) - now if ends else None)
+                if not self._is_stopped():
+                    for call in self._calls:
+                        if call.cut is None and call.end <= now:
+                            call._shut("deadline")
+                ends = [c.end - now for c in self._calls if c.cut is None]
+                if ends and self._cancelled is not None:
+                    ends.append(POLL_S)
+                self._lock.wait(min(ends) if ends else None)
             self._thread = None  # the next request starts another; an idle Downloader holds no thread
 
 

@@ -18,7 +18,7 @@ import threading
 import time
 import urllib.parse
 import zlib
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple
 from imagerecords.pipeline import processes
 from imagerecords.pipeline.naming import setting
 from imagerecords.pipeline.read import deadlines
@@ -64,7 +64,8 @@ class HttpSettings:
       per_host: requests at once to one host, per worker process (across the local engine's
         workers where the launcher shares HostSlots).
       timeout: seconds to connect, and without a byte while reading.
-      deadline: seconds one URL may take in all, its retries and redirects included.
+      deadline: seconds one URL may take in all, its retries and redirects included, waiting for a
+        slot not (deadlines.py says what it covers).
       retries: further tries after a connection error, a timeout, a 5xx or a 429.
       user_agent: the User-Agent header.
       headers: extra request headers (from --http_headers); never logged or written anywhere.
@@ -139,7 +140,8 @@ def _shared_slots(per_host: int, slots: list) -> HostSlots:
 class Downloader:
     """Fetches URLs whole for one worker process; thread-safe (the shard writer's image threads share it)."""
 
-    def __init__(self, settings: HttpSettings, max_bytes: Optional[int], shared: Optional[HostSlots] = None):
+    def __init__(self, settings: HttpSettings, max_bytes: Optional[int], shared: Optional[HostSlots] = None,
+                 cancelled: Optional[Callable[[], bool]] = None):
         import urllib3
 
         from imagerecords import __version__
@@ -152,7 +154,7 @@ class Downloader:
         self._pool = urllib3.PoolManager(num_pools=64, maxsize=settings.per_host, block=False,
                                          retries=False, headers=headers)
         self._pool.pool_classes_by_scheme = deadlines.pool_classes()  # sockets the watchdog can cut
-        self._watchdog = deadlines.Watchdog()
+        self._watchdog = deadlines.Watchdog(cancelled)
         self._workers = threading.BoundedSemaphore(settings.workers)
         self._hosts: Dict[str, threading.BoundedSemaphore] = {}
         self._lock = threading.Lock()
@@ -353,6 +355,7 @@ class UrlReader:
         self._downloader: Optional[Downloader] = None
         self._lock = threading.Lock()
         self._stopped = False
+        self._cancelled: Optional[Callable[[], bool]] = None
 
     def __getstate__(self) -> Mapping:
         return {"_settings": self._settings, "_max_bytes": self._max_bytes, "_files": self._files,
@@ -363,6 +366,12 @@ class UrlReader:
         self._downloader = None
         self._lock = threading.Lock()
         self._stopped = False
+        self._cancelled = None
+
+    def stop_when(self, cancelled: Callable[[], bool]) -> None:
+        """Downloads stop (as stop() says) once `cancelled()` is true: checked before each request, and
+        polled while any is in flight (a worker process's view of its launcher's cancel)."""
+        self._cancelled = cancelled
 
     def stop(self) -> None:
         """The build is stopping: downloads in flight are cut, and no URL is fetched from now on."""
@@ -376,8 +385,8 @@ class UrlReader:
             return self._files(uri)
         if self._downloader is None:
             with self._lock:
-                if self._stopped:
+                if self._stopped or (self._cancelled is not None and self._cancelled()):
                     raise deadlines.Cancelled("downloads stopped")
                 if self._downloader is None:
-                    self._downloader = Downloader(self._settings, self._max_bytes, self._shared)
+                    self._downloader = Downloader(self._settings, self._max_bytes, self._shared, self._cancelled)
         return self._downloader.fetch(uri)
