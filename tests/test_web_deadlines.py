@@ -56,11 +56,11 @@ def test_a_header_drip_and_100_continue_forever_are_cut_off_at_the_deadline(tmp_
 
 @pytest.mark.slow
 def test_waiting_for_a_per_host_slot_is_not_charged_to_the_deadline(tmp_path):
-    # Four image threads ask at once, one at a time is served (0.5 s each): the last waits 1.5 s for
-    # its slot, as long as the deadline, and must still be stored.
-    with Server(IMAGES, delay=0.5) as server:
+    # Four image threads ask at once, one at a time is served (0.3 s each): the fourth waits 0.9 s for
+    # its slot, and with its answer would pass the 1 s deadline if the wait were charged.
+    with Server(IMAGES, delay=0.3) as server:
         urls = [server.url(f"/img/{name}") for name in IMAGES]
-        manifest = build(_manifest(tmp_path, urls), tmp_path / "out", "--http_per_host", 1, "--http_deadline", 1.5,
+        manifest = build(_manifest(tmp_path, urls), tmp_path / "out", "--http_per_host", 1, "--http_deadline", 1,
                          "--http_retries", 0, "--path_column", "url", "--max_reject_fraction", 1,
                          "--local_workers", 0, "--num_shards", 1)
         assert server.max_in_flight == 1
