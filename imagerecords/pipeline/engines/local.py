@@ -218,7 +218,7 @@ class _Writer:
         self._threads = threads
         self._progress = progress
         self._read = writer.reader()
-        if hasattr(self._read, "stop_when"):  # a manifest's reader, which may be downloading when the build is cancelled
+        if hasattr(self._read, "stop_when"):  # a manifest's reader: it may be downloading when the build is cancelled
             self._read.stop_when(progress.cancelled)
         self._images = (concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="imagerecords-image")
                         if threads > 1 else None)
