@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import build
-from support.web import Server, Silent, jpeg
+from support.web import Dropping, Server, Silent, jpeg
 from imagerecords.pipeline.read import deadlines, download
 
 IMAGES = {f"s{i}.jpg": jpeg(i) for i in range(8)}
@@ -79,7 +79,7 @@ def test_a_stopped_downloader_cuts_its_request_in_flight_and_connects_no_more():
             except BaseException as e:  # what the image thread would see
                 raised.append(e)
 
-        thread = threading.Thread(target=fetch)
+        thread = threading.Thread(target=fetch, daemon=True)  # a failing run leaves it blocked
         thread.start()
         limit = time.monotonic() + 10
         while not silent.accepted:
@@ -92,6 +92,33 @@ def test_a_stopped_downloader_cuts_its_request_in_flight_and_connects_no_more():
         with pytest.raises(deadlines.Cancelled):
             downloader.fetch(silent.url("/hang/b.jpg"))
         assert len(silent.settled()) == 1  # the fetch after stop() never connected
+
+
+def test_a_stopped_downloader_wakes_a_connect_that_hangs():
+    import psutil
+
+    with Dropping() as host:
+        downloader = download.Downloader(download.HttpSettings(timeout=60, deadline=120), None)
+        raised = []
+
+        def fetch():
+            try:
+                downloader.fetch(host.url("/a.jpg"))
+            except BaseException as e:
+                raised.append(e)
+
+        thread = threading.Thread(target=fetch, daemon=True)  # a failing run leaves it blocked
+        thread.start()
+        port = int(host.url("").rsplit(":", 1)[1])
+        limit = time.monotonic() + 10
+        while not any(c.status == psutil.CONN_SYN_SENT and c.raddr and c.raddr.port == port
+                      for c in psutil.Process().net_connections("tcp4")):
+            assert time.monotonic() < limit, "the downloader never started connecting within 10 s"
+            time.sleep(0.01)
+        downloader.stop()
+        thread.join(timeout=5)
+        assert not thread.is_alive(), "a connect that hangs was not woken by stop()"
+        assert len(raised) == 1 and isinstance(raised[0], deadlines.Cancelled), raised
 
 
 def _stopped_by(signum, tmp_path, *args):

@@ -284,3 +284,27 @@ class Silent:
         with self.lock:
             for conn in self._held:
                 conn.close()
+
+
+class Dropping:
+    """A host that never completes a connection: a listening socket with a backlog of one, filled
+    by a connection of its own and never accepted, so the kernel drops every further SYN and a
+    client's connect() hangs (as for a host behind a firewall that drops). `with Dropping() as d:`."""
+
+    def __init__(self):
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._filler: Optional[socket.socket] = None
+
+    def url(self, path: str) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"http://{host}:{port}{path}"
+
+    def __enter__(self) -> "Dropping":
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(0)
+        self._filler = socket.create_connection(self._sock.getsockname()[:2], timeout=5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._filler.close()
+        self._sock.close()

@@ -190,6 +190,44 @@ def current() -> Optional[Call]:
     return getattr(_current, "call", None)
 
 
+def _new_conn(conn, call: Call) -> socket.socket:
+    """urllib3's HTTPConnection._new_conn (and util.connection.create_connection), with each socket
+    attached to `call` before it connects: a connect that hangs (a host that drops the SYN) is
+    woken by a stop too, not only by its timeout. Raises urllib3's errors, as urllib3 does."""
+    import sys
+
+    from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+    from urllib3.util.connection import _set_socket_options, allowed_gai_family
+
+    host = conn._dns_host.strip("[]")
+    try:
+        err: Optional[OSError] = None
+        for af, socktype, proto, _, address in socket.getaddrinfo(host, conn.port, allowed_gai_family(),
+                                                                  socket.SOCK_STREAM):
+            sock = socket.socket(af, socktype, proto)
+            try:
+                _set_socket_options(sock, conn.socket_options)
+                sock.settimeout(conn.timeout)
+                if conn.source_address:
+                    sock.bind(conn.source_address)
+                call.attach(sock)
+                sock.connect(address)
+                break
+            except OSError as e:
+                err = e
+                sock.close()
+        else:
+            raise err or OSError("getaddrinfo returns an empty list")
+    except socket.gaierror as e:
+        raise NameResolutionError(conn.host, conn, e) from e
+    except socket.timeout as e:
+        raise ConnectTimeoutError(conn, f"Connection to {conn.host} timed out. (connect timeout={conn.timeout})") from e
+    except OSError as e:
+        raise NewConnectionError(conn, f"Failed to establish a new connection: {e}") from e
+    sys.audit("http.client.connect", conn, conn.host, conn.port)
+    return sock
+
+
 _POOLS: dict = {}
 
 
@@ -202,11 +240,8 @@ def pool_classes() -> dict:
         def watched(base):
             class Watched(base):
                 def _new_conn(self):
-                    sock = super()._new_conn()
                     call = current()
-                    if call is not None:
-                        call.attach(sock)
-                    return sock
+                    return super()._new_conn() if call is None else _new_conn(self, call)
 
                 def request(self, *args, **kwargs):
                     call = current()
