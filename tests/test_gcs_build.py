@@ -35,12 +35,14 @@ def test_build_from_gcs_to_gcs_matches_local_build(emulator, image_tree, tmp_pat
     want = sorted(f"{manifest.version}/{os.path.basename(p)}" for p in shard_files(local)) + [
         "dataset_info.json", "duplicates.jsonl", "errors.jsonl", "features.json", "label.labels.txt", "manifest.json"]
     local_version = os.path.dirname(shard_files(local)[0])
-    keys = sorted(os.listdir(os.path.join(local_version, "keys")))  # each shard's keys file (what --append reads)
-    want += [f"{manifest.version}/keys/{name}" for name in keys]
+    # Each shard's keys file and perceptual hashes file (what --append reads).
+    sides = [f"{folder}/{name}" for folder in ("keys", "hashes")
+             for name in sorted(os.listdir(os.path.join(local_version, folder)))]
+    want += [f"{manifest.version}/{name}" for name in sides]
     assert names == sorted(want)
-    for name in keys:
-        with open(os.path.join(local_version, "keys", name), "rb") as f:
-            assert emulator.download(f"gs://{bucket}/dataset/{manifest.version}/keys/{name}") == f.read(), name
+    for name in sides:
+        with open(os.path.join(local_version, name), "rb") as f:
+            assert emulator.download(f"gs://{bucket}/dataset/{manifest.version}/{name}") == f.read(), name
     for path in shard_files(local):
         with open(path, "rb") as f:
             assert emulator.download(f"gs://{bucket}/dataset/{manifest.version}/{os.path.basename(path)}") == f.read()
