@@ -190,3 +190,16 @@ def test_the_report_shows_each_cross_split_group_side_by_side(local_build, tmp_p
         assert len(srcs) == 2 and all(s.startswith("data:image/jpeg;base64,") for s in srcs)
         pictures = [Image.open(io.BytesIO(base64.b64decode(s.split(",", 1)[1]))) for s in srcs]
         assert distance(phash(pictures[0]), phash(pictures[1])) <= near.THRESHOLD + 4
+
+
+def test_a_resumed_build_takes_a_staged_shards_hashes_from_its_record(local_build):
+    # A resumed build reuses a staged shard through its record: the record must give back every hash.
+    from imagerecords.pipeline.write import shard_writer
+
+    manifest = json.loads((local_build / "manifest.json").read_text())
+    shard = manifest["splits"]["validation"]["shards"][0]
+    result = shard_writer.ShardResult.from_json(dict(shard, split="validation"))
+    items = [(2**64 - 1 - n, f"{n:032x}", (f"k{n}", "validation", f"u{n}", "lake"), False) for n in range(3)]
+    staged = shard_writer.StagedShard(result, [], [], 0, items)
+    record = json.loads(shard_writer._staged_record_bytes("f" * 64, staged))
+    assert shard_writer.StagedShard.from_json(record["staged"]).near == items

@@ -244,7 +244,8 @@ def _staged_record_bytes(fingerprint: str, staged: StagedShard, contents: Option
                                  for d, (k, s, u, n) in staged.contents])
         except (AttributeError, TypeError, ValueError):  # not (bytes, four strings): the encoder spells it
             return _record_bytes({"fingerprint": fingerprint, "staged": staged.to_json()})
-    rest = _record_bytes({**({"near": _near_json(staged.near)} if staged.near else {}), "passthrough": staged.passthrough, "rejected": [dataclasses.asdict(r) for r in staged.rejected],
+    rest = _record_bytes({**({"near": _near_json(staged.near)} if staged.near else {}),
+                          "passthrough": staged.passthrough, "rejected": [dataclasses.asdict(r) for r in staged.rejected],
                           "result": staged.result.to_json()})
     # Sorted keys: "contents" comes before "passthrough", "rejected" and "result".
     head = _record_bytes({"fingerprint": fingerprint})
