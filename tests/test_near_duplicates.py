@@ -7,6 +7,7 @@ the first of them under another label.
 """
 
 import base64
+import glob
 import io
 import itertools
 import json
@@ -111,27 +112,46 @@ def test_the_banded_index_finds_every_pair_brute_force_finds():
     assert {(a[2], b[2]) for entries in buckets.values() for a, b in near.bucket_pairs(entries)} == want
 
 
-@pytest.mark.parametrize("workers", [None, pytest.param(2, marks=pytest.mark.slow)], ids=["local", "direct"])
-def test_an_append_finds_a_new_image_near_an_old_record(corpus, tmp_path, workers):
+def _train_then_append_a_copy(corpus, tmp_path, workers=None, before_append=lambda out: None):
+    """Builds the corpus's train images, then appends a 0.8x copy of train/road/o5.jpg to validation
+    (under another label); returns the near rows after the append."""
     out = tmp_path / "out"
     first = tmp_path / "first.csv"
     lines = open(corpus["csv"]).read().splitlines()
     first.write_text("\n".join([lines[0]] + [line for line in lines[1:] if ",train," in line]) + "\n")
     build(first, out, "--num_shards", 2)
     assert _near_rows(out) == []
+    before_append(out)
     copy, quality = near_corpus.edited(near_corpus.picture(1005), "fourfifths")
     path = tmp_path / "new.jpg"
     path.write_bytes(near_corpus.jpeg(copy, quality))
     second = tmp_path / "second.csv"
     second.write_text(f"{lines[0]}\n{path},wall,validation,validation/wall/new.jpg\n")
     build(second, out, "--append", workers=workers)
-    rows = _near_rows(out)
+    return _near_rows(out)
+
+
+@pytest.mark.parametrize("workers", [None, pytest.param(2, marks=pytest.mark.slow)], ids=["local", "direct"])
+def test_an_append_finds_a_new_image_near_an_old_record(corpus, tmp_path, workers):
+    rows = _train_then_append_a_copy(corpus, tmp_path, workers)
     assert [[(m["key"], m["split"]) for m in r["members"]] for r in rows] == [
         [("train/road/o5.jpg", "train"), ("validation/wall/new.jpg", "validation")]]
     assert rows[0]["leak"] and rows[0]["conflict"]
     # The old record is named by the shard that holds it (its file was not read again).
     assert rows[0]["members"][0]["uri"].endswith(".tfrecord-00000-of-00002") or \
         rows[0]["members"][0]["uri"].endswith(".tfrecord-00001-of-00002")
+
+
+def test_an_append_skips_a_hashes_file_that_is_not_its_shards(corpus, tmp_path):
+    # Edited after its build (its header names another keys file): not trusted, the append still publishes.
+    def tamper(out):
+        for path in glob.glob(str(out / "v-*" / "hashes" / "*.txt")):
+            with open(path) as f:
+                text = f.read()
+            with open(path, "w") as f:
+                f.write(text.replace('"keys_sha256": "', '"keys_sha256": "0', 1))
+
+    assert _train_then_append_a_copy(corpus, tmp_path, before_append=tamper) == []
 
 
 @pytest.mark.slow
