@@ -25,8 +25,9 @@ counted) and extrapolates the rate to each size; plans shards by count (choose_n
 bytes); measures the refs' shuffle bytes with ImageRefCoder over the sample; cuts the sample into
 shards of the full size's row count with planning.plan_shards over the real shuffle hashes, and runs
 one worker process's downloads over them event by event, with HttpSettings' limits (--http_workers,
---http_per_host) and urllib3's pool of 64 hosts, at an assumed --latency_ms; and turns the busiest
-host's connections per worker into their sum over --workers processes. The commit and a reader are
+and each shard writer's share of --http_per_host among the job's --workers x --writers_per_worker
+writers, politeness.share) and urllib3's pool of 64 hosts, at an assumed --latency_ms; and turns the
+busiest host's connections and requests per worker into their sum over --workers processes. The commit and a reader are
 the file mode's manifest steps at the count-planned shards.
 """
 
