@@ -202,8 +202,9 @@ def test_a_url_manifest_is_downloaded_by_the_flink_workers_into_the_local_bytes(
 
 @pytest.mark.slow
 def test_http_per_host_holds_across_the_flink_workers(cluster, tmp_path):
-    """Issue 41: --http_per_host 2 on a job of --parallelism 2 gives each shard writer 1 request at
-    once to the host (4 image threads each): the server sees 2 at once, never more."""
+    """Issue 41: --http_per_host 3 on a job of --parallelism 2 gives each shard writer 1 request at
+    once to the host (of its 4 image threads): the server never sees more than the 2 writers' 2,
+    however their shards overlap (one writer alone would reach 3 with the limit per process)."""
     from imagerecords.cli.launcher import run
     from tests.support.web import Server, jpeg
 
@@ -214,9 +215,9 @@ def test_http_per_host_holds_across_the_flink_workers(cluster, tmp_path):
         rows = [f"{server.url(f'/img/p{i:02d}.jpg')},cat,photo{i:02d}\n" for i in range(n)]
         (tmp_path / "urls.csv").write_text("url,label,key\n" + "".join(rows))
         run(["--input", str(tmp_path / "urls.csv"), "--path_column", "url", "--num_shards", "8", "--threads", "4",
-             "--http_per_host", "2", "--no_progress", "--output", str(tmp_path / "out"), *cluster.pipeline_args()])
+             "--http_per_host", "3", "--no_progress", "--output", str(tmp_path / "out"), *cluster.pipeline_args()])
         assert sum(server.requests.values()) == n
-        assert server.max_in_flight == 2, server.max_in_flight  # both writers at once, 1 each; 4 at once without it
+        assert 1 <= server.max_in_flight <= 2, server.max_in_flight
 
 
 @pytest.mark.slow
