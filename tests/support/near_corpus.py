@@ -19,15 +19,15 @@ def picture(seed: int, size: Tuple[int, int] = (320, 240)) -> Image.Image:
     """A distinct photo-like RGB picture fixed by `seed`."""
     rng = np.random.default_rng(seed)
     w, h = size
-    yy, xx = np.mgrid[0:h, 0:w] / max(w, h)
-    img = np.zeros((h, w, 3))
+    yy, xx = (np.mgrid[0:h, 0:w] / max(w, h)).astype(np.float32)
+    img = np.zeros((h, w, 3), dtype=np.float32)
     for c in range(3):  # a tilted colour gradient per channel
         a, b = rng.uniform(-1, 1, 2)
         img[..., c] = 128 + 90 * (a * xx + b * yy) + rng.uniform(-40, 40)
     for _ in range(rng.integers(4, 9)):  # soft blobs of random colour
         cx, cy, r = rng.uniform(0, w / max(w, h)), rng.uniform(0, h / max(w, h)), rng.uniform(0.05, 0.3)
-        blob = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * r * r))
-        img += blob[..., None] * rng.uniform(-120, 120, 3)
+        blob = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / np.float32(2 * r * r))
+        img += blob[..., None] * rng.uniform(-120, 120, 3).astype(np.float32)
     pic = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(pic)
     for _ in range(rng.integers(3, 7)):  # shapes with hard edges, like objects
@@ -35,8 +35,8 @@ def picture(seed: int, size: Tuple[int, int] = (320, 240)) -> Image.Image:
         x1, y1 = x0 + int(rng.integers(15, w // 2)), y0 + int(rng.integers(15, h // 2))
         fill = tuple(int(v) for v in rng.integers(0, 256, 3))
         (draw.rectangle if rng.random() < 0.5 else draw.ellipse)([x0, y0, x1, y1], fill=fill)
-    noise = rng.normal(0, 6, (h, w, 3))  # sensor-like texture
-    out = np.clip(np.asarray(pic.filter(ImageFilter.GaussianBlur(1)), dtype=np.float64) + noise, 0, 255)
+    noise = rng.standard_normal((h, w, 3), dtype=np.float32) * 6  # sensor-like texture
+    out = np.clip(np.asarray(pic.filter(ImageFilter.GaussianBlur(1)), dtype=np.float32) + noise, 0, 255)
     return Image.fromarray(out.astype(np.uint8))
 
 
@@ -71,12 +71,13 @@ def write(folder: str, originals: int = 40, copied: int = 20) -> Dict[str, objec
     """
     rows, pairs, keys = ["path,label,split,key"], [], []
     labels = ("lake", "road", "tree", "wall")
+    pictures = [picture(1000 + i) for i in range(originals)]
     for i in range(originals):
         label = labels[i % len(labels)]
         path = os.path.join(folder, "train", label, f"o{i}.jpg")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
-            f.write(jpeg(picture(1000 + i)))
+            f.write(jpeg(pictures[i]))
         key = f"train/{label}/o{i}.jpg"
         rows.append(f"{path},{label},train,{key}")
         keys.append(key)
@@ -84,7 +85,7 @@ def write(folder: str, originals: int = 40, copied: int = 20) -> Dict[str, objec
         i = j * max(1, originals // copied)
         edit = EDITS[j % len(EDITS)]
         label = labels[i % len(labels)] if j else labels[(i + 1) % len(labels)]
-        copy, quality = edited(picture(1000 + i), edit, j)
+        copy, quality = edited(pictures[i], edit, j)
         path = os.path.join(folder, "validation", label, f"c{i}_{edit}.jpg")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
