@@ -7,7 +7,7 @@ what a scrape finds twice: resized 0.5x and 0.8x, recompressed at quality 60, cr
 
 import io
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter

@@ -342,8 +342,9 @@ def _near(extras: Extras, thumbs: Mapping[str, Thumb]) -> List[str]:
             members = "<br>".join(f"<code>{_e(mb.get('key', ''))}</code> · {_e(mb.get('split', ''))}"
                                   for mb in _members(row))
         labels = _e(", ".join(str(x) for x in row.get("labels", [])))
-        s.append(f'<tr{" class=leak data-leak=1" if row.get("leak") else ""}><td class=n>{_e(str(row.get("distance", "")))}'
-                 f'</td><td{" class=warn" if row.get("conflict") else ""}>{labels}</td><td>{members}</td></tr>')
+        s.append(f'<tr{" class=leak data-leak=1" if row.get("leak") else ""}>'
+                 f'<td class=n>{_e(str(row.get("distance", "")))}</td>'
+                 f'<td{" class=warn" if row.get("conflict") else ""}>{labels}</td><td>{members}</td></tr>')
     s.append("</table>")
     if len(rows) > _DUPLICATE_GROUPS_SHOWN:
         s.append(f"<p>First {_DUPLICATE_GROUPS_SHOWN} of {len(rows)} groups shown (cross-split ones first).</p>")
