@@ -43,7 +43,8 @@ class Page(HTMLParser):
 
     def __init__(self, text):
         super().__init__(convert_charrefs=True)
-        self.imgs = []          # attrs of every <img>, with the enclosing section's data-class
+        self.imgs = []          # attrs of every contact-sheet <img>, with the enclosing section's data-class
+        self.near_imgs = []     # attrs of every <img> of the near-duplicates table
         self.urls = []          # every src and href value
         self.bars = []          # (attrs of a <g data-value> plus its rect's rect-width, its value <text>)
         self.rows = collections.defaultdict(list)  # table class/id -> [[cell text]]
@@ -71,6 +72,8 @@ class Page(HTMLParser):
                 self.urls.append(a[key])
         if tag == "section":
             self._section = a.get("data-class")
+        elif tag == "img" and self._table == "near":
+            self.near_imgs.append(a)
         elif tag == "img" and a.get("class") == "layer":
             self.layers.append(dict(a, of=self._img))
         elif tag == "img":
