@@ -203,6 +203,13 @@ def build(input_path, output, *extra, workers=None):
     return run(["--input", str(input_path), "--output", str(output), "--no_progress", *args])
 
 
+def identical_rows(output):
+    """The rows of `output`'s duplicates.jsonl for identical files (its near-duplicate rows, of
+    "kind": "near", left out)."""
+    with open(os.path.join(str(output), "duplicates.jsonl"), encoding="utf-8") as f:
+        return [row for row in map(json.loads, f) if row.get("kind") != "near"]
+
+
 def published_version(output):
     """The version folder manifest.json names ('' when there is no manifest or no version folder)."""
     try:

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import published_version, build, manifest_without_time, shard_files, tree_with_twins
+from conftest import (build, identical_rows, manifest_without_time, published_version, shard_files,
+                      tree_with_twins)
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
 from imagerecords.cli import main as cli
 from imagerecords.pipeline.engines import uses_local_engine
@@ -61,7 +62,7 @@ def test_folder_build_with_splits_index_reencode_and_duplicates(image_tree, tmp_
     assert manifest.num_examples == 42 and manifest.num_rejected == 1 and manifest.num_skipped == 1
     assert manifest.num_duplicate_groups == 2 and manifest.num_label_conflicts == 1
     assert json.load(open(tmp_path / "direct" / MANIFEST))["num_label_conflicts"] == 1
-    rows = [json.loads(line) for line in open(tmp_path / "local" / "duplicates.jsonl")]
+    rows = identical_rows(tmp_path / "local")
     conflict = [r for r in rows if r["conflict"]]
     assert [[(m["key"], m["label"]) for m in r["members"]] for r in conflict] == [
         [(f"circle/{circle}", "circle"), ("square/copy_of_a_circle.jpg", "square")]]
@@ -132,7 +133,7 @@ def test_one_file_under_many_keys_is_one_duplicate_group_on_every_engine(image_t
     rows += [f"{root / 'circle' / rel},circle,own-{rel}" for rel in files["circle"][1:]]  # no twin: no group
     man.write_text("\n".join(rows) + "\n")
     manifest = assert_engines_agree(man, tmp_path, "--num_shards", 3, "--splits", SPLITS)
-    groups = [json.loads(line) for line in open(tmp_path / "local" / "duplicates.jsonl")]
+    groups = identical_rows(tmp_path / "local")
     assert sorted([m["key"] for m in g["members"]] for g in groups) == [
         [f"placeholder-{i}" for i in range(7)], [f"sq-{i}" for i in range(3)]]
     assert manifest.num_duplicate_groups == 2 and manifest.num_examples == len(rows) - 1
@@ -151,8 +152,7 @@ def test_one_file_listed_under_two_labels_is_a_label_conflict_on_every_engine(im
     manifest = assert_engines_agree(man, tmp_path, "--num_shards", 2, "--splits", SPLITS)
     assert manifest.integer_labels and manifest.num_examples == len(rows)
     assert (manifest.num_duplicate_groups, manifest.num_label_conflicts) == (2, 1)
-    with open(tmp_path / "direct" / "duplicates.jsonl") as f:
-        groups = {tuple(m["key"] for m in g["members"]): g for g in map(json.loads, f)}
+    groups = {tuple(m["key"] for m in g["members"]): g for g in identical_rows(tmp_path / "direct")}
     assert sorted(groups) == [("c-0", "circle-as-1"), ("s-0", "square-as-01")]
     conflict, plain = groups[("c-0", "circle-as-1")], groups[("s-0", "square-as-01")]
     assert (conflict["conflict"], conflict["labels"]) == (True, ["0", "1"])
