@@ -73,6 +73,29 @@ def frame_equal(frames: "np.ndarray") -> None:
     frames[:, FRAME_HEADER + size:] = masked.astype("<u4").view(np.uint8).reshape(rows, FRAME_FOOTER)
 
 
+def frame_rows(rows: "np.ndarray") -> Tuple["np.ndarray", List[int]]:
+    """Frames equal-length records given as the rows of a 2-D uint8 array, in bulk (frame_equal):
+    (the frames back to back, each frame's length)."""
+    import numpy as np
+
+    count, size = rows.shape
+    frames = np.empty((count, size + FRAME_OVERHEAD), np.uint8)
+    frames[:, FRAME_HEADER:FRAME_HEADER + size] = rows
+    frame_equal(frames)
+    return frames.reshape(-1), [size + FRAME_OVERHEAD] * count
+
+
+def file_digests(path: str, chunk: int = 1 << 20) -> Tuple[int, str, str]:
+    """(size, sha256, crc32c as GCS shows it) of a local file, read in chunks."""
+    sha, crc, size = hashlib.sha256(), google_crc32c.Checksum(), 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            sha.update(block)
+            crc.update(block)
+            size += len(block)
+    return size, sha.hexdigest(), crc32c_text(crc)
+
+
 class RecordWriter:
     """Writes framed records to a binary stream while keeping a count, byte size, sha256 and the
     whole file's crc32c (the checksum GCS keeps for every object, so a commit can compare without
