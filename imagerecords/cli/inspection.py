@@ -11,7 +11,8 @@ from imagerecords.format import manifest as manifest_lib
 from imagerecords.format.errors import NotRegularFile
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError
 from imagerecords.format.paths import has_scheme
-from imagerecords.format.record_format import is_shard_name, shard_prefix
+from imagerecords.format import record_format
+from imagerecords.format.record_format import is_shard_name
 from imagerecords.pipeline import errors, storage
 from imagerecords.pipeline.storage import join, open_read
 from imagerecords.pipeline.write import dataset_files
@@ -131,8 +132,6 @@ def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> L
     """Problems of one shard's index file: missing, or failing the one index loader's checks
     against the manifest (sha256, lines, count, end), or (given the shard's frame lengths, read
     with --records) entries that do not match its frames."""
-    from imagerecords.format import record_format
-
     path = join(output, shard.index_file)
     try:
         data = _read_bytes(path)
@@ -183,10 +182,11 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
     Raises:
       errors.BuildError: when there is no readable manifest.
     """
-    from imagerecords.format.record_format import FRAME_OVERHEAD, read
+    from imagerecords.format.record_format import FRAME_OVERHEAD
     from imagerecords.format.records import CorruptRecordError, HashingReader
 
     manifest = load(output)
+    fmt = record_format.of(manifest)
     problems, keys_notes = [], []
     names = _present(output, manifest)
     stored = features_lib.stored(manifest) if records else ()
@@ -209,7 +209,7 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                     frame_lengths = []
                     checking = True  # the first record per shard that does not fit the spec is named
                     try:
-                        for number, record in enumerate(read(stream, path)):
+                        for number, record in enumerate(fmt.read(stream, path)):
                             frame_lengths.append(len(record) + FRAME_OVERHEAD)
                             problem = _record_problem(record, stored) if checking else None
                             if problem:
@@ -265,6 +265,8 @@ def inspect(output: str) -> Tuple[List[str], List[str]]:
              f"{manifest.label_offset}, seed {manifest.seed}, built {manifest.created}"]
     if manifest.version:
         lines.append(f"  version: {manifest.version} (its shards: {join(output, manifest.version)})")
+    if manifest.record_format != record_format.DEFAULT:
+        lines.append(f"  record format: {manifest.record_format}")
     problems = []
     for split in manifest.splits:
         missing = [s.filename for s in split.shards if s.filename not in names]
@@ -318,5 +320,5 @@ def shard_glob(output: str, split: str) -> str:
         raise errors.UsageError(f"{output}: no one glob matches split {found.name!r}: its shards lie in several "
                                 "version folders (appended before version folders were whole); list them with "
                                 f"--files {found.name}, or rebuild with --overwrite")
-    pattern = f"{shard_prefix(manifest.name, found.name)}-*"
+    pattern = f"{record_format.of(manifest).shard_prefix(manifest.name, found.name)}-*"
     return join(output, manifest.version, pattern) if manifest.version else join(output, pattern)

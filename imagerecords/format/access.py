@@ -12,7 +12,7 @@ import numpy as np
 
 from imagerecords.format import manifest as manifest_lib
 from imagerecords.format.errors import Error, FilesMissing
-from imagerecords.format import records
+from imagerecords.format import record_format
 from imagerecords.format.files import Files
 from imagerecords.format.manifest import Manifest
 from imagerecords.format.paths import has_scheme, join
@@ -110,9 +110,10 @@ def split_digest(shards: Sequence) -> str:
     return hashlib.sha256(json.dumps([[s.count, s.sha256] for s in shards]).encode()).hexdigest()[:16]
 
 
-def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: str
-                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(frame offset, frame length, shard number) of every record of a split, in split order.
+def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: str,
+                 fmt: Optional[record_format.RecordFormat] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(record locator, length, shard number) of every record of a split, in split order: for
+    TFRecord each frame's byte offset and length, for another format what its `entries` give.
 
     Args:
       files: the reader's Files.
@@ -120,16 +121,19 @@ def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: s
       split: its name (for messages).
       shards: the split's manifest Shards.
       index: "require" (a shard without an index file is an error saying how to mend it) or
-        "scan" (such a shard's offsets are found by reading it once).
+        "scan" (such a shard's offsets are found by reading it once); a format whose files carry
+        their own index needs none.
+      fmt: the manifest's record format (record_format.of(manifest)); None: TFRecord.
 
     Raises:
       MissingIndexError: under index="require" when a shard has no index file.
       FileNotFoundError, ShardSizeError: a shard missing, or of another size than manifest.json
         lists (check_shards), before any index or shard is read.
       records.IndexFileError: an index file that differs from manifest.json (sha256, count, end).
-      CorruptRecordError: a scanned shard whose frames disagree with manifest.json.
+      CorruptRecordError: a shard whose records disagree with manifest.json.
     """
-    unindexed = [s for s in shards if not s.index_file]
+    fmt = fmt or record_format.TFRECORD
+    unindexed = [s for s in shards if not s.index_file] if fmt.index_files else []
     if unindexed and index == "require":
         raise MissingIndexError(
             f"{path}: {len(unindexed)} of the {len(shards)} shards of split {split!r} have no index file "
@@ -139,29 +143,20 @@ def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: s
     check_shards(path, [(join(path, s.filename), s.num_bytes) for s in shards], files.size)
     offsets, lengths, shard_of = [], [], []
     for number, shard in enumerate(shards):
-        shard_path = join(path, shard.filename)
-        if shard.index_file:
-            index_path = join(path, shard.index_file)
-            entries = records.load_index(files.read(index_path), index_path, count=shard.count,
-                                         num_bytes=shard.num_bytes, sha256=shard.index_sha256)
-        else:
-            entries = records.scan_frames(files.read(shard_path), shard_path)
-            end = entries[-1][0] + entries[-1][1] if entries else 0
-            if len(entries) != shard.count or end != shard.num_bytes:
-                raise CorruptRecordError(
-                    f"{shard_path}: its frames are {len(entries)} records over {end} bytes, manifest.json says "
-                    f"{shard.count} over {shard.num_bytes} (`imagerecords verify {path}` checks every file)")
+        entries = fmt.entries(files.read, path, join(path, shard.filename), shard,
+                              join(path, shard.index_file) if shard.index_file else None)
         offsets += [o for o, _ in entries]
         lengths += [n for _, n in entries]
         shard_of += [number] * len(entries)
     return np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(shard_of, np.int32)
 
 
-def check_frame(dataset: str, shard_path: str, offset: int, length: int, frame: bytes) -> bytes:
-    """The record inside `frame` (read from `shard_path` at `offset`), both checksums checked.
+def read_record(files: Files, fmt: record_format.RecordFormat, dataset: str, shard_path: str, offset: int,
+                length: int) -> bytes:
+    """The record at a load_offsets entry of `shard_path`, checked by its format (TFRecord: one
+    ranged read, both checksums).
 
     Raises:
-      CorruptRecordError: naming the shard and byte offset of a short or damaged frame.
+      CorruptRecordError: naming the shard and where in it a short or damaged record is.
     """
-    return records.record_of_frame(frame, length, f"{shard_path}: record at byte {offset}",
-                                   f" (`imagerecords verify {dataset} --records` checks every shard)")
+    return fmt.record_at(files.read_range, dataset, shard_path, offset, length)

@@ -227,6 +227,7 @@ def _records_file(fmt: record_format.RecordFormat, path: str) -> Iterator[record
             writer.close()
         return
     if storage.is_local(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # as storage.create makes a stream's folder
         writer = fmt.writer(path)
         try:
             yield writer
