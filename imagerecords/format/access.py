@@ -143,7 +143,7 @@ def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: s
     check_shards(path, [(join(path, s.filename), s.num_bytes) for s in shards], files.size)
     offsets, lengths, shard_of = [], [], []
     for number, shard in enumerate(shards):
-        entries = fmt.entries(files.read, path, join(path, shard.filename), shard,
+        entries = fmt.entries(files, path, join(path, shard.filename), shard,
                               join(path, shard.index_file) if shard.index_file else None)
         offsets += [o for o, _ in entries]
         lengths += [n for _, n in entries]

@@ -50,6 +50,10 @@ class ArrayRecordWriter(RecordWriter):
             self._writer.close()
             self._digests = record_format.file_digests(self._path)
             self.num_bytes = self._digests[0]
+            self._ends = record_format.ends_digest(_read_range, self._path, self.num_bytes)
+
+    def ends_sha256(self) -> str:
+        return self._ends
 
     def sha256(self) -> str:
         return self._digests[1]
@@ -120,10 +124,16 @@ class ArrayRecord(RecordFormat):
             while stream.read(1 << 20):
                 pass
 
-    def entries(self, read, dataset, shard_path, shard, index_path):
+    def entries(self, files, dataset, shard_path, shard, index_path):
         if "://" in shard_path:
             raise CorruptRecordError(f"{shard_path}: ArrayRecord shards are read from local files; copy the dataset "
                                      "folder to a local disk first")
+        if shard.ends_sha256 and record_format.ends_digest(files.read_range, shard_path, shard.num_bytes) != shard.ends_sha256:
+            raise CorruptRecordError(
+                f"shard {shard_path}: its first and last {record_format.ENDS // 1024} KiB differ from the file "
+                "manifest.json describes (another build's shard copied over it, or a damaged copy); "
+                f"`imagerecords verify {dataset}` names every such file; restore the dataset's own file, or "
+                "rebuild the dataset with --overwrite")
         count = self._open(shard_path, dataset).num_records()
         if count != shard.count:
             raise CorruptRecordError(f"{shard_path}: it holds {count} records, manifest.json says {shard.count}"
@@ -142,6 +152,12 @@ class ArrayRecord(RecordFormat):
 
     def __setstate__(self, state):
         self._readers = _Readers()
+
+
+def _read_range(path: str, offset: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
 
 
 def _first_line(e: BaseException) -> str:

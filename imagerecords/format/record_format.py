@@ -12,6 +12,7 @@ format/array_record_format.py. A new format is one module that subclasses `Recor
 
 from __future__ import annotations
 
+import hashlib
 from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from imagerecords.format import records
@@ -47,6 +48,10 @@ class RecordWriter:
 
     def close(self) -> None:
         """Finishes the file (idempotent); the statistics hold from here on."""
+
+    def ends_sha256(self) -> Optional[str]:
+        """ends_digest of the closed file, for a format whose sizes cannot tell files apart; else None."""
+        return None
 
     def sha256(self) -> str:
         raise NotImplementedError
@@ -102,10 +107,10 @@ class RecordFormat:
         CorruptRecordError naming `name`."""
         raise NotImplementedError
 
-    def entries(self, read: Callable[[str], bytes], dataset: str, shard_path: str, shard,
-                index_path: Optional[str]) -> List[Tuple[int, int]]:
+    def entries(self, files, dataset: str, shard_path: str, shard, index_path: Optional[str]) -> List[Tuple[int, int]]:
         """(locator, length) of every record of a shard (manifest Shard), for `record_at`; from its
-        index file at `index_path` when it has one. Raises IndexFileError or CorruptRecordError."""
+        index file at `index_path` when it has one; `files` reads (format.files.Files: read,
+        read_range). Raises IndexFileError or CorruptRecordError."""
         raise NotImplementedError
 
     def record_at(self, read_range: Callable[[str, int, int], bytes], dataset: str, shard_path: str,
@@ -214,11 +219,11 @@ class TFRecord(RecordFormat):
     def read(self, stream: BinaryIO, name: str = "<stream>") -> Iterator[bytes]:
         return records.read_records(stream, name)
 
-    def entries(self, read, dataset, shard_path, shard, index_path):
+    def entries(self, files, dataset, shard_path, shard, index_path):
         if index_path:
-            return records.load_index(read(index_path), index_path, count=shard.count, num_bytes=shard.num_bytes,
+            return records.load_index(files.read(index_path), index_path, count=shard.count, num_bytes=shard.num_bytes,
                                       sha256=shard.index_sha256)
-        entries = records.scan_frames(read(shard_path), shard_path)
+        entries = records.scan_frames(files.read(shard_path), shard_path)
         end = entries[-1][0] + entries[-1][1] if entries else 0
         if len(entries) != shard.count or end != shard.num_bytes:
             raise CorruptRecordError(
@@ -288,6 +293,17 @@ def read(stream: BinaryIO, name: str = "<stream>", fmt: Optional[RecordFormat] =
 
 def tf_dataset(path):
     return TFRECORD.tf_dataset(path)
+
+
+ENDS = 1 << 16  # bytes at each end of a file that ends_digest reads
+
+
+def ends_digest(read_range: Callable[[str, int, int], bytes], path: str, size: int) -> str:
+    """sha256 of a file's first and last ENDS bytes (the whole file when it is smaller): the cheap
+    check of a shard whose size is a multiple of a block, read with two ranged reads."""
+    head = read_range(path, 0, min(size, ENDS))
+    tail = read_range(path, size - ENDS, ENDS) if size > ENDS else b""
+    return hashlib.sha256(head + tail).hexdigest()
 
 
 file_digests = records.file_digests  # (size, sha256, crc32c) of a local file: a path writer's statistics

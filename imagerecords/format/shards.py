@@ -34,6 +34,9 @@ class Shard:
         not 'jpeg' (a 'jpeg' build stores 3-channel uint8 JPEGs only).
       keys_sha256: hex digest of the shard's keys file (`keys/<shard>.jsonl`, what --append reads
         instead of the shard), when its build recorded one: only a keys file of that digest is used.
+      ends_sha256: hex digest of the file's first and last 64 KiB (record_format.ends_digest), for a
+        format whose file sizes come in blocks (ArrayRecord), so that the readers' size check cannot
+        tell two shards apart: they check this instead before reading. None for TFRecord.
     """
 
     index: int
@@ -47,6 +50,7 @@ class Shard:
     index_sha256: Optional[str] = None
     image_kinds: Tuple[Tuple[str, int], ...] = ()
     keys_sha256: Optional[str] = None
+    ends_sha256: Optional[str] = None
 
     def to_json(self) -> Dict[str, Any]:
         out = {"index": self.index, "filename": self.filename, "count": self.count, "num_bytes": self.num_bytes,
@@ -59,6 +63,8 @@ class Shard:
             out["image_kinds"] = dict(self.image_kinds)
         if self.keys_sha256:
             out["keys_sha256"] = self.keys_sha256
+        if self.ends_sha256:
+            out["ends_sha256"] = self.ends_sha256
         return out
 
     @classmethod
@@ -78,7 +84,8 @@ class Shard:
                    passthrough=int(d.get("passthrough", 0)), index_file=d.get("index_file"),
                    index_sha256=d.get("index_sha256"),
                    image_kinds=tuple(sorted((str(k), int(v)) for k, v in dict(d.get("image_kinds") or {}).items())),
-                   keys_sha256=str(d["keys_sha256"]) if d.get("keys_sha256") else None)
+                   keys_sha256=str(d["keys_sha256"]) if d.get("keys_sha256") else None,
+                   ends_sha256=str(d["ends_sha256"]) if d.get("ends_sha256") else None)
 
 
 def count_problem(count: int, num_bytes: int, min_bytes: int = FRAME_OVERHEAD) -> Optional[str]:
@@ -204,6 +211,8 @@ class ShardColumns(collections.abc.Sequence):
             out["index_sha256"] = self.index_sha256
         if self.keys_sha256:
             out["keys_sha256"] = self.keys_sha256
+        if self.ends_sha256:
+            out["ends_sha256"] = self.ends_sha256
         return out
 
     @classmethod

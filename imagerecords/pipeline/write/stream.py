@@ -123,6 +123,7 @@ class ShardStats:
     contents: List[Tuple[bytes, ImageRef]] = dataclasses.field(default_factory=list)
     kinds: Tuple[Tuple[str, int], ...] = ()
     crc32c: Optional[str] = None
+    ends_sha256: Optional[str] = None  # the format writer's (record_format.RecordWriter.ends_sha256)
 
 
 def _ordered_map(fn, items: Iterable, executor: Optional[concurrent.futures.Executor], window: int):
@@ -195,5 +196,5 @@ def write_shard(
             on_progress(done, len(rejected))
     writer.close()
     stats = ShardStats(writer.count, writer.num_bytes, writer.sha256(), tuple(sorted(histogram.items())), passthrough,
-                       writer.offsets, contents, tuple(sorted(kinds.items())), writer.crc32c())
+                       writer.offsets, contents, tuple(sorted(kinds.items())), writer.crc32c(), writer.ends_sha256())
     return stats, rejected
