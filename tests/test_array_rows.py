@@ -213,7 +213,7 @@ def test_keys_file_is_json_dumps_per_row():
 def test_fingerprint_line_is_json_dumps(tmp_path):
     image = tmp_path / "a.png"
     image.write_bytes(b"x" * 10)
-    refs = [ImageRef("data.npz:000000007", "/d/data.npz#row=7", "3", "train", 3136, 3),
+    refs = [ImageRef("data.npz:000000007", "/d/data.npz#row=7", "3", "train", 3136, 3, row=7),
             ImageRef("cat/a.png", str(image), "cät\u2028", "validation", 10, 0),
             ImageRef("gone.png", str(tmp_path / "gone.png"), "dog", "train", -1, 1),
             ImageRef("e.png", str(image), "dog", "train", 10, 1, extras='{"mask":"%s","w":[1.5]}' % image),
@@ -222,7 +222,7 @@ def test_fingerprint_line_is_json_dumps(tmp_path):
         for images in ((), ("mask",)):
             expected = json.dumps([r.key, r.uri, r.label, r.label_id, r.split, r.size,
                                    *([r.extras] if r.extras else []), *fingerprint._read_files(r, images)]) + "\n"
-            assert fingerprint._fingerprint_line(r, images, arrays.is_row) == expected
+            assert fingerprint._fingerprint_line(r, images) == expected
 
 
 @pytest.mark.parametrize("save", [np.savez, np.savez_compressed])

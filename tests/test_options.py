@@ -30,9 +30,10 @@ def test_every_setting_belongs_to_one_concern_or_to_the_build_itself():
     (config_lib.ShardOptions, {"num_shards": 0}, "num_shards must be within 1..99,999 (shards of one split), got 0"),
     (config_lib.ShardOptions, {"target_shard_mb": 0.0}, "target_shard_mb must be > 0, got 0.0"),
     (config_lib.LabelOptions, {"label_type": "float"}, "label_type 'float' is not one of auto, name, int"),
-    (config_lib.DownloadOptions, {"http_per_host": 0}, "http_per_host must be >= 1, got 0"),
+    (config_lib.DownloadOptions, {"http_per_host": 0}, "http_per_host must be within 1..1024, got 0"),
     (config_lib.PublishOptions, {"keep_versions": 0}, "keep_versions must be >= 1, got 0"),
     (config_lib.PublishOptions, {"version_name": "v-1"}, "version_name 'v-1' starts with 'v-'"),
+    (config_lib.PublishOptions, {"max_download_failures": 1.5}, "max_download_failures must be within 0..1, got 1.5"),
     (config_lib.SplitOptions, {"splits": (("train", 0.7), ("test", 0.2))}, "splits: fractions sum to 0.9, not 1"),
     (config_lib.SplitOptions, {"split_names": ("train", "a/b")}, "split_names: "),
     (config_lib.InputColumns, {"label_column": ""}, "label_column must name a column, got an empty name"),
@@ -55,3 +56,9 @@ def test_a_stage_takes_only_its_concern():
     assert (alone._http.per_host, alone._http.retries, alone._http.workers) == (2, 0, 16)
     columns = config_lib.InputColumns(path_column="url").manifest_columns()
     assert columns == BuildConfig(input="a.csv", output="out/", path_column="url").manifest_columns()
+
+
+def test_the_download_budget_is_recorded_only_when_given():
+    # Absent at its default: a default build's manifest keeps its bytes; given, an --append takes it from there.
+    assert "max_download_failures" not in BuildConfig(input="urls.csv", output="out/").to_json()
+    assert BuildConfig(input="urls.csv", output="out/", max_download_failures=0.3).to_json()["max_download_failures"] == 0.3

@@ -461,3 +461,27 @@ def test_a_pipelines_commit_removes_a_staging_area_untouched_for_hours_and_keeps
     os.utime(odd / "notes.txt", (old, old))
     publish.commit_results(str(out), mine)
     assert sorted(os.listdir(out / STAGING)) == sorted([recent.build_id, odd.name])  # the killed job's went
+
+
+def test_the_verdict_holds_dead_links_to_their_own_budget_and_an_append_to_the_dataset(tmp_path):
+    twenty = _results(shards=[("train", i, b"r%d" % i) for i in range(20)], budget=0.01)  # 20 records written
+
+    def verdict(results, **counts):
+        dataclasses.replace(results, **counts).verdict(str(tmp_path / "out"))
+
+    verdict(twenty, num_rejected=2, num_download_failures=2)  # 2 dead links of 22 inputs: within 10%
+    with pytest.raises(errors.BudgetExceeded, match=r"^3 of 23 inputs could not be downloaded \(13\.04%\), over the "
+                                                   r"budget of 10% \(--max_download_failures\).* with --overwrite$"):
+        verdict(twenty, num_rejected=3, num_download_failures=3)
+    with pytest.raises(errors.BudgetExceeded, match=r"^1 of 22 inputs rejected \(4\.55%\), over the budget of 1% "
+                                                   r"\(--max_reject_fraction\)"):
+        verdict(twenty, num_rejected=2, num_download_failures=1)  # any other reject: still 1%
+    verdict(twenty, num_rejected=3, num_download_failures=3, max_reject_fraction=0.2)  # the larger budget holds
+    # An append of 3 URLs, all still dead, to a dataset of 40 records: 3 of 43.
+    old = _results(shards=[("train", i, b"o%d" % i) for i in range(40)], build_id="20261201T000001Z-aaaaaa")
+    retry = _results(shards=(), budget=0.01, build_id="20261201T000003Z-cccccc")
+    base = old.manifest().to_json()
+    verdict(retry, num_rejected=3, num_download_failures=3, base=base)
+    with pytest.raises(errors.BudgetExceeded, match=r"^5 of 45 inputs \(with the dataset's 40 records\) could not be "
+                                                   r"downloaded .* and rerun the build with --append$"):
+        verdict(retry, num_rejected=5, num_download_failures=5, base=base)

@@ -141,3 +141,41 @@ def test_a_generator_source_writes_the_same_bytes_on_direct_runner(counting, tmp
     assert any(name.endswith(".tfrecord-00000-of-00002") for name in local)
     assert forked == local
     assert direct == local
+
+
+# The input kind travels on the ref -------------------------------------------------------------
+
+
+def test_a_folder_file_named_like_an_array_row_is_an_image(tmp_path):
+    # "#row=" in a file name once made the writer take it for an arrays row: int("1.jpg") failed the build.
+    for i, name in enumerate(("x#row=1.jpg", "plain.jpg")):
+        (tmp_path / "in" / "cats").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(_pixels(i)).save(tmp_path / "in" / "cats" / name, format="PNG")
+    manifest = build(tmp_path / "in", tmp_path / "out", "--num_shards", 1, "--image_encoding", "png")
+    assert manifest.num_examples == 2 and manifest.num_rejected == 0
+    examples = read_examples(tmp_path / "out")
+    assert sorted(examples) == ["cats/plain.jpg", "cats/x#row=1.jpg"]
+    pixels = examples["cats/x#row=1.jpg"].features.feature["image"].bytes_list.value[0]
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(pixels)).convert("RGB")), _pixels(0))
+
+
+class IdentifiedSource(CountingSource):
+    """CountingSource with the documented `identity()` hook: what --resume compares beyond the refs."""
+
+    kind = "identified"
+
+    def claims(self, path):
+        return path.startswith("counting://")
+
+    def identity(self, path):
+        return f"generator v1 of {path}"
+
+
+def test_a_registered_source_with_an_identity_builds(tmp_path):
+    source = sources.register(IdentifiedSource())
+    try:
+        manifest = build("counting://24", tmp_path / "out", *ARGS)
+    finally:
+        sources.unregister(source)
+    assert manifest.num_examples == 22 and manifest.num_rejected == 2
+    assert sorted(read_examples(tmp_path / "out")) == [f"pic{i:03d}" for i in range(24) if i not in (BROKEN, SKIPPED)]

@@ -106,8 +106,10 @@ def test_refs_cross_stages_with_the_compact_deterministic_coder():
     assert isinstance(coder, ImageRefCoder) and coder.is_deterministic()
     assert coder.decode(coder.encode(ref)) == ref
     assert coder.decode(coder.encode(ImageRef("k", "u", None, ""))) == ImageRef("k", "u", None, "")
-    # Fields only: the pickled dataclass Beam used before was ~220 bytes for this ref.
-    assert len(coder.encode(ref)) == len(ref.key) + len(ref.uri) + len(ref.label) + len(ref.split) + 4 + 1 + 3 + 1
+    row = ImageRef("d.npz:000000007", "d.npz#row=7", "3", "train", 12, 3, '{"w":[1]}', row=7)  # a row stays one
+    assert coder.decode(coder.encode(row)) == row and coder.decode(coder.encode(row)).row == 7
+    # Fields only: the pickled dataclass Beam used before was ~220 bytes for this ref; a file's row is one byte.
+    assert len(coder.encode(ref)) == len(ref.key) + len(ref.uri) + len(ref.label) + len(ref.split) + 4 + 1 + 3 + 1 + 1
     p = TestPipeline()
     shards = p | beam.Create(_refs(3)) | GlobalShuffle(num_shards=1)
     assert "ImageRefCoder" in str(typecoders.registry.get_coder(shards["shards"].element_type))

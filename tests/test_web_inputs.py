@@ -294,8 +294,8 @@ def test_a_gzip_bomb_is_stopped_at_the_size_limit(tmp_path):
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--http_workers", "0", "http_workers must be >= 1, got 0"),
-    ("--http_deadline", "-1", "http_deadline must be > 0 seconds, got -1.0"),
+    ("--http_workers", "0", "http_workers must be within 1..1024, got 0"),
+    ("--http_deadline", "-1", "http_deadline must be > 0 and at most 86400 seconds, got -1.0"),
     ("--http_retries", "1.5", "1.5"),
 ])
 def test_http_settings_out_of_range_are_one_line(tmp_path, capsys, flag, value, message):
@@ -353,3 +353,76 @@ def test_write_dataset_rows_with_url_paths_are_downloaded_by_its_writers(server,
         assert ex.features.feature["image"].bytes_list.value[0] == IMAGES[url.rsplit("/", 1)[1]]
     (row,) = _errors(out).values()
     assert row["stage"] == "download" and row["reason"] == "HTTP 404 (Not Found)", row
+
+
+# The download budget: link rot is normal -----------------------------------------------------------
+
+TINY = {f"t{i:03d}.jpg": jpeg(i, size=(8, 8)) for i in range(200)}
+
+
+def _cli(args, capsys):
+    """(exit code, the build's stderr lines) of one build through the command line."""
+    from imagerecords.cli import main as cli
+
+    code = cli.main(["build", *map(str, args), "--no_progress"])
+    # The test server's own handler threads may print there too (a client that hung up): not the build's.
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.startswith("imagerecords")]
+
+
+def _published(out):
+    from imagerecords.format import manifest
+
+    return manifest.load(str(out), lambda p: open(p, "rb").read(), os.path.exists)
+
+
+@pytest.mark.slow
+def test_five_dead_links_in_200_pass_by_default_and_so_does_their_retry(tmp_path, capsys):
+    with Server(TINY) as server:
+        dead = [server.url(f"/img/dead{i}.jpg") for i in range(5)]
+        rows = [(server.url(f"/img/{name}"), "cat" if i % 2 else "dog") for i, name in enumerate(TINY)]
+        path = _manifest(tmp_path, rows + [(url, "cat") for url in dead])
+        out = tmp_path / "out"
+        # 5 of 205 is 2.4%: over --max_reject_fraction's 1%, within --max_download_failures' 10%.
+        code, err = _cli(["--input", path, "--output", out, "--path_column", "url", "--num_shards", 2], capsys)
+        assert code == 0, err
+        first = _published(out)
+        assert first.num_examples == 200 and first.num_rejected == 5
+        assert {u: (r["stage"], r["reason"]) for u, r in _errors(out).items()} == {
+            u: ("download", "HTTP 404 (Not Found)") for u in dead}
+        keys = sorted(read_examples(out))
+        before = dict(server.requests)
+        # The documented retry: the same manifest with --append, while the 5 are still dead.
+        code, err = _cli(["--input", path, "--output", out, "--path_column", "url", "--append"], capsys)
+        assert code == 0, err
+        fetched = {p: n - before.get(p, 0) for p, n in server.requests.items() if n - before.get(p, 0)}
+        assert fetched == {f"/img/dead{i}.jpg": 1 for i in range(5)}  # only the dead ones were tried again
+        second = _published(out)
+        assert second.num_examples == 200 and second.num_rejected == 5
+        assert sorted(read_examples(out)) == keys  # nothing added, nothing lost
+        assert sorted(_errors(out)) == sorted(dead)  # errors.jsonl still names the dead links
+        # A new version of the same records, whose errors.jsonl names the links still dead.
+        assert second.num_already_present == 200 and second.version != first.version
+
+
+@pytest.mark.slow  # three builds; tests/test_publish.py pins the rule in the fast tier
+def test_an_append_over_the_download_budget_names_the_flag_to_rerun_with(tmp_path, capsys):
+    few = dict(list(TINY.items())[:10])
+    with Server(few) as server:
+        good = [(server.url(f"/img/{name}"), "cat") for name in few]
+        path = _manifest(tmp_path, good, "first.csv")
+        out = tmp_path / "out"
+        assert _cli(["--input", path, "--output", out, "--path_column", "url", "--num_shards", 1], capsys)[0] == 0
+        # 5 new dead links over a dataset of 10: 5 of 15 inputs, over the 10% budget.
+        more = _manifest(tmp_path, good + [(server.url(f"/img/gone{i}.jpg"), "cat") for i in range(5)], "more.csv")
+        code, err = _cli(["--input", more, "--output", out, "--path_column", "url", "--append"], capsys)
+        assert code == 6 and len(err) == 1, (code, err)
+        err = err[0]
+        assert "5 of 15 inputs (with the dataset's 10 records) could not be downloaded (33.33%)" in err, err
+        assert err.endswith("(or raise --max_download_failures) and rerun the build with --append"), err
+        assert "--overwrite" not in err
+        assert _published(out).num_examples == 10  # unchanged
+        # The flags it names work: the same append with a raised budget publishes.
+        code, err = _cli(["--input", more, "--output", out, "--path_column", "url", "--append",
+                          "--max_download_failures", 0.5], capsys)
+        assert code == 0, err
+        assert (_published(out).num_examples, _published(out).num_rejected) == (10, 5)

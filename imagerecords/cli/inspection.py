@@ -24,6 +24,16 @@ def _open(path: str):
     return files.open_local(path) if not has_scheme(path) else open_read(path)
 
 
+def _ends_differ(path: str, shard, fmt) -> bool:
+    """The format's ends_differ of the shard file at `path` against the manifest's Shard.ends_crc."""
+    with _open(path) as f:
+        def read_range(offset: int, length: int) -> bytes:
+            f.seek(offset)
+            return f.read(length)
+
+        return fmt.ends_differ(read_range, shard.num_bytes, shard.ends_crc)
+
+
 def _read_bytes(path: str) -> bytes:
     with _open(path) as f:
         return f.read()
@@ -219,13 +229,19 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                     except CorruptRecordError as e:
                         problems.append(str(e))
                         count = None
+                else:  # the frame headers, walked while the file is hashed: a count not the frames' is named
+                    count = fmt.count(stream)
                 stream.drain()
             if stream.num_bytes != shard.num_bytes:
                 # The readers' own phrase (they refuse such a file when they open it), with what to do.
                 problems.append(f"{access.size_mismatch(path, stream.num_bytes, shard.num_bytes)}; {access.SHARD_MEND}")
             elif stream.sha256() != shard.sha256:
                 problems.append(f"{path}: sha256 differs from the manifest")
-            elif records and count is not None and count != shard.count:
+            elif shard.ends_crc and _ends_differ(path, shard, fmt):
+                # The readers compare these on open: a manifest whose ends_crc was changed makes them refuse the shard.
+                problems.append(f"{path}: its first or last record's checksum differs from manifest.json's ends_crc "
+                                "(every reader refuses it)")
+            elif count is not None and count != shard.count:
                 problems.append(f"{path}: {count} records, manifest says {shard.count}")
             if shard.index_file:
                 problems.extend(_index_problems(output, shard, frame_lengths))

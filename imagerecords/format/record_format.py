@@ -49,8 +49,9 @@ class RecordWriter:
     def close(self) -> None:
         """Finishes the file (idempotent); the statistics hold from here on."""
 
-    def ends_sha256(self) -> Optional[str]:
-        """ends_digest of the closed file, for a format whose sizes cannot tell files apart; else None."""
+    def ends_crc(self) -> Optional[str]:
+        """The closed file's check of its ends (manifest.json's Shard.ends_crc; RecordFormat.ends_differ
+        compares it), or None where the format keeps none."""
         return None
 
     def sha256(self) -> str:
@@ -117,6 +118,18 @@ class RecordFormat:
                   offset: int, length: int) -> bytes:
         """The record at an `entries` locator, checked. Raises CorruptRecordError naming the shard."""
         raise NotImplementedError
+
+    def count(self, stream: BinaryIO) -> Optional[int]:
+        """The records of a whole file read from `stream` to its end (verify), None when it is damaged."""
+        try:
+            return sum(1 for _ in self.read(stream))
+        except CorruptRecordError:
+            return None
+
+    def ends_differ(self, read_range: Callable[[int, int], bytes], num_bytes: int, ends: str) -> bool:
+        """Whether a file of the listed size is not the one whose ends' check is `ends` (Shard.ends_crc,
+        the writer's ends_crc), read with a few ranged reads: another build's shard of the same size."""
+        return False
 
     def tf_dataset(self, path):
         """tf.data's reader of one file (a scalar tf.string path), or None where tf.data has none."""
@@ -202,6 +215,9 @@ class _TFRecordWriter(RecordWriter):
     def crc32c(self) -> str:
         return self._w.crc32c()
 
+    def ends_crc(self) -> Optional[str]:
+        return self._w.ends_crc()
+
 
 class TFRecord(RecordFormat):
     name = "tfrecord"
@@ -224,17 +240,21 @@ class TFRecord(RecordFormat):
             return records.load_index(files.read(index_path), index_path, count=shard.count, num_bytes=shard.num_bytes,
                                       sha256=shard.index_sha256)
         entries = records.scan_frames(files.read(shard_path), shard_path)
-        end = entries[-1][0] + entries[-1][1] if entries else 0
-        if len(entries) != shard.count or end != shard.num_bytes:
-            raise CorruptRecordError(
-                f"{shard_path}: its frames are {len(entries)} records over {end} bytes, manifest.json says "
-                f"{shard.count} over {shard.num_bytes} (`imagerecords verify {dataset}` checks every file)")
+        problem = records.frames_problem(shard_path, dataset, shard.count, shard.num_bytes, entries)
+        if problem:
+            raise CorruptRecordError(problem)
         return entries
 
     def record_at(self, read_range, dataset, shard_path, offset, length):
         return records.record_of_frame(read_range(shard_path, offset, length), length,
                                        f"{shard_path}: record at byte {offset}",
                                        f" (`imagerecords verify {dataset} --records` checks every shard)")
+
+    def count(self, stream: BinaryIO) -> Optional[int]:
+        return records.count_frames(stream)
+
+    def ends_differ(self, read_range, num_bytes, ends):
+        return records.ends_differ(read_range, num_bytes, ends)
 
     def tf_dataset(self, path):
         import tensorflow as tf
@@ -298,12 +318,12 @@ def tf_dataset(path):
 ENDS = 1 << 16  # bytes at each end of a file that ends_digest reads
 
 
-def ends_digest(read_range: Callable[[str, int, int], bytes], path: str, size: int) -> str:
-    """sha256 of a file's first and last ENDS bytes (the whole file when it is smaller): the cheap
-    check of a shard whose size is a multiple of a block, read with two ranged reads."""
-    head = read_range(path, 0, min(size, ENDS))
-    tail = read_range(path, size - ENDS, ENDS) if size > ENDS else b""
-    return hashlib.sha256(head + tail).hexdigest()
+def ends_digest(read_range: Callable[[int, int], bytes], size: int) -> str:
+    """The sha256 (its first 8 bytes) of a file's first and last ENDS bytes (the whole file when it is smaller): the ends
+    check of a format whose file sizes come in blocks, read with two ranged reads."""
+    head = read_range(0, min(size, ENDS))
+    tail = read_range(size - ENDS, ENDS) if size > ENDS else b""
+    return hashlib.sha256(head + tail).hexdigest()[:16]  # 16 hex digits, as manifest.json's ends_crc
 
 
 file_digests = records.file_digests  # (size, sha256, crc32c) of a local file: a path writer's statistics

@@ -227,23 +227,23 @@ class DownloadOptions(_Concern):
     http_headers: Optional[str] = None
 
     def http_settings(self) -> download.HttpSettings:
-        """What a worker downloads with: these settings, the headers file read (raises what
-        download.read_headers raises)."""
-        headers = download.read_headers(self.http_headers) if self.http_headers else ()
+        """What a worker downloads with: these settings and the headers file's path (each worker
+        reads the file; ManifestSource.check reads it first, in the launcher)."""
         return download.HttpSettings(workers=self.http_workers, per_host=self.http_per_host, timeout=self.http_timeout,
                                      deadline=self.http_deadline, retries=self.http_retries,
-                                     user_agent=self.http_user_agent, headers=headers)
+                                     user_agent=self.http_user_agent, headers_file=self.http_headers)
 
     def _problems(self) -> List[str]:
         problems = []
         for name in ("http_workers", "http_per_host"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+            if not 1 <= getattr(self, name) <= download.MAX_CONNECTIONS:
+                problems.append(f"{name} must be within 1..{download.MAX_CONNECTIONS}, got {getattr(self, name)}")
         for name in ("http_timeout", "http_deadline"):
-            if not getattr(self, name) > 0:
-                problems.append(f"{name} must be > 0 seconds, got {getattr(self, name)}")
-        if self.http_retries < 0:
-            problems.append(f"http_retries must be >= 0, got {self.http_retries}")
+            if not 0 < getattr(self, name) <= download.MAX_SECONDS:
+                problems.append(f"{name} must be > 0 and at most {download.MAX_SECONDS:g} seconds, "
+                                f"got {getattr(self, name)}")
+        if not 0 <= self.http_retries <= download.MAX_RETRIES:
+            problems.append(f"http_retries must be within 0..{download.MAX_RETRIES}, got {self.http_retries}")
         return problems
 
 
@@ -254,6 +254,10 @@ class PublishOptions(_Concern):
 
     skip_duplicate_check: bool = False
     max_reject_fraction: float = 0.01
+    # Link rot is normal: a public URL list loses a few percent of its links within months, more every
+    # year; 0.10 passes that while a manifest of mostly dead links (a wrong column, a host that is down
+    # or blocks the crawler) still fails.
+    max_download_failures: float = 0.10
     overwrite: bool = False
     write_index: bool = False
     keep_versions: int = 2
@@ -263,8 +267,9 @@ class PublishOptions(_Concern):
 
     def _problems(self) -> List[str]:
         problems = []
-        if not 0 <= self.max_reject_fraction <= 1:
-            problems.append(f"max_reject_fraction must be within 0..1, got {self.max_reject_fraction}")
+        for name in ("max_reject_fraction", "max_download_failures"):
+            if not 0 <= getattr(self, name) <= 1:
+                problems.append(f"{name} must be within 0..1, got {getattr(self, name)}")
         if self.keep_versions < 1:
             problems.append(f"keep_versions must be >= 1, got {self.keep_versions}")
         if self.append and self.overwrite:
@@ -324,7 +329,13 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
       skip_stat: do not look up the size of manifest rows without a size (missing files are then
         rejected when read, and the automatic shard count only knows the sizes given).
       max_reject_fraction: the build fails (nothing published) when more than this fraction of
-        listed inputs is rejected; every reject is in errors.jsonl either way.
+        listed inputs is rejected, URLs that fail to download aside (`max_download_failures`);
+        every reject is in errors.jsonl either way.
+      max_download_failures: the build fails (nothing published) when more than this fraction of
+        its inputs are URLs that could not be downloaded (a 404, a timeout: link rot, normal on the
+        web), or than `max_reject_fraction` when that is larger; with --append, of the dataset's
+        records and this build's inputs together, so retrying the URLs that failed passes while
+        some stay dead.
       threads: decode threads inside each shard writer.
       http_workers: downloads at once per worker process, for manifest rows that are http(s) URLs (each
         shard writer fetches with its `threads` image threads: the smaller bound wins).
@@ -337,7 +348,8 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         exponential backoff and jitter (a Retry-After is honoured up to 60 s).
       http_user_agent: the User-Agent of downloads (default imagerecords/VERSION; Beam has a --user_agent of its own).
       http_headers: a file of request headers for downloads, one `Name: value` per line (a token);
-        never logged, and written into no file of the output.
+        never logged, and written into no file of the output; its path travels to the workers, which
+        read it (on a cluster: a path every worker reads, such as gs://...).
       overwrite: allow replacing a dataset this tool wrote earlier in `output`.
       write_index: also write `index/<shard>.idx` (tfrecord2idx: offset and frame length per
         record) for DALI and the PyTorch tfrecord package.
@@ -440,6 +452,8 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         d["splits"] = dict(self.splits) if self.splits else None
         if self.record_format == record_format.DEFAULT:
             del d["record_format"]  # a TFRecord build's manifest keeps the bytes it had before the setting
+        if self.max_download_failures == PublishOptions.max_download_failures:
+            del d["max_download_failures"]  # a default build's manifest keeps the bytes it had before the setting
         if self.image.image_encoding == "jpeg":
             del d["image"]["image_encoding"]  # a default build's manifest keeps the bytes it had before the setting
             if not any(f.dtype == "image" and f.encoding != "jpeg" for f in self.features or ()):

@@ -37,7 +37,8 @@ class LockHeld(BuildError):
 
 
 class BudgetExceeded(BuildError):
-    """More inputs were rejected than --max_reject_fraction allows; nothing was published."""
+    """More inputs were rejected than --max_reject_fraction (or URLs failed than --max_download_failures)
+    allows; nothing was published."""
 
 
 class UnfinishedBuild(BuildError):

@@ -18,17 +18,19 @@ __all__ = ["ImageRefCoder", "RefList", "ShardGroup", "KeyedRef"]
 
 _FIELDS = coders.TupleCoder([coders.StrUtf8Coder(), coders.StrUtf8Coder(), coders.NullableCoder(coders.StrUtf8Coder()),
                              coders.StrUtf8Coder(), coders.VarIntCoder(), coders.VarIntCoder(),
-                             coders.StrUtf8Coder()])
+                             coders.VarIntCoder(), coders.StrUtf8Coder()])
 
 
 class ImageRefCoder(coders.Coder):
-    """Encodes an ImageRef as (key, uri, label or None, split, size, label_id, extras)."""
+    """Encodes an ImageRef as (key, uri, label or None, split, size, label_id, row + 1, extras)."""
 
     def encode(self, ref: ImageRef) -> bytes:
-        return _FIELDS.encode((ref.key, ref.uri, ref.label, ref.split, ref.size, ref.label_id, ref.extras))
+        # row + 1: a file's -1 is one varint byte as 0, not ten as a negative; extras last: unprefixed.
+        return _FIELDS.encode((ref.key, ref.uri, ref.label, ref.split, ref.size, ref.label_id, ref.row + 1, ref.extras))
 
     def decode(self, data: bytes) -> ImageRef:
-        return ImageRef(*_FIELDS.decode(data))
+        key, uri, label, split, size, label_id, row, extras = _FIELDS.decode(data)
+        return ImageRef(key, uri, label, split, size, label_id, extras, row - 1)
 
     def is_deterministic(self) -> bool:
         return True

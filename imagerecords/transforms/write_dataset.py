@@ -19,7 +19,7 @@ from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, ManifestColumns,
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.publish import lock as output_lock
 from imagerecords.pipeline.read import download, input_files
-from imagerecords.pipeline.sources.manifests import ManifestSource
+from imagerecords.pipeline.sources.manifests import ManifestSource, check_http
 from imagerecords.pipeline.write import stream as write_stream
 from imagerecords.transforms.coders import ShardKey
 from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, REJECTED
@@ -195,7 +195,7 @@ class WriteDataset(beam.PTransform):
     Args:
       output: the dataset folder (local path or FileSystems URI).
       **options: BuildConfig's field names (name, schema, seed, splits, num_shards, min_shards,
-        target_shard_mb, features, max_reject_fraction, overwrite, keep_versions, write_index,
+        target_shard_mb, features, max_reject_fraction, max_download_failures, overwrite, keep_versions, write_index,
         label_map, label_type, skip_duplicate_check, threads, ...) and ImageOptions' (quality,
         resize, image_encoding, max_file_mb, ...).
 
@@ -215,6 +215,10 @@ class WriteDataset(beam.PTransform):
             raise ValueError("WriteDataset: append is not supported here: the pipeline commits itself whenever it "
                              "runs (a template, a detached job), so the version it would add to could be replaced "
                              "by then; append with `imagerecords build --append` (any runner)")
+        try:
+            check_http(config)  # as a command-line build checks them, before the pipeline runs
+        except ValueError as e:
+            raise ValueError(f"WriteDataset: {e}") from None
         if not config.overwrite and storage.exists(storage.join(output, MANIFEST)):
             raise ValueError(f"WriteDataset: {output} holds a published dataset; pass overwrite=True to replace it")
         if config.version_name and publish.version_taken(output, config.version_name):
@@ -263,7 +267,8 @@ class WriteDataset(beam.PTransform):
         results = outcome | "RecordResults" >> RecordResults(
             config.output, build_id="", name=config.name, schema=config.schema, seed=config.seed,
             parameters=config.to_json(), versions=publish.versions(),
-            max_reject_fraction=config.max_reject_fraction, version_name=config.version_name)
+            max_reject_fraction=config.max_reject_fraction, max_download_failures=config.max_download_failures,
+            version_name=config.version_name)
         # a single BuildResults, staged; the commit publishes it
         return (rows.pipeline
                 | "Last" >> beam.Create([None])

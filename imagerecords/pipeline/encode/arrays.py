@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 from imagerecords.format import codecs, features, schema
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
-from imagerecords.pipeline.read.array_files import Column, opened, row_of
+from imagerecords.pipeline.read.array_files import Column, opened, ref_row
 
 
 def encode_image(pixels, encoding: str, quality: int, png_level: int = codec.PNG_LEVEL) -> bytes:
@@ -35,7 +35,7 @@ def encode_ref(ref: ImageRef, preset: str, labels: LabelMap, options):
     naming the feature whose value does not fit."""
     from imagerecords.pipeline.encode.encoded import Encoded
 
-    path, i = row_of(ref.uri)
+    path, i = ref_row(ref)
     arrays, _, columns = opened(path, preset, options.image_encoding)
     small: Dict[str, bytes] = {}
     large_key: Optional[str] = None
@@ -152,8 +152,8 @@ def encode_rows(refs: Sequence[ImageRef], preset: str, labels: LabelMap, options
 
     if not refs:
         return
-    path = row_of(refs[0].uri)[0]
-    idx = np.fromiter((row_of(r.uri)[1] for r in refs), np.int64, len(refs))
+    path = ref_row(refs[0])[0]
+    idx = np.fromiter((r.row for r in refs), np.int64, len(refs))
     label_ids = np.fromiter((r.label_id for r in refs), np.int64, len(refs))
     for item in encode_positions(path, idx, label_ids, refs.__getitem__, preset, labels, options):
         if isinstance(item, Run):

@@ -502,7 +502,8 @@ def _build(config: BuildConfig, writer: shard_writer.ShardWriter, process_pool, 
         find_duplicates=not config.skip_duplicate_check or config.append,
         build=dict(build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
                    parameters=config.to_json(), versions=dict(versions),
-                   max_reject_fraction=config.max_reject_fraction, version_name=config.version_name,
+                   max_reject_fraction=config.max_reject_fraction,
+                   max_download_failures=config.max_download_failures, version_name=config.version_name,
                    **({"base": base.manifest.to_json()} if base is not None else {})))
     return results_written, workers
 

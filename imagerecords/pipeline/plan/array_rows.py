@@ -255,7 +255,7 @@ class RowShard:
         """The ref of the shard's row at position `k` (refs()[k])."""
         i, (text, label_id) = int(self.rows[k]), self.labels[int(self.codes[k])]
         return ImageRef(arrays.row_key(self.path, i), arrays.row_uri(self.path, i), text, self.split, self.size,
-                        label_id)
+                        label_id, row=i)
 
     def refs(self) -> List[ImageRef]:
         """The shard's refs in shard order: those assign.shard_order gives from the ref path's pairs."""
@@ -263,7 +263,7 @@ class RowShard:
         texts = [sys.intern(t) for t, _ in self.labels]
         ids = [i for _, i in self.labels]
         split, size = self.split, self.size
-        return [ImageRef(key % i, f"{uri}{i}", texts[c], split, size, ids[c])
+        return [ImageRef(key % i, f"{uri}{i}", texts[c], split, size, ids[c], row=i)
                 for i, c in zip(self.rows.tolist(), self.codes.tolist())]
 
 

@@ -17,6 +17,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from imagerecords.format import codecs
 from imagerecords.format import features as features_lib
 from imagerecords.format.paths import has_scheme, join
+from imagerecords.pipeline.read import urls
 
 
 @dataclasses.dataclass(frozen=True, slots=True)  # slots: less memory per ref, and a build holds one per image
@@ -32,6 +33,9 @@ class ImageRef:
       label_id: label id with the offset applied; set by AssignLabels.
       extras: the row's values of the declared features, as canonical JSON ({name: value}, keys
         sorted; paths of image features resolved), checked when listed; '' when none are declared.
+      row: the row number when the ref is a row of an arrays input (set by the source that listed
+        it); -1 for a file or URL. The input's kind travels here, never in the uri, which is the
+        user's path (a file may be named `x#row=1.jpg`).
     """
 
     key: str
@@ -41,6 +45,7 @@ class ImageRef:
     size: int = -1
     label_id: int = -1
     extras: str = ""
+    row: int = -1
 
 
 # Where in the build an input was turned away (the `stage` of an errors.jsonl row).
@@ -72,6 +77,9 @@ class Rejected:
     skipped: bool = False
 
     def __post_init__(self):
+        # A URL's password never reaches errors.jsonl, the report or a log: every row is masked here.
+        for name in ("uri", "reason", "key"):
+            object.__setattr__(self, name, urls.masked_text(getattr(self, name)))
         # A lone surrogate (a JSON \ud800 escape, a file name that is not UTF-8) is kept as its escape:
         # the row must be writable as UTF-8 whatever the input held.
         for name in ("uri", "reason", "key", "split"):
@@ -262,6 +270,10 @@ def parse_manifest_row(
     key = row.get(columns.key)
     key = str(key) if key not in (None, "") else path
     split = row.get(columns.split)
+    for what, text in (("path", path), ("key", key)):
+        if _has_credentials(text):
+            return None, Rejected(path, _credentials_reason(what), key, str(split or ""), stage="list",
+                                  error="CredentialsInUrl")
     for what, text in (("path", path), ("key", key), ("split", str(split or ""))):
         problem = features_lib.surrogate_problem(text)
         if problem is not None:
@@ -298,6 +310,15 @@ def parse_manifest_row(
                      size=size, extras=extras), None)
 
 
+def _has_credentials(text: str) -> bool:
+    return urls.is_url(text) and urls.has_userinfo(text)
+
+
+def _credentials_reason(what: str) -> str:
+    return (f"the {what} is a URL with credentials (user:password@): they are never sent or stored; give them in "
+            "the --http_headers file as an Authorization header")
+
+
 def feature_values(row: Mapping[str, object], base: str,
                    features: Sequence[features_lib.Feature]) -> Tuple[str, Optional[str]]:
     """The row's declared feature values as ImageRef.extras, or ('', why the row cannot be used)."""
@@ -308,6 +329,8 @@ def feature_values(row: Mapping[str, object], base: str,
         except features_lib.ValueProblem as e:
             return "", str(e)
         if feature.dtype == "image":
+            if _has_credentials(value):
+                return "", _credentials_reason(f"{feature.name!r} image")
             value = resolve(base, value)
         elif feature.numeric:
             value = value.tolist()

@@ -40,7 +40,7 @@ from imagerecords.format.manifest import (COLUMNS_FROM, DUPLICATES, ERRORS, FLAT
                                           SHARDS_SUFFIX, Manifest, dumps)
 from imagerecords.format.record_format import is_shard_name
 from imagerecords.format.paths import inside_problem, segment_problem
-from imagerecords.pipeline.config import version_name_problem
+from imagerecords.pipeline.config import PublishOptions, version_name_problem
 from imagerecords.pipeline.naming import setting
 
 log = logging.getLogger(__name__)
@@ -144,10 +144,13 @@ class BuildResults:
     Attributes:
       build_id: the build that wrote it.
       name, schema, seed, parameters, versions: what the manifest records of the build.
-      max_reject_fraction: the budget the commit enforces.
+      max_reject_fraction: the budget of rejected inputs the commit enforces (download failures aside).
+      max_download_failures: the budget of URLs that could not be downloaded (an append's: of the
+        whole dataset).
       labels: the LabelMap as JSON ({names, offset, integer}).
       shards: every staged shard (dataset_files.ShardResult).
-      num_rejected: errors.jsonl rows that count against the budget.
+      num_rejected: errors.jsonl rows that count against a budget.
+      num_download_failures: those of them whose URL could not be downloaded (stage 'download').
       num_skipped: errors.jsonl rows marked skipped (not images of a class).
       num_duplicate_groups: rows of duplicates.jsonl of files under two keys or more (-1: not looked for).
       num_leaking_groups: those spanning more than one split.
@@ -176,6 +179,8 @@ class BuildResults:
     num_already_present: int = 0
     base: Optional[Mapping[str, Any]] = None
     version_name: Optional[str] = None
+    max_download_failures: float = PublishOptions.max_download_failures
+    num_download_failures: int = 0
 
     def to_json(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -193,7 +198,10 @@ class BuildResults:
         return sum(s.count for s in self.shards)
 
     def verdict(self, output: str) -> None:
-        """Raises BudgetExceeded when more inputs were rejected than the budget allows."""
+        """Raises BudgetExceeded when more inputs were rejected than the budgets allow: download
+        failures against max_download_failures or max_reject_fraction, whichever is larger (an
+        append's against the whole dataset), the other rejects against max_reject_fraction. The one
+        place these rules live."""
         total = self.num_written + self.num_rejected
         if total == 0 and self.base is not None:
             raise BudgetExceeded(f"nothing to append: every input is already in {output}; the dataset is unchanged")
@@ -201,12 +209,27 @@ class BuildResults:
             raise BudgetExceeded(f"no image was found in the input ({self.num_skipped} entries skipped); "
                                  f"nothing was published to {output}; fix {setting('input')} and rerun the build with "
                                  f"{setting('overwrite')}")
-        if self.num_rejected > self.max_reject_fraction * total:
-            raise BudgetExceeded(
-                f"{self.num_rejected} of {total} inputs rejected ({100 * self.num_rejected / total:.2f}%), over the "
-                f"budget of {100 * self.max_reject_fraction:g}% ({setting('max_reject_fraction')}); reasons are in "
-                f"{storage.join(staging_dir(output, self.build_id), ERRORS)}; the dataset was not published; fix or "
-                f"remove those inputs (or raise {setting('max_reject_fraction')}) and rerun the build with {setting('overwrite')}")
+        others = self.num_rejected - self.num_download_failures
+        if others > self.max_reject_fraction * total:
+            self._over(output, f"{others} of {total} inputs rejected", others / total, "max_reject_fraction",
+                       self.max_reject_fraction, "fix or remove those inputs")
+        # A retry by --append fetches only the URLs that failed: against those alone, a few still dead would
+        # always be over; against the dataset they are what they are, a few of its links.
+        whole = total + (Manifest.from_json(self.base, "base manifest").num_examples if self.base is not None else 0)
+        # A dead link is a reject too: a build that allows more rejects allows it as many dead links.
+        limit = max(self.max_download_failures, self.max_reject_fraction)
+        if self.num_download_failures > limit * whole:
+            counted = f" (with the dataset's {whole - total} records)" if self.base is not None else ""
+            self._over(output, f"{self.num_download_failures} of {whole} inputs{counted} could not be downloaded",
+                       self.num_download_failures / whole, "max_download_failures", limit, "fix or remove those URLs")
+
+    def _over(self, output: str, what: str, fraction: float, budget: str, limit: float, remedy: str) -> None:
+        # An append's rerun is another --append (the dataset stays as published); --overwrite would replace it.
+        rerun = setting("append") if self.base is not None else setting("overwrite")
+        raise BudgetExceeded(
+            f"{what} ({100 * fraction:.2f}%), over the budget of {100 * limit:g}% ({setting(budget)}); reasons are in "
+            f"{storage.join(staging_dir(output, self.build_id), ERRORS)}; the dataset was not published; {remedy} "
+            f"(or raise {setting(budget)}) and rerun the build with {rerun}")
 
     def manifest(self, created: Optional[str] = None) -> Manifest:
         """The manifest that publishes this build: its shards named inside its version folder."""

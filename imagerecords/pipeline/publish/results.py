@@ -37,10 +37,12 @@ def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected],
     if find_duplicates:
         storage.write_bytes(storage.join(staging, DUPLICATES), duplicates_jsonl(duplicates))
     skipped = sum(1 for r in rejected if r.skipped)
+    downloads = sum(1 for r in rejected if r.stage == "download" and not r.skipped)
     # An append's rows of keys the dataset holds are counted apart: present, not duplicated.
     groups = [g for g in duplicates if not g.already_present]
     out = publish.BuildResults(labels=labels.to_json(), shards=tuple(sorted(results, key=lambda r: (r.split, r.index))),
                                num_rejected=len(rejected) - skipped, num_skipped=skipped,
+                               num_download_failures=downloads,
                                num_duplicate_groups=len(groups) if find_duplicates else -1,
                                num_leaking_groups=sum(1 for g in groups if g.leaks),
                                num_label_conflicts=sum(1 for g in groups if g.conflicts),

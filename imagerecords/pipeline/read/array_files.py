@@ -16,8 +16,8 @@ defaults: raw bytes for more than one dimension per row and for float64, a list 
           names (sorted vocabulary, int64 ids); anything else: a tensor.
 
 Row i's key is `<file or folder name>:<i, 9 digits>` (`data.npz:000000123`), so --splits hashes
-it as it does a path; its uri is `<path>#row=<i>`, which stream.encode_ref hands to
-array_encode.encode_ref.
+it as it does a path; its uri is `<path>#row=<i>` and its `row` is i: a ref with a row is what
+stream.encode_ref hands to array_encode.encode_ref (never a uri that merely holds "#row=").
 """
 
 from __future__ import annotations
@@ -57,9 +57,14 @@ def row_uri(path: str, i: int) -> str:
 
 
 def row_of(uri: str) -> Tuple[str, int]:
-    """(arrays path, row number) of a row's uri."""
+    """(arrays path, row number) of a row's uri written by row_uri (an errors or contents row of an arrays build)."""
     path, _, row = uri.rpartition(ROW_MARK)
     return path, int(row)
+
+
+def ref_row(ref: ImageRef) -> Tuple[str, int]:
+    """(arrays path, row number) of an arrays row's ref (ref.row >= 0): its uri less the row suffix it was made with."""
+    return ref.uri[:len(ref.uri) - len(ROW_MARK) - len(str(ref.row))], ref.row
 
 # The numpy dtypes stored as they are; others must be cast first (the message says to which).
 _DTYPES = {"uint8": "uint8", "int32": "int32", "int64": "int64", "float16": "float16", "float32": "float32",
@@ -95,10 +100,6 @@ def input_identity(path: str) -> str:
         except OSError:  # a remote .npz: its listing size is in the refs already
             parts.append(os.path.basename(name))
     return ";".join(parts)
-
-
-def is_row(uri: str) -> bool:
-    return ROW_MARK in uri
 
 
 def _headers(path: str) -> Dict[str, Tuple[Tuple[int, ...], Any]]:
@@ -389,7 +390,7 @@ def list_refs(path: str, preset: str, image_encoding: str) -> Iterator[Union[Ima
             if problem is not None:
                 yield Rejected(uri, problem, key, stage="label")
                 continue
-        yield ImageRef(key=key, uri=uri, label=sys.intern(text), split="", size=row_bytes)
+        yield ImageRef(key=key, uri=uri, label=sys.intern(text), split="", size=row_bytes, row=i)
 
 
 # The opened input, shared by listing and writing (array_encode.py) --------------------------------

@@ -15,13 +15,15 @@ import dataclasses
 import errno
 import multiprocessing
 import random
+import re
 import socket
 import threading
 import time
 import urllib.parse
 import zlib
 from typing import Dict, Mapping, Optional, Tuple
-from imagerecords.pipeline import processes
+
+from imagerecords.pipeline import processes, storage
 from imagerecords.pipeline.naming import setting
 from imagerecords.pipeline.read import urls
 
@@ -31,6 +33,11 @@ BACKOFF_BASE_S = 0.5  # the first retry's wait; doubled per retry, with jitter
 BACKOFF_CAP_S = 30.0
 RETRY_AFTER_CAP_S = 60.0  # a Retry-After longer than this (or than the deadline's rest) is cut to it
 CHUNK = 64 * 1024
+# The most any http_* setting may ask for: a semaphore's count, an urllib3 pool's size (it is
+# filled with that many slots up front), a socket timeout. Past these a build would hang or crash.
+MAX_CONNECTIONS = 1024
+MAX_RETRIES = 100
+MAX_SECONDS = 24 * 3600.0
 # Served types that are never images: refused before any byte is decoded.
 _NOT_IMAGES = ("text/", "application/json", "application/xml", "application/xhtml")
 # The served types and redirect schemes a reason names; any other is said in our words (a reason
@@ -42,14 +49,16 @@ _NAMED_SCHEMES = frozenset({"file", "ftp", "data", "javascript", "mailto", "goph
 _EVERYWHERE = ("user-agent", "accept")
 
 
-def is_url(uri: str) -> bool:
-    lower = uri[:8].lower()
-    return lower.startswith("http://") or lower.startswith("https://")
+is_url = urls.is_url
 
 
 def host_of(url: str) -> str:
-    """The host a download is limited by (--http_per_host): the URL's netloc, lower-cased."""
-    return urllib.parse.urlsplit(url).netloc.lower()
+    """The host a download is limited by (--http_per_host): urls.host_key, so the user names of one
+    host and port share its limit. Raises Failed for a URL that does not parse."""
+    try:
+        return urls.host_key(url)
+    except urls.BadUrl as e:
+        raise Failed(str(e), "BadUrl") from None
 
 
 class Failed(OSError):
@@ -76,7 +85,8 @@ class HttpSettings:
       deadline: seconds one URL may take in all, its retries and redirects included.
       retries: further tries after a broken connection, a timeout or a status in RETRY_STATUSES.
       user_agent: the User-Agent header.
-      headers: extra request headers (from --http_headers); never logged or written anywhere.
+      headers_file: the --http_headers file: its path travels (a token must not sit in the pickled
+        Beam graph a runner stores), and each worker process reads it when it makes its Downloader.
     """
 
     workers: int = 16
@@ -85,35 +95,98 @@ class HttpSettings:
     deadline: float = 120.0
     retries: int = 4
     user_agent: str = ""
-    headers: Tuple[Tuple[str, str], ...] = ()
+    headers_file: Optional[str] = None
 
-    def __repr__(self) -> str:  # the headers may hold a token: never in a repr, a log or a message
+    def __repr__(self) -> str:  # the headers file's name is not written or logged either
         return (f"HttpSettings(workers={self.workers}, per_host={self.per_host}, timeout={self.timeout}, "
-                f"deadline={self.deadline}, retries={self.retries}, headers={len(self.headers)} hidden)")
+                f"deadline={self.deadline}, retries={self.retries}, headers_file={'given' if self.headers_file else None})")
+
+
+# Limits of a --http_headers file: a few headers (a token, a team name), never a dump of a browser's.
+MAX_HEADERS_BYTES = 64 * 1024
+MAX_HEADERS_LINES = 100
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110 token)
+
+
+def value_problem(value: str) -> Optional[str]:
+    """Why `value` cannot be sent in a request header (without echoing it), or None when it can:
+    a control character (CR and LF would start a header of their own), a BOM, or a character
+    outside Latin-1 (what HTTP/1.1 sends)."""
+    for c in value:
+        if c == "\ufeff":
+            return "holds a byte order mark (U+FEFF)"
+        if (c < " " and c != "\t") or "\x7f" <= c <= "\x9f":
+            return f"holds a control character (U+{ord(c):04X}); header values are one line of text"
+        if ord(c) > 0xFF:
+            return f"holds a character outside Latin-1 (U+{ord(c):04X}), which a header cannot carry"
+    return None
+
+
+def check_user_agent(value: str) -> None:
+    """Raises ValueError naming --http_user_agent (never its value) when it cannot be sent."""
+    problem = value_problem(value)
+    if problem is not None:
+        raise ValueError(f"{setting('http_user_agent')} {problem}")
 
 
 def read_headers(path: str) -> Tuple[Tuple[str, str], ...]:
-    """The request headers of a --http_headers file: one `Name: value` per line, # comments and blank
-    lines ignored. Raises ValueError naming the file and line (never the value)."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            text = line.strip()
-            if not text or text.startswith("#"):
-                continue
-            name, sep, value = text.partition(":")
-            name = name.strip()
-            if not sep or not name or any(c in name for c in " \t()<>@,;\\\"/[]?={}"):
-                raise ValueError(f"{setting('http_headers', path)}: line {number} is not 'Name: value'")
-            out.append((name, value.strip()))
+    """The request headers of a --http_headers file (a local path or a FileSystems URI): one
+    `Name: value` per line, # comments and blank lines ignored, a CRLF line end allowed. Raises
+    OSError when it cannot be read, ValueError naming the file and line (never a value) when a
+    header could not be sent as given: see value_problem, MAX_HEADERS_*, a name given twice."""
+    named = setting("http_headers", path)
+    with storage.open_read(path) as f:
+        data = f.read(MAX_HEADERS_BYTES + 1)
+    if len(data) > MAX_HEADERS_BYTES:
+        raise ValueError(f"{named}: over {MAX_HEADERS_BYTES // 1024} KiB; a headers file holds a few headers")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{named}: not UTF-8 text (byte {e.start})") from None
+    lines = text.split("\n")
+    if len(lines) - (lines[-1] == "") > MAX_HEADERS_LINES:
+        raise ValueError(f"{named}: over {MAX_HEADERS_LINES} lines; a headers file holds a few headers")
+    out, seen = [], {}
+    for number, line in enumerate(lines, 1):
+        line = line[:-1] if line.endswith("\r") else line
+        problem = value_problem(line)
+        if problem is not None:
+            raise ValueError(f"{named}: line {number} {problem}")
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        name, sep, value = text.partition(":")
+        name = name.strip()
+        if not sep or not _TOKEN.fullmatch(name):
+            raise ValueError(f"{named}: line {number} is not 'Name: value'")
+        if name.lower() in seen:
+            raise ValueError(f"{named}: line {number} names {name} again (line {seen[name.lower()]}); give each "
+                             "header once")
+        seen[name.lower()] = number
+        out.append((name, value.strip()))
     return tuple(out)
+
+
+class HeadersUnreadable(RuntimeError):
+    """The headers file cannot be read where a worker runs: the build fails (not an OSError, which
+    would turn every URL into a rejected row)."""
+
+
+def _worker_headers(path: str) -> Tuple[Tuple[str, str], ...]:
+    try:
+        return read_headers(path)
+    except OSError as e:
+        raise HeadersUnreadable(f"{setting('http_headers', path)}: a worker cannot read it ({storage.os_reason(e)}); "
+                                "on a cluster, give a path every worker reads (such as gs://...)") from None
+    except ValueError as e:  # changed since the launcher checked it
+        raise HeadersUnreadable(str(e)) from None
 
 
 class HostSlots:
     """The per-host limit shared by every process forked after it is made: SLOTS process-shared
-    semaphores of `per_host` each, a host taking the one its name hashes to. Two hosts on one slot
-    share one limit (stricter, never looser); with 256 slots that is rare among the hosts a build
-    downloads from at once (--http_workers per worker)."""
+    semaphores of `per_host` each, a host taking the one its host_of key (host:port) hashes to.
+    Two hosts on one slot share one limit (stricter, never looser); with 256 slots that is rare
+    among the hosts a build downloads from at once (--http_workers per worker)."""
 
     SLOTS = 256
 
@@ -156,7 +229,7 @@ class Downloader:
         self._settings = settings
         self._max_bytes = max_bytes
         headers = {"User-Agent": settings.user_agent or f"imagerecords/{__version__}", "Accept": "image/*,*/*;q=0.5"}
-        headers.update(dict(settings.headers))
+        headers.update(_worker_headers(settings.headers_file) if settings.headers_file else ())
         self._headers = headers
         self._plain_headers = {k: v for k, v in headers.items() if k.lower() in _EVERYWHERE}
         self._pool = urllib3.PoolManager(num_pools=64, maxsize=settings.per_host, block=False,

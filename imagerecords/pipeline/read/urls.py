@@ -10,7 +10,9 @@ from typing import NamedTuple, Optional
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # user:password@ in an authority; used when the URL does not parse and urlsplit cannot say where it is.
-_USERINFO = re.compile(r"(?i)^(https?://)([^/?#@]*)@")
+_USERINFO_AT = r"(https?://)([^/?#@]*)@"
+_USERINFO = re.compile("^" + _USERINFO_AT, re.IGNORECASE)
+_USERINFO_ANYWHERE = re.compile(_USERINFO_AT, re.IGNORECASE)
 MASK = "***"
 
 
@@ -69,10 +71,17 @@ def has_userinfo(url: str) -> bool:
 def masked(url: str) -> str:
     """`url` with the password of a user:password@ part replaced by ***; safe to write or log."""
     m = _USERINFO.match(url)
-    if m is None:
-        return url
+    return url if m is None else _mask(m) + url[m.end():]
+
+
+def masked_text(text: str) -> str:
+    """`text` (a manifest line, a message) with the password of every http(s) URL in it masked."""
+    return _USERINFO_ANYWHERE.sub(_mask, text) if "@" in text else text
+
+
+def _mask(m: "re.Match") -> str:
     user, sep, _ = m.group(2).partition(":")
-    return f"{m.group(1)}{user}{':' + MASK if sep else ''}@{url[m.end():]}"
+    return f"{m.group(1)}{user}{':' + MASK if sep else ''}@"
 
 
 def join(base: str, reference: str) -> str:

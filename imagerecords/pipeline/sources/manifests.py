@@ -51,14 +51,10 @@ class ManifestSource(Source):
 
     def check(self, config, *, ignore_split_column: bool = False) -> InputInfo:
         path = config.input
-        if config.http_headers:
-            try:
-                download.read_headers(config.http_headers)
-            except (OSError, UnicodeDecodeError) as e:
-                raise UsageError(f"{setting('http_headers', config.http_headers)}: cannot read it "
-                                 f"({getattr(e, 'strerror', None) or type(e).__name__})") from None
-            except ValueError as e:
-                raise UsageError(str(e)) from None
+        try:
+            check_http(config)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         info = read_manifest_head(path)
         if info.kind == "csv":
             _check_csv_columns(config, info)
@@ -90,6 +86,18 @@ class ManifestSource(Source):
     def beam_listing(self, config, info: InputInfo, transforms):
         return transforms.ReadManifest(config.input, config.manifest_columns(), config.image.max_file_bytes, info.header,
                             stat=not config.skip_stat)
+
+
+def check_http(config) -> None:
+    """The user agent and the headers file, checked as the workers will use them, before the engine
+    starts: raises ValueError naming the setting, never a value."""
+    download.check_user_agent(config.http_user_agent)
+    if config.http_headers:
+        try:
+            download.read_headers(config.http_headers)
+        except OSError as e:
+            raise ValueError(f"{setting('http_headers', config.http_headers)}: cannot read it "
+                             f"({storage.os_reason(e)})") from None
 
 
 def _manifest_lines(path: str, csv: bool, start: int = 0, end: Optional[int] = None) -> Iterator[bytes]:

@@ -8,7 +8,7 @@ import functools
 import hashlib
 import json
 import os
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.encode import image_codec as codec
@@ -36,10 +36,8 @@ def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, 
                          **({"record_format": record_format} if record_format != "tfrecord" else {})},
                         sort_keys=True, default=str).encode())
     images = [f.name for f in features if f.dtype == "image"]
-    from imagerecords.pipeline.read.array_files import is_row  # once per shard, not per ref
-
     # One update of the joined lines hashes the same bytes as one per line, without a call and an encode per ref.
-    h.update((lines if lines is not None else "".join([_fingerprint_line(r, images, is_row) for r in refs])).encode())
+    h.update((lines if lines is not None else "".join([_fingerprint_line(r, images) for r in refs])).encode())
     return h.hexdigest()
 
 
@@ -49,11 +47,11 @@ def ref_line(key: str, uri: str, label: str, label_id: object, split: str, size:
     return f"[{key}, {uri}, {label}, {label_id}, {split}, {size}{tail}]\n"
 
 
-def _fingerprint_line(r: ImageRef, images: Sequence[str], is_row: Callable[[str], bool]) -> str:
+def _fingerprint_line(r: ImageRef, images: Sequence[str]) -> str:
     """json.dumps([key, uri, label, label id, split, size, extras if any, each file read's stat]) + newline."""
     if not r.extras and type(r.label) is str:  # the common line, spelled as json.dumps spells it
         text = _ascii_string
-        tail = "" if is_row(r.uri) else ", " + text(_stat(r.uri))
+        tail = "" if r.row >= 0 else ", " + text(_stat(r.uri))
         return ref_line(text(r.key), text(r.uri), text(r.label), r.label_id, text(r.split), r.size, tail)
     return _json_list([r.key, r.uri, r.label, r.label_id, r.split, r.size, *([r.extras] if r.extras else []),
                        *_read_files(r, images)])
@@ -78,9 +76,7 @@ def _json_list(values: Sequence[Any]) -> str:
 
 def _read_files(ref: ImageRef, images: Sequence[str]) -> List[str]:
     """'size:mtime' of each local file `ref` reads (an arrays row's files are in the writer's source)."""
-    from imagerecords.pipeline.read.array_files import is_row  # imported once: sys.modules holds it after the first ref
-
-    paths = [] if is_row(ref.uri) else [ref.uri]
+    paths = [] if ref.row >= 0 else [ref.uri]
     if images and ref.extras:
         values = json.loads(ref.extras)
         paths += [values[n] for n in images if isinstance(values.get(n), str)]

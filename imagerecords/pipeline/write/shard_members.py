@@ -28,8 +28,10 @@ class RefMembers:
     def __len__(self) -> int:
         return len(self.refs)
 
-    def arrays_path(self) -> str:
-        return arrays.row_of(self.refs[0].uri)[0]
+    def arrays_path(self) -> Optional[str]:
+        """The arrays input these refs are rows of, or None when they are files, URLs or a registered
+        source's (the refs say so: ref.row, set by the source that listed them)."""
+        return arrays.ref_row(self.refs[0])[0] if self.refs and self.refs[0].row >= 0 else None
 
     def fingerprint(self) -> Tuple[Sequence[ImageRef], Optional[str]]:
         """(refs, lines) for fingerprint.shard_fingerprint."""
@@ -69,7 +71,7 @@ class RowMembers:
     def __len__(self) -> int:
         return len(self.shard)
 
-    def arrays_path(self) -> str:
+    def arrays_path(self) -> Optional[str]:
         return self.shard.path
 
     def fingerprint(self) -> Tuple[Sequence[ImageRef], Optional[str]]:
@@ -84,7 +86,7 @@ class RowMembers:
             self.shard, writer, preset=preset, labels=labels, options=options, on_progress=on_progress)
         return write_stream.ShardStats(written.count, written.num_bytes, written.sha256(),
                                        row_writer.histogram(self.shard, self._positions), 0, written.offsets,
-                                       crc32c=written.crc32c(), ends_sha256=written.ends_sha256()), rejected
+                                       crc32c=written.crc32c(), ends_crc=written.ends_crc()), rejected
 
     def staged(self, labels: LabelMap, contents: bool) -> Tuple[bytes, Any, int, Optional[str]]:
         keys, spelled = row_writer.written_lines(self.shard, self._positions, self._digests, labels, contents)

@@ -140,10 +140,11 @@ class ShardWriter:
         split, index, num_shards = shard
         phases.reached("before_shards")
         members = shard_members.of(refs)
-        if self.source and len(members):  # an arrays build: this process's cached arrays must be this input's
+        arrays_path = members.arrays_path() if self.source else None
+        if arrays_path is not None:  # arrays rows: this process's cached arrays must be this input's
             from imagerecords.pipeline.read import array_files as arrays
 
-            arrays.forget_if_changed(members.arrays_path(), self.source)
+            arrays.forget_if_changed(arrays_path, self.source)
         fmt = record_format.get(self.record_format)
         filename = planning.shard_name(self.name, split, index, num_shards, fmt.name)
         staging = publish.staging_dir(self.output, self.build_id)
@@ -198,7 +199,7 @@ class ShardWriter:
             storage.write_bytes(storage.join(staging, index_file), index_data)
         result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
                                           stats.passthrough, index_file, index_sha256, stats.kinds,
-                                          ends_sha256=stats.ends_sha256),
+                                          ends_crc=stats.ends_crc),
                              stats.crc32c, index_crc32c, storage.checked_identity(storage.join(staging, filename),
                                                                                   stats.crc32c),
                              storage.checked_identity(storage.join(staging, index_file), index_crc32c)

@@ -16,7 +16,6 @@ from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.encode.encoded import Encoded
 from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import download, input_files
-from imagerecords.pipeline.read import array_files as arrays
 
 
 limited_reader = input_files.limited_reader  # the reader of file inputs (a source may read its own way)
@@ -37,7 +36,7 @@ def encode_ref(
         over `options.max_file_mb` without reading them. Whatever reads, bytes over the limit are
         rejected here too.
     """
-    if arrays.is_row(ref.uri):
+    if ref.row >= 0:  # an arrays row, as its source listed it
         return array_encode.encode_ref(ref, preset, labels, options)
     try:
         data = read_bytes(ref.uri)
@@ -112,6 +111,7 @@ class ShardStats:
       offsets: every record's locator in its file (TFRecord: its frame's byte offset).
       contents: (source content digest, ref) of every record written, in shard order.
       kinds: ((codec.stored_kind, records), ...) sorted, when the encoding is not 'jpeg' (else ()).
+      ends_crc: the first and last records' data checksums (Shard.ends_crc).
     """
 
     count: int
@@ -123,7 +123,7 @@ class ShardStats:
     contents: List[Tuple[bytes, ImageRef]] = dataclasses.field(default_factory=list)
     kinds: Tuple[Tuple[str, int], ...] = ()
     crc32c: Optional[str] = None
-    ends_sha256: Optional[str] = None  # the format writer's (record_format.RecordWriter.ends_sha256)
+    ends_crc: Optional[str] = None
 
 
 def _ordered_map(fn, items: Iterable, executor: Optional[concurrent.futures.Executor], window: int):
@@ -166,7 +166,7 @@ def write_shard(
     passthrough = 0
     done = 0
     contents: List[Tuple[bytes, ImageRef]] = []
-    if refs and arrays.is_row(refs[0].uri):
+    if refs and refs[0].row >= 0:
         # Array rows are encoded in blocks (array_encode.encode_rows), in this thread: they wait on no I/O.
         encoded = array_encode.encode_rows(refs, preset, labels, options)
     else:
@@ -196,5 +196,5 @@ def write_shard(
             on_progress(done, len(rejected))
     writer.close()
     stats = ShardStats(writer.count, writer.num_bytes, writer.sha256(), tuple(sorted(histogram.items())), passthrough,
-                       writer.offsets, contents, tuple(sorted(kinds.items())), writer.crc32c(), writer.ends_sha256())
+                       writer.offsets, contents, tuple(sorted(kinds.items())), writer.crc32c(), writer.ends_crc())
     return stats, rejected

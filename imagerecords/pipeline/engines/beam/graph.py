@@ -107,7 +107,8 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
     results = outcome | "RecordResults" >> RecordResults(
         config.output, build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
         parameters=config.to_json(), versions=versions, max_reject_fraction=config.max_reject_fraction,
-        version_name=config.version_name, base=base.manifest.to_json() if base is not None else None)
+        max_download_failures=config.max_download_failures, version_name=config.version_name,
+        base=base.manifest.to_json() if base is not None else None)
     if commit:
         # the same last step as WriteDataset's: the published Manifest
         return (p | "Last" >> beam.Create([None])
