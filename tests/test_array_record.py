@@ -248,3 +248,30 @@ def test_write_index_is_refused_with_array_record_in_one_line(image_tree, tmp_pa
     err = capsys.readouterr().err
     assert code != 0 and "--write_index writes index files, and array_record files carry their own index" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o" / "manifest.json").exists()
+
+
+@pytest.mark.slow
+def test_write_dataset_writes_array_record_that_the_grain_source_reads(tmp_path):
+    import io
+
+    import apache_beam as beam
+    import numpy as np
+    from PIL import Image
+
+    from imagerecords.grain import RecordSource
+    from imagerecords.transforms import WriteDataset
+
+    rows = []
+    for i in range(12):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((8 + i, 10, 3), 20 * i, np.uint8)).save(buf, "JPEG", quality=90)
+        rows.append({"key": f"img{i:02d}", "image": buf.getvalue(), "label": ["cat", "dog"][i % 2]})
+    out = tmp_path / "ds"
+    with beam.Pipeline() as p:
+        _ = p | beam.Create(rows, reshuffle=False) | WriteDataset(str(out), name="pets", num_shards=2,
+                                                                   record_format="array_record")
+    manifest = _manifest(out)
+    assert manifest["record_format"] == "array_record"
+    assert all(".array_record-" in s["filename"] for s in manifest["splits"]["train"]["shards"])
+    source = RecordSource(str(out), "train")
+    assert sorted(source[i]["image/filename"] for i in range(len(source))) == [r["key"] for r in rows]
