@@ -275,3 +275,20 @@ def test_write_dataset_writes_array_record_that_the_grain_source_reads(tmp_path)
     assert all(".array_record-" in s["filename"] for s in manifest["splits"]["train"]["shards"])
     source = RecordSource(str(out), "train")
     assert sorted(source[i]["image/filename"] for i in range(len(source))) == [r["key"] for r in rows]
+
+
+@pytest.mark.slow
+def test_the_reader_md_recipe_reads_every_record_with_grain_alone(builds):
+    from support.doc_blocks import python_blocks
+
+    (recipe,) = [b for b in python_blocks("docs/reader.md") if b.startswith("# recipe: array-record")]
+    tf_out, ar_out = builds
+    scope = {"OUT": str(ar_out)}
+    exec(compile(recipe, "docs/reader.md[array-record]", "exec"), scope)
+    dataset, want = scope["dataset"], _tfrecord_records(tf_out)
+    assert len(dataset) == len(scope["source"]) == 34  # the train split
+    from imagerecords.format import schema
+
+    by_image = {schema.parse_example(r)["image"][0]: schema.parse_example(r)["label"][0] for r in want.values()}
+    got = [dataset[i] for i in range(len(dataset))]
+    assert len({g["image"] for g in got}) == 34 and all(by_image[g["image"]] == g["label"] for g in got)
