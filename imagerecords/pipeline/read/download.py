@@ -21,11 +21,11 @@ import threading
 import time
 import urllib.parse
 import zlib
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from imagerecords.pipeline import processes, storage
 from imagerecords.pipeline.naming import setting
-from imagerecords.pipeline.read import urls
+from imagerecords.pipeline.read import deadlines, urls
 
 MAX_REDIRECTS = 5
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -82,7 +82,8 @@ class HttpSettings:
       per_host: requests at once to one host, per worker process (across the local engine's
         workers where the launcher shares HostSlots).
       timeout: seconds to connect, and without a byte while reading.
-      deadline: seconds one URL may take in all, its retries and redirects included.
+      deadline: seconds one URL may take in all, its retries and redirects included, waiting for a
+        slot not (deadlines.py says what it covers).
       retries: further tries after a broken connection, a timeout or a status in RETRY_STATUSES.
       user_agent: the User-Agent header.
       headers_file: the --http_headers file: its path travels (a token must not sit in the pickled
@@ -221,7 +222,8 @@ def _shared_slots(per_host: int, slots: list) -> HostSlots:
 class Downloader:
     """Fetches URLs whole for one worker process; thread-safe (the shard writer's image threads share it)."""
 
-    def __init__(self, settings: HttpSettings, max_bytes: Optional[int], shared: Optional[HostSlots] = None):
+    def __init__(self, settings: HttpSettings, max_bytes: Optional[int], shared: Optional[HostSlots] = None,
+                 cancelled: Optional[Callable[[], bool]] = None):
         import urllib3
 
         from imagerecords import __version__
@@ -234,6 +236,8 @@ class Downloader:
         self._plain_headers = {k: v for k, v in headers.items() if k.lower() in _EVERYWHERE}
         self._pool = urllib3.PoolManager(num_pools=64, maxsize=settings.per_host, block=False,
                                          retries=False, headers=headers)
+        self._pool.pool_classes_by_scheme = deadlines.pool_classes()  # sockets the watchdog can cut
+        self._watchdog = deadlines.Watchdog(cancelled)
         self._workers = threading.BoundedSemaphore(settings.workers)
         self._hosts: Dict[str, threading.BoundedSemaphore] = {}
         self._lock = threading.Lock()
@@ -251,53 +255,58 @@ class Downloader:
     def __call__(self, url: str) -> bytes:
         return self.fetch(url)
 
+    def stop(self) -> None:
+        """The build is stopping: requests in flight are cut, and fetch raises deadlines.Cancelled from now on."""
+        self._watchdog.stop()
+
     def fetch(self, url: str) -> bytes:
         """The body `url` serves, following redirects and retrying as the settings say; raises Failed."""
         s = self._settings
-        end = time.monotonic() + s.deadline
-        with self._workers:
+        clock = deadlines.Clock(s.deadline)
+        with clock.waiting(self._workers):
             tries = 0
             while True:
                 tries += 1
                 try:
-                    return self._follow(url, end)
+                    return self._follow(url, clock)
                 except _Retry as e:
                     if tries > s.retries:
                         raise Failed(f"{e.reason} (after {tries} tries)", e.error) from None
                     wait = e.after if e.after is not None else min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (tries - 1))
                     wait = min(wait, RETRY_AFTER_CAP_S) * (1 if e.after is not None else random.uniform(0.5, 1.5))
-                    if time.monotonic() + wait >= end:
+                    if time.monotonic() + wait >= clock.end:
                         raise Failed(f"{e.reason}; no time left in the {s.deadline:g} s deadline to try again "
                                      f"(after {tries} tries)", e.error) from None
-                    time.sleep(wait)
+                    self._watchdog.sleep(wait)
 
-    def _follow(self, url: str, end: float) -> bytes:
+    def _follow(self, url: str, clock: deadlines.Clock) -> bytes:
         try:
             urls.parse(url)  # the first touch of a row's URL: one that cannot be requested is its row's reason
         except urls.BadUrl as e:
             raise Failed(str(e), "BadUrl") from None
         row, trusted = url, True  # --http_headers go to the row's origin only; once a chain leaves it, never again
         for _ in range(MAX_REDIRECTS + 1):
-            status, location, body = self._get(url, end, self._headers if trusted else self._plain_headers)
+            status, location, body = self._get(url, clock, self._headers if trusted else self._plain_headers)
             if location is None:
                 return body
             url = _redirect_target(status, url, location)
             trusted = trusted and _same_origin(row, url)
         raise Failed(f"too many redirects (more than {MAX_REDIRECTS})", "TooManyRedirects")
 
-    def _get(self, url: str, end: float,
+    def _get(self, url: str, clock: deadlines.Clock,
              headers: Optional[Mapping[str, str]] = None) -> Tuple[int, Optional[str], bytes]:
-        """One request with `headers` (the settings' all by default): (status, redirect location or None, body)."""
+        """One request with `headers` (the settings' all by default): (status, redirect location or None, body); the watchdog cuts it at the deadline."""
         import urllib3
         from urllib3.exceptions import (DecodeError, HTTPError, NewConnectionError, ProtocolError, ReadTimeoutError,
                                         TimeoutError)
 
-        left = end - time.monotonic()
+        left = clock.left()
         if left <= 0:
             raise Failed(f"cut off: the download took longer than its {self._settings.deadline:g} s deadline",
                          "Deadline")
         timeout = urllib3.Timeout(connect=min(self._settings.timeout, left), read=min(self._settings.timeout, left))
-        with self._host(url):
+        with clock.waiting(self._host(url)), self._watchdog.watching(clock.end, self._cut_off) as call:
+            end = clock.end
             try:
                 response = self._pool.request("GET", url, preload_content=False, redirect=False, timeout=timeout,
                                               headers=dict(headers if headers is not None else self._headers))
@@ -311,6 +320,7 @@ class Downloader:
                 raise _protocol_failure(e, 0, None)
             except HTTPError as e:
                 raise _Retry(f"connection failed ({_first_reason(e)})", "ConnectionError")
+            call.got = 0
             try:
                 status = response.status
                 if 300 <= status < 400 and status != 304 and response.headers.get("Location"):
@@ -353,6 +363,7 @@ class Downloader:
                     if not chunk:
                         break
                     got += len(chunk)
+                    call.got = got
                     if limit is not None and got > limit:
                         raise Failed(f"too large: over the {limit:,}-byte limit (--max_file_mb); the download "
                                      "was stopped there", "TooLarge")
@@ -366,6 +377,12 @@ class Downloader:
             except BaseException:
                 response.close()  # a body not read to its end: the connection cannot serve another request
                 raise
+
+    def _cut_off(self, got: Optional[int]) -> Failed:
+        """The row of a request the watchdog cut at the deadline, `got` body bytes in (None: before the headers)."""
+        where = "before the response's headers were in" if got is None else f"after {got:,} bytes"
+        return Failed(f"cut off {where}: the download took longer than its {self._settings.deadline:g} s deadline",
+                      "Deadline")
 
 
 class _Retry(Exception):
@@ -504,6 +521,8 @@ class UrlReader:
         self._shared = shared
         self._downloader: Optional[Downloader] = None
         self._lock = threading.Lock()
+        self._stopped = False
+        self._cancelled: Optional[Callable[[], bool]] = None
 
     def __getstate__(self) -> Mapping:
         return {"_settings": self._settings, "_max_bytes": self._max_bytes, "_files": self._files,
@@ -513,12 +532,28 @@ class UrlReader:
         self.__dict__.update(state)
         self._downloader = None
         self._lock = threading.Lock()
+        self._stopped = False
+        self._cancelled = None
+
+    def stop_when(self, cancelled: Callable[[], bool]) -> None:
+        """Downloads stop (as stop() says) once `cancelled()` is true: checked before each request, and
+        polled while any is in flight (a worker process's view of its launcher's cancel)."""
+        self._cancelled = cancelled
+
+    def stop(self) -> None:
+        """The build is stopping: downloads in flight are cut, and no URL is fetched from now on."""
+        with self._lock:
+            self._stopped = True
+            if self._downloader is not None:
+                self._downloader.stop()
 
     def __call__(self, uri: str) -> bytes:
         if not is_url(uri):
             return self._files(uri)
         if self._downloader is None:
             with self._lock:
+                if self._stopped or (self._cancelled is not None and self._cancelled()):
+                    raise deadlines.Cancelled("downloads stopped")
                 if self._downloader is None:
-                    self._downloader = Downloader(self._settings, self._max_bytes, self._shared)
+                    self._downloader = Downloader(self._settings, self._max_bytes, self._shared, self._cancelled)
         return self._downloader.fetch(uri)
