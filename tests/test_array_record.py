@@ -292,3 +292,21 @@ def test_the_reader_md_recipe_reads_every_record_with_grain_alone(builds):
     by_image = {schema.parse_example(r)["image"][0]: schema.parse_example(r)["label"][0] for r in want.values()}
     got = [dataset[i] for i in range(len(dataset))]
     assert len({g["image"] for g in got}) == 34 and all(by_image[g["image"]] == g["label"] for g in got)
+
+
+@pytest.mark.slow
+def test_duplicates_and_retention_work_on_array_record_as_on_tfrecord(image_tree, tmp_path):
+    from conftest import tree_with_twins
+
+    tree, _ = tree_with_twins(image_tree, tmp_path)
+    out = tmp_path / "out"
+    outs = {}
+    for fmt in ("tfrecord", "array_record"):
+        outs[fmt] = build(tree, tmp_path / fmt, *ARGS, "--record_format", fmt)
+    duplicates = {fmt: (tmp_path / fmt / "duplicates.jsonl").read_text() for fmt in outs}
+    assert duplicates["array_record"] == duplicates["tfrecord"] and len(duplicates["tfrecord"].splitlines()) == 2
+    assert outs["array_record"].num_duplicate_groups == 2 and outs["array_record"].num_label_conflicts == 1
+    first = build(tree, out, *ARGS, *AR)
+    second = build(tree, out, *ARGS, *AR, "--overwrite", "--keep_versions", 1)
+    assert first.version != second.version and sorted(os.listdir(out)).count(second.version) == 1
+    assert not (out / first.version).exists()  # retention removed the earlier version's folder
