@@ -116,8 +116,10 @@ def main(argv=None):
                     got = read(os.path.join(tmp, fmt), fmt, mode)
                     add(f"read {mode} {fmt} images/s", got["records"] / got["seconds"])
                     add(f"read {mode} {fmt} peak MB", got["peak_mb"])
-        sizes = {fmt: sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(tmp, fmt))
-                          for f in fs if f".{fmt}-" in f) for fmt in FORMATS}
+        sizes = {}  # the published version's shards (--overwrite keeps the earlier one beside it)
+        for fmt in FORMATS:
+            with open(os.path.join(tmp, fmt, "manifest.json")) as f:
+                sizes[fmt] = sum(s["num_bytes"] for s in json.load(f)["splits"]["train"]["shards"])
     print(f"{n} images ({corpus.num_bytes / 1e6:.0f} MB), {args.shards} shards, {args.repeats} round(s); "
           "median [min-max]")
     for key, values in figures.items():
