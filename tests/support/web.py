@@ -61,6 +61,8 @@ class Server:
         self.headers: List[Dict[str, str]] = []
         self.headers_of: Dict[str, List[Dict[str, str]]] = collections.defaultdict(list)  # by request path
         self.in_flight = self.max_in_flight = 0
+        self.busy_s = 0.0  # seconds with a request in flight (ended: counted when in_flight drops to 0)
+        self._busy_since = 0.0
         self.open = self.max_open = 0
         self.large_sent = 0
         self.hung_up: Dict[str, float] = {}  # seconds from a /dripheaders or /continue request to the client's hang-up
@@ -103,6 +105,8 @@ class Server:
 
             def do_GET(self):
                 with owner.lock:
+                    if not owner.in_flight:
+                        owner._busy_since = time.monotonic()
                     owner.in_flight += 1
                     owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
                     owner.requests[self.path] += 1
@@ -139,6 +143,8 @@ class Server:
             h.counted = False
             with self.lock:
                 self.in_flight -= 1
+                if not self.in_flight:
+                    self.busy_s += time.monotonic() - self._busy_since
 
     def _send(self, h, status: int, body: bytes = b"", kind: str = "image/jpeg", extra: Mapping[str, str] = {}):
         self._leave(h)

@@ -6,7 +6,7 @@ failure is a Failed naming what happened; its row's stage is 'download').
 One Downloader per worker process (a pool of keep-alive connections per host); it is made where
 the shard writer's reader is made (Source.reader), never in the launcher. The per-host limit holds
 across the local engine's worker processes (HostSlots, made by the launcher before it forks them);
-on a Beam runner it holds per worker process.
+on a Beam runner each Downloader gets its share of it (politeness.share: `per_host` and `duty`).
 """
 
 from __future__ import annotations
@@ -79,8 +79,10 @@ class HttpSettings:
 
     Attributes:
       workers: downloads at once per worker process.
-      per_host: requests at once to one host, per worker process (across the local engine's
+      per_host: requests at once to one host, per Downloader (across the local engine's
         workers where the launcher shares HostSlots).
+      duty: the share of its time a Downloader may have a request to one host in flight (below 1.0
+        when --http_per_host is divided among more Downloaders than it counts: politeness.share).
       timeout: seconds to connect, and without a byte while reading.
       deadline: seconds one URL may take in all, its retries and redirects included, waiting for a
         slot not (deadlines.py says what it covers).
@@ -97,9 +99,11 @@ class HttpSettings:
     retries: int = 4
     user_agent: str = ""
     headers_file: Optional[str] = None
+    duty: float = 1.0
 
     def __repr__(self) -> str:  # the headers file's name is not written or logged either
-        return (f"HttpSettings(workers={self.workers}, per_host={self.per_host}, timeout={self.timeout}, "
+        return (f"HttpSettings(workers={self.workers}, per_host={self.per_host}, duty={self.duty:g}, "
+                f"timeout={self.timeout}, "
                 f"deadline={self.deadline}, retries={self.retries}, headers_file={'given' if self.headers_file else None})")
 
 
@@ -209,6 +213,30 @@ class HostSlots:
         return _shared_slots, (self.per_host, self._slots)
 
 
+class _Paced:
+    """One request at once to a host, in flight at most `duty` of the time: a request of d seconds
+    is followed by d * (1 / duty - 1) seconds without one. The first waits a random part of a
+    FIRST_S request's pause, so that a job's Downloaders do not all start together."""
+
+    FIRST_S = 0.2  # a typical download's seconds: the pause guessed before one is measured
+
+    def __init__(self, duty: float):
+        self._slot = threading.Lock()
+        self._duty = duty
+        self._next = time.monotonic() + random.uniform(0.0, self.FIRST_S * (1.0 / duty - 1.0))
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        self._slot.acquire()
+        time.sleep(max(0.0, self._next - time.monotonic()))
+        self._started = time.monotonic()
+
+    def __exit__(self, *exc) -> None:
+        now = time.monotonic()
+        self._next = now + (now - self._started) * (1.0 / self._duty - 1.0)
+        self._slot.release()
+
+
 def _unshared() -> None:
     return None
 
@@ -249,7 +277,8 @@ class Downloader:
             return self._shared.of(host)
         with self._lock:
             if host not in self._hosts:
-                self._hosts[host] = threading.BoundedSemaphore(self._settings.per_host)
+                per_host, duty = self._settings.per_host, self._settings.duty
+                self._hosts[host] = threading.BoundedSemaphore(per_host) if duty >= 1.0 else _Paced(duty)
             return self._hosts[host]
 
     def __call__(self, url: str) -> bytes:
