@@ -310,3 +310,25 @@ def test_duplicates_and_retention_work_on_array_record_as_on_tfrecord(image_tree
     second = build(tree, out, *ARGS, *AR, "--overwrite", "--keep_versions", 1)
     assert first.version != second.version and sorted(os.listdir(out)).count(second.version) == 1
     assert not (out / first.version).exists()  # retention removed the earlier version's folder
+
+
+@pytest.mark.gcs
+def test_a_gs_output_gets_the_local_builds_array_record_bytes(fake_gcs_server, builds, image_tree, tmp_path):
+    """ArrayRecord's writer writes local paths: a gs:// shard is written locally, then copied up."""
+    import uuid
+
+    from tests.support.gcs import GcsEmulator
+
+    root, _ = image_tree
+    _, ar_out = builds
+    with GcsEmulator(binary=fake_gcs_server) as emulator:
+        bucket = f"ar-{uuid.uuid4().hex[:8]}"
+        emulator.create_bucket(bucket)
+        with emulator.activated():
+            manifest = build(root, f"gs://{bucket}/ds", *ARGS, *AR)
+        assert manifest.record_format == "array_record"
+        local = _manifest(ar_out)
+        for split in ("train", "validation"):
+            for shard, mine in zip(manifest.split(split).shards, local["splits"][split]["shards"]):
+                data = emulator.download(f"gs://{bucket}/ds/{shard.filename}")
+                assert data == open(os.path.join(ar_out, mine["filename"]), "rb").read(), shard.filename

@@ -15,6 +15,7 @@ import threading
 from typing import BinaryIO, Dict, Iterator, List, Optional
 
 from imagerecords.format import record_format
+from imagerecords.format.errors import ReadError
 from imagerecords.format.record_format import CorruptRecordError, RecordFormat, RecordWriter
 
 # One record per chunk: random access reads one chunk. Uncompressed: the records are mostly JPEG or
@@ -131,9 +132,9 @@ class ArrayRecord(RecordFormat):
                 pass
 
     def entries(self, files, dataset, shard_path, shard, index_path):
-        if "://" in shard_path:
-            raise CorruptRecordError(f"{shard_path}: ArrayRecord shards are read from local files; copy the dataset "
-                                     "folder to a local disk first")
+        if "://" in shard_path:  # the array_record package opens local paths only
+            raise ReadError(f"{shard_path}: ArrayRecord shards are read from local files; copy the dataset folder "
+                            "to a local disk first")
         count = self._open(shard_path, dataset).num_records()
         if count != shard.count:
             raise CorruptRecordError(f"{shard_path}: it holds {count} records, manifest.json says {shard.count}"
