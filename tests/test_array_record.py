@@ -332,3 +332,8 @@ def test_a_gs_output_gets_the_local_builds_array_record_bytes(fake_gcs_server, b
             for shard, mine in zip(manifest.split(split).shards, local["splits"][split]["shards"]):
                 data = emulator.download(f"gs://{bucket}/ds/{shard.filename}")
                 assert data == open(os.path.join(ar_out, mine["filename"]), "rb").read(), shard.filename
+        from imagerecords.format.errors import ReadError
+        from imagerecords.grain import RecordSource
+
+        with emulator.activated(), pytest.raises(ReadError, match="ArrayRecord shards are read from local files"):
+            RecordSource(f"gs://{bucket}/ds", "train")
