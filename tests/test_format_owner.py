@@ -1,6 +1,7 @@
 """One owner per format concern: frames, index files, the manifest and each feature kind's codec live in format/, and every reader goes through them."""
 
 import ast
+import functools
 import json
 import os
 import re
@@ -23,8 +24,13 @@ def _sources(*folders):
             for name in sorted(names):
                 if name.endswith(".py"):
                     path = os.path.join(base, name)
-                    with open(path, encoding="utf-8") as f:
-                        yield os.path.relpath(path, ROOT), ast.parse(f.read(), path)
+                    yield os.path.relpath(path, ROOT), _parsed(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(path):  # each source parsed once for all the rules below
+    with open(path, encoding="utf-8") as f:
+        return ast.parse(f.read(), path)
 
 
 # The source rules ------------------------------------------------------------------------------
