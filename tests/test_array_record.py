@@ -337,3 +337,17 @@ def test_a_gs_output_gets_the_local_builds_array_record_bytes(fake_gcs_server, b
 
         with emulator.activated(), pytest.raises(ReadError, match="ArrayRecord shards are read from local files"):
             RecordSource(f"gs://{bucket}/ds", "train")
+
+
+def test_the_open_readers_are_bounded_and_reopened_on_demand(builds, monkeypatch):
+    from imagerecords.format import array_record_format
+    from imagerecords.grain import RecordSource
+
+    _, ar_out = builds
+    want = [r["image/filename"] for r in map(RecordSource(str(ar_out), "train").__getitem__, range(34))]
+    monkeypatch.setattr(array_record_format, "_OPEN_READERS", 1)
+    monkeypatch.setattr(array_record_format.ARRAY_RECORD, "_readers", array_record_format._Readers())  # none open
+    source = RecordSource(str(ar_out), "train")
+    order = [i for pair in zip(range(17), range(17, 34)) for i in pair]  # alternating between the two shards
+    assert [source[i]["image/filename"] for i in order] == [want[i] for i in order]
+    assert len(array_record_format.ARRAY_RECORD._readers.open) == 1

@@ -8,11 +8,13 @@ verify's hashing reader) is spooled to a temporary file first.
 
 from __future__ import annotations
 
+import collections
+import io
 import os
 import shutil
 import tempfile
 import threading
-from typing import BinaryIO, Dict, Iterator, List, Optional
+from typing import BinaryIO, Iterator, List, Optional
 
 from imagerecords.format import record_format
 from imagerecords.format.errors import ReadError
@@ -66,11 +68,15 @@ class ArrayRecordWriter(RecordWriter):
         return self._digests[2]
 
 
+_OPEN_READERS = 64  # per thread: a split of thousands of shards must not run out of file handles
+
+
 class _Readers(threading.local):
-    """Open readers by path, per thread (an ArrayRecordReader is not shared across threads)."""
+    """Open readers by path, per thread (an ArrayRecordReader is not shared across threads), the
+    least recently used closed past _OPEN_READERS."""
 
     def __init__(self):
-        self.open: Dict[str, object] = {}
+        self.open: "collections.OrderedDict[str, object]" = collections.OrderedDict()
 
 
 class ArrayRecord(RecordFormat):
@@ -88,19 +94,24 @@ class ArrayRecord(RecordFormat):
         return ArrayRecordWriter(target)
 
     def _open(self, path: str, dataset: str = ""):
-        reader = self._readers.open.get(path)
-        if reader is None:
+        readers = self._readers.open
+        reader = readers.get(path)
+        if reader is not None:
+            readers.move_to_end(path)
+        else:
             try:
                 reader = _module().ArrayRecordReader(path)
             except (RuntimeError, ValueError, OSError) as e:
                 raise CorruptRecordError(f"{path}: not a readable ArrayRecord file ({_first_line(e)})"
                                          + _mend(dataset)) from None
-            self._readers.open[path] = reader
+            readers[path] = reader
+            while len(readers) > _OPEN_READERS:
+                readers.popitem(last=False)[1].close()
         return reader
 
     def read(self, stream: BinaryIO, name: str = "<stream>") -> Iterator[bytes]:
         local = getattr(stream, "name", None)
-        if isinstance(local, str) and os.path.isfile(local) and type(stream).__name__ == "BufferedReader":
+        if isinstance(local, str) and isinstance(stream, io.BufferedReader) and os.path.isfile(local):
             yield from self._read_path(local, name, stream)
             return
         with tempfile.NamedTemporaryFile(suffix=self.suffix) as spool:
