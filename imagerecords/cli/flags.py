@@ -18,6 +18,7 @@ from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.encode.image_codec import ImageOptions
 from imagerecords.pipeline.errors import UsageError
+from imagerecords.pipeline.read import optouts
 from imagerecords.pipeline.options import BuildOptions, runner_in
 
 __all__ = ["LauncherFlags", "Parsed", "beam_flag_names", "build_flag_names", "check_beam_args", "check_runner",
@@ -31,6 +32,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "writer": tuple(config_lib.WRITERS),
     "label_type": tuple(config_lib.LABEL_TYPES),
     "image_encoding": tuple(codec.ENCODINGS),
+    "robots_txt": optouts.ROBOTS_CHOICES,
 }
 
 # Fields whose dataclass type has no one-token command-line form, with the metavar shown in --help.
