@@ -59,7 +59,7 @@ class Server:
     (text) when given, else `robots_status`.
     """
 
-    HOLD_S = 0.3
+    HOLD_S = 0.2
     _OPT_OUT_HEADERS = {"noai": [("X-Robots-Tag", "noai")], "ours": [("X-Robots-Tag", "imagerecords: noimageai")],
                         "theirs": [("X-Robots-Tag", "otherbot: noai")],
                         "lines": [("X-Robots-Tag", "otherbot: noindex"), ("X-Robots-Tag", "nofollow, noimageindex")],
