@@ -42,6 +42,7 @@ def _errors(out):
         return {r["uri"]: r for r in map(json.loads, f)}
 
 
+@pytest.mark.slow
 def test_each_opt_out_is_a_row_and_no_body_byte_of_it_was_sent(tmp_path, capsys):
     with Server(IMAGES, robots=ROBOTS) as server:
         urls = [server.url(p) for p in [*CASES, REDIRECT]]
@@ -71,7 +72,16 @@ def test_each_opt_out_is_a_row_and_no_body_byte_of_it_was_sent(tmp_path, capsys)
         said = capsys.readouterr().out
         assert "  opted out            6 URLs whose sites said no" in said, said
         assert f"127.0.0.1:{server.port}" in said and "opted out: robots.txt 2" in said, said
-        assert server.requests["/robots.txt"] == 1
+        assert len(server.robots_headers) == 1
+        # the report page: the opted-out rows apart from the rejected ones, and the hosts
+        from imagerecords.cli import main as cli
+
+        page = tmp_path / "report.html"
+        assert cli.main(["report", str(out), "--html", str(page)]) == 0
+        html = page.read_text()
+        assert '<b data-total="opted_out">6</b>' in html and "<h3>Opted out (URLs whose sites said no" in html
+        assert "<h3>Rejected: 0</h3>" in html and 'data-kind="opted_out"' in html
+        assert f"<td><code>127.0.0.1:{server.port}</code></td><td class=n>6</td>" in html.replace(' class="n"', " class=n"), html[-3000:]
 
 
 def test_with_the_flags_off_they_are_records(tmp_path):
@@ -81,7 +91,7 @@ def test_with_the_flags_off_they_are_records(tmp_path):
         manifest = build(_manifest(tmp_path, [server.url(p) for p in paths]), out, *ARGS,
                          "--disallowed_header_directives", "", "--robots_txt", "ignore")
         assert manifest.num_examples == len(paths) and manifest.num_opted_out == 0
-        assert server.requests["/robots.txt"] == 0
+        assert len(server.robots_headers) == 0
         for path in paths[:-1]:
             assert server.body_sent[path] == len(IMAGES[path.rsplit("/", 1)[1]]), path
 
@@ -92,8 +102,8 @@ def test_robots_txt_is_requested_once_per_origin_per_worker(tmp_path):
         urls = [server.url(f"/img/p{i:02d}.jpg", name) for i in range(6) for name in ("127.0.0.1", "localhost")]
         manifest = build(_manifest(tmp_path, urls), tmp_path / "out", *ARGS, "--threads", "4")
         assert manifest.num_examples == 12
-        assert server.requests["/robots.txt"] == 2
-        agents = {h.get("User-Agent") for h in server.headers_of["/robots.txt"]}
+        assert len(server.robots_headers) == 2
+        agents = {h.get("User-Agent") for h in server.robots_headers}
         assert len(agents) == 1 and next(iter(agents)).startswith("imagerecords/"), agents
 
 
@@ -118,7 +128,7 @@ def test_a_robots_txt_404_allows_and_a_503_disallows(tmp_path, status, records):
                 assert row["stage"] == "opted_out", row
                 assert "robots.txt of" in row["reason"] and "did not load (HTTP 503" in row["reason"], row
             assert server.requests["/img/p00.jpg"] == 0
-        assert server.requests["/robots.txt"] == 1  # --http_retries 0
+        assert len(server.robots_headers) == 1  # --http_retries 0
 
 
 def _staged_errors(out):

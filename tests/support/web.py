@@ -56,7 +56,7 @@ class Server:
     (X-Robots-Tag: otherbot: noai, for another crawler), /lines/NAME (two X-Robots-Tag lines, the second
     `nofollow, noimageindex`), /tdm/NAME (tdm-reservation: 1), /held/NAME (no opt-out header; what
     robots.txt rules name: /held/private/NAME, /held/otheragent/NAME). /robots.txt serves `robots`
-    (text) when given, else `robots_status`.
+    (text) when given, else `robots_status`; its requests are counted apart, in `robots_headers`.
     """
 
     HOLD_S = 0.2
@@ -73,6 +73,7 @@ class Server:
         self.robots = robots
         self.robots_status = robots_status
         self.body_sent: Dict[str, int] = collections.Counter()
+        self.robots_headers: List[Dict[str, str]] = []  # one per /robots.txt request (not in `requests`)
         self.lock = threading.Lock()
         self.requests: Dict[str, int] = collections.Counter()
         self.headers: List[Dict[str, str]] = []
@@ -121,9 +122,12 @@ class Server:
                 with owner.lock:
                     owner.in_flight += 1
                     owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
-                    owner.requests[self.path] += 1
-                    owner.headers.append(dict(self.headers.items()))
-                    owner.headers_of[self.path].append(dict(self.headers.items()))
+                    if self.path == "/robots.txt":  # counted apart: the other counts are the downloads'
+                        owner.robots_headers.append(dict(self.headers.items()))
+                    else:
+                        owner.requests[self.path] += 1
+                        owner.headers.append(dict(self.headers.items()))
+                        owner.headers_of[self.path].append(dict(self.headers.items()))
                 self.counted = True
                 try:
                     owner._answer(self)
