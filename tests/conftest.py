@@ -30,10 +30,13 @@ def pytest_collection_modifyitems(config, items):
         if (item.get_closest_marker("gcs") or item.get_closest_marker("flink")
                 or "prism_binary" in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        # A skip mark, not a skip at setup: pytest then reports the test's own line, not this file's.
+        if os.environ.get("IMAGERECORDS_CI") != "1" and _missing_extras(item):
+            item.add_marker(pytest.mark.skip(reason=_missing_extras(item)))
 
 
-# Parallel runs (`-n 2 --dist loadfile`, as CI runs the suite). Each test module runs whole on one
-# worker, so its module fixtures are built once and its tests keep their order. The Flink modules
+# Parallel runs (`-n auto --dist loadfile`: the README's test command, as CI runs it). Each test module
+# runs whole on one worker, so its module fixtures are built once and its tests keep their order. The Flink modules
 # together are one more such unit: each starts a cluster of 3-4 JVMs, and one worker runs them one
 # after another, as a serial run does, so two clusters never load a small machine at once (their
 # heartbeat and slot-request timeouts are seconds). At about 10 of the 25 minutes of serial work,
@@ -47,6 +50,25 @@ FLINK_UNIT = "tests/test_flink_*.py"
 def _xdist_unit(nodeid):
     path = nodeid.split("::", 1)[0]
     return FLINK_UNIT if os.path.basename(path).startswith("test_flink_") else path
+
+
+# `-n auto` (the README's test command): a worker per CPU this process may use, counting a container's
+# CPU quota, which pytest-xdist's own count (psutil: the machine's physical cores) misses; at least 2, as
+# the suite mostly waits on subprocesses, JVMs and servers; at most 4, past which the Flink unit (about
+# 10 minutes) is the run's length anyway and more workers only add memory (each loads TensorFlow).
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # the user's own count, which pytest-xdist reads
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
+            quota, period = f.read().split()
+        if quota != "max":
+            n = min(n, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(2, min(n, 4))
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # optional: pytest-xdist is in the `test` extra, not pytest
@@ -67,6 +89,40 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return FlinkFirst(config, log)
+
+
+# The optional pieces no extra of `[test]` brings (the README's test command runs without them),
+# each with how a test finds it and how to get it. A test that needs one is marked
+# `@pytest.mark.needs_extra("torch")`: it skips with that reason here and fails in CI, whose extra
+# stage installs them all and runs exactly these tests (`-m needs_extra`).
+EXTRAS = {
+    "torch": ("module", "pip install -c constraints.txt -e '.[torch]'"),
+    "torchvision": ("module", "pip install -c constraints.txt torchvision"),
+    "chromium": ("program", "Debian's chromium package, for the rendered report page"),
+}
+
+
+def missing_extra(name):
+    """Why the optional piece `name` (a key of EXTRAS) is not here, or None when it is."""
+    import importlib.util
+    import shutil
+
+    kind, how = EXTRAS[name]
+    if kind == "module" and importlib.util.find_spec(name) is None:
+        return f"{name} is not installed ({how}); this test is marked needs_extra"
+    if kind == "program" and shutil.which(name) is None:
+        return f"{name} is not on PATH ({how}); this test is marked needs_extra"
+    return None
+
+
+def _missing_extras(item):
+    return "; ".join(why for mark in item.iter_markers("needs_extra") for why in map(missing_extra, mark.args) if why)
+
+
+def pytest_runtest_setup(item):
+    why = _missing_extras(item)
+    if why:
+        skip_unless_ci(why)  # reached in CI only: elsewhere the skip mark below has skipped it
 
 
 def skip_unless_ci(reason):

@@ -145,14 +145,13 @@ def _as_dataset(path):
 
 
 def _torch(path):
-    try:
-        from imagerecords import torch as irt
-    except ImportError as e:
-        pytest.skip(f"torch is not installed: {e}")
+    from imagerecords import torch as irt
+
     return irt.RecordDataset(str(path), "train")
 
 
-@pytest.mark.parametrize("open_reader", [_make_dataset, _make_dataset_resumable, _as_dataset, _torch],
+@pytest.mark.parametrize("open_reader", [_make_dataset, _make_dataset_resumable, _as_dataset,
+                                         pytest.param(_torch, marks=pytest.mark.needs_extra("torch"))],
                          ids=["make_dataset", "make_dataset-start_step", "as_dataset", "torch"])
 def test_every_reader_refuses_a_manifest_whose_shards_climb_out(climbing, open_reader):
     mine, _, expected = climbing

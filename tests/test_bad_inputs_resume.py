@@ -254,8 +254,8 @@ def _loader(path, seed=3):
     return irt.Loader(irt.RecordDataset(str(path), "train", image_size=8, training=True), 4, seed=seed)
 
 
+@pytest.mark.needs_extra("torch")
 def test_a_loader_state_from_a_rebuilt_dataset_is_refused(tree, tmp_path):
-    pytest.importorskip("torch")
     out = tmp_path / "ds"
     build(tree, out, *TREE_ARGS, "--seed", 1)
     loader = _loader(out)
@@ -281,16 +281,16 @@ def test_a_loader_state_from_a_rebuilt_dataset_is_refused(tree, tmp_path):
 
 @pytest.mark.parametrize("key,value", [("consumed", -4), ("consumed", 4.0), ("consumed", True), ("epoch", -1),
                                        ("epoch", 1.5), ("seed", -3), ("num_examples", "24")])
+@pytest.mark.needs_extra("torch")
 def test_a_loader_state_value_that_is_not_a_count_is_refused(dataset, key, value):
-    pytest.importorskip("torch")
     loader = _loader(dataset)
     state = loader.state_dict()
     with pytest.raises(ValueError, match=rf"^{key} must be an int >= 0, got {re.escape(repr(value))}$"):
         loader.load_state_dict({**state, key: value})
 
 
+@pytest.mark.needs_extra("torch")
 def test_loader_counts_take_numpy_ints_and_refuse_the_rest(dataset):
-    pytest.importorskip("torch")
     loader = _loader(dataset)
     state = loader.state_dict()
     loader.load_state_dict({**state, "consumed": np.int64(8), "epoch": np.int64(2)})

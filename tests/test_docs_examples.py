@@ -48,6 +48,7 @@ class Run(NamedTuple):
     edits: Tuple[Tuple[str, str], ...] = ()  # text replaced in the example, besides WHERE
     check: Optional[Callable] = None  # check(result): what the doc says the example prints or makes
     fresh: bool = False  # a python block in its own interpreter (PyTorch's DataLoader workers fork)
+    needs: Tuple[str, ...] = ()  # optional pieces it needs that [test] does not bring (conftest.EXTRAS)
 
 
 class Elsewhere(NamedTuple):
@@ -390,7 +391,7 @@ PLAN = {
             given="from imagerecords import reader\nimport tensorflow as tf\npath = 'ds'\n"
                   "model = tiny_keras_model()\noptimizer = tf.keras.optimizers.SGD()\n"
                   "ctx = tf.distribute.InputContext()\ntrain_step = Steps()"),
-        Run(("irt.RecordDataset(",), "ds", check=_torch_state, given="checkpoint = {}", fresh=True),
+        Run(("irt.RecordDataset(",), "ds", check=_torch_state, given="checkpoint = {}", fresh=True, needs=("torch",)),
         Run(("hide_gpus_from_tensorflow()",), "ds", check=_three_steps("numpy", 128),
             given="path = 'ds'\nstate = None\ntrain_step = Steps()"),
     ],
@@ -433,7 +434,8 @@ def _matches(doc):
 
 
 def _entries(kind):
-    return [pytest.param(doc, entry, id=f"{doc}:{_markers(entry)[0][:40]}")
+    return [pytest.param(doc, entry, id=f"{doc}:{_markers(entry)[0][:40]}",
+                         marks=[pytest.mark.needs_extra(*entry.needs)] if getattr(entry, "needs", ()) else [])
             for doc in PLAN for entry in PLAN[doc] if isinstance(entry, kind)]
 
 

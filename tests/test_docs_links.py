@@ -13,12 +13,22 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 
 
-def anchors(path):
-    """The anchors GitHub makes for a markdown file's headings."""
+# A README section named in words: `README, "Publishing a dataset"`, `the README's "Scale" section`,
+# `(README, Benchmarks)`.
+README_SECTION = re.compile(r"""README(?:'s|,)\s+"([^"]+)"|\(README,\s+([A-Z][^()"]*?)\)""")
+
+
+def headings(path):
+    """The text of a markdown file's headings, outside fenced blocks."""
     with open(path, encoding="utf-8") as f:
         text = FENCE.sub("", f.read())
+    return re.findall(r"^#{1,6} +(.+?) *#*$", text, re.M)
+
+
+def anchors(path):
+    """The anchors GitHub makes for a markdown file's headings."""
     out, seen = set(), {}
-    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, re.M):
+    for heading in headings(path):
         slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
         n = seen.get(slug, 0)
         seen[slug] = n + 1
@@ -45,6 +55,26 @@ def test_every_link_leads_to_a_file_and_a_heading(doc):
         elif anchor and file.endswith(".md") and anchor not in anchors(file):
             broken.append(f"{target}: no heading #{anchor} in {os.path.relpath(file, ROOT)}")
     assert not broken, f"{doc}: " + "; ".join(broken)
+
+
+def readme_sections(text):
+    """The README sections a text names in words, each as written."""
+    return [" ".join((a or b).split()) for a, b in README_SECTION.findall(FENCE.sub("", text))]
+
+
+@pytest.mark.parametrize("doc", DOCS[1:])
+def test_every_readme_section_named_in_words_is_a_heading_of_the_readme(doc):
+    """Links are checked above; a section named in prose must exist too, or the reader finds nothing."""
+    have = {h.lower() for h in headings(os.path.join(ROOT, "README.md"))}
+    with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+        named = readme_sections(f.read())
+    assert [name for name in named if name.lower() not in have] == [], f"{doc} names README sections it lacks"
+
+
+def test_the_checker_reads_readme_sections_named_in_words():
+    text = ('see README, "Publishing a dataset" and the README\'s "Scale" section (README,\nBenchmarks);\n'
+            "the README's test command, (a README, a CSV)\n```\nREADME, \"In a fence\"\n```\n")
+    assert readme_sections(text) == ["Publishing a dataset", "Scale", "Benchmarks"]
 
 
 def test_the_checker_sees_a_broken_anchor(tmp_path):

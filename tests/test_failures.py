@@ -350,6 +350,8 @@ def test_no_space_left_is_one_line_and_leaves_nothing_published(clean, tmp_path)
     try:
         code, _, err = cli_run("build", "--input", root, "--output", mount / "ds", *ARGS)
         assert code == 4 and err.count("\n") == 1 and "no space left" in err.lower() and "Traceback" not in err, err
+        # the advice keeps the user's own settings (an --append stays one): --resume, never --overwrite
+        assert "rerun the same command with --resume" in err and "--overwrite" not in err, err
         assert not glob.glob(str(mount / "ds" / "*.tfrecord*")) and not (mount / "ds" / MANIFEST).exists()
     finally:
         subprocess.run(["umount", str(mount)])

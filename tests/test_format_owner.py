@@ -138,8 +138,10 @@ def test_a_stale_index_is_refused_by_the_resumable_make_dataset(stale):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_extra("torch")
 def test_a_stale_index_is_refused_by_the_torch_dataset(stale):
-    irt = pytest.importorskip("imagerecords.torch")
+    import imagerecords.torch as irt
+
     out, index, problem, _ = stale
     with pytest.raises(records.IndexFileError, match=_refusal(index, problem)):
         irt.RecordDataset(str(out), "train")
@@ -221,8 +223,10 @@ def test_each_kind_round_trips_through_its_one_codec(name, spec, value):
 # One manifest loader ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("with_torch", [False, pytest.param(True, marks=pytest.mark.needs_extra("torch"))],
+                         ids=["readers", "and-torch"])
 @pytest.mark.parametrize("state", ["empty", "unfinished", "not JSON"])
-def test_every_reader_refuses_a_folder_without_a_readable_manifest_in_the_same_words(tmp_path, state):
+def test_every_reader_refuses_a_folder_without_a_readable_manifest_in_the_same_words(tmp_path, state, with_torch):
     from imagerecords.cli import inspection
     from imagerecords.format import manifest as manifest_lib
     from imagerecords.pipeline import errors
@@ -240,12 +244,10 @@ def test_every_reader_refuses_a_folder_without_a_readable_manifest_in_the_same_w
             f.write("{not json")
         want, kinds = None, (manifest_lib.ManifestError, errors.InputError)
     loaders = [(info.load_info, kinds[0]), (inspection.load, kinds[1])]
-    try:
+    if with_torch:
         import imagerecords.torch as irt
 
         loaders.append((irt.load_manifest, kinds[0]))
-    except ImportError:
-        pass
     messages = set()
     for load, kind in loaders:
         with pytest.raises(kind) as caught:

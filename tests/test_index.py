@@ -186,13 +186,16 @@ def test_verify_checks_index_files(indexed, tmp_path):
     good = index.read_bytes()
     entries = records.parse_index(good)
 
-    # A changed length: the sha256 catches it; --records also names the line and the true frame.
+    # A changed length: the sha256 catches it, and the next line's offset no longer follows it;
+    # --records also names the line and the true frame.
     off, length = entries[2]
     index.write_bytes(records.format_index(entries[:2] + [(off, length + 1)] + entries[3:]))
-    assert inspection.verify(str(ds))[0] == [f"{index}: its sha256 differs from manifest.json's"]
+    gap = (f"{index}: line 4 says offset {entries[3][0]}, where the record before it ends at byte "
+           f"{off + length + 1} (an index's frames follow each other from byte 0)")
+    assert inspection.verify(str(ds))[0] == [f"{index}: its sha256 differs from manifest.json's", gap]
     problems = inspection.verify(str(ds), records=True)[0]
-    assert problems[0] == f"{index}: its sha256 differs from manifest.json's"
-    assert problems[1] == (f"{index}: line 3 says offset {off} length {length + 1}; record 3 of {shard.filename} "
+    assert problems[:2] == [f"{index}: its sha256 differs from manifest.json's", gap]
+    assert problems[2] == (f"{index}: line 3 says offset {off} length {length + 1}; record 3 of {shard.filename} "
                            f"is at {off} with {length} bytes")
 
     # A line short: the count and the end offset are checked against the manifest, with or without --records.

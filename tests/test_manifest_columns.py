@@ -105,10 +105,14 @@ def test_every_reader_reads_the_same_records(built):
     sources = [RecordSource(p, "train") for p in (rows, columns)]
     assert len(sources[0]) == len(sources[1]) == load_info(rows).split("train").num_examples
     assert np.array_equal(sources[0][2]["image"], sources[1][2]["image"])
-    try:
-        from imagerecords.torch.dataset import RecordDataset
-    except ImportError:
-        return
+
+
+@pytest.mark.slow
+@pytest.mark.needs_extra("torch")
+def test_the_torch_reader_reads_the_same_records(built):
+    from imagerecords.torch.dataset import RecordDataset
+
+    rows, columns = built
     sets = [RecordDataset(p, "train", image_size=16) for p in (rows, columns)]
     assert len(sets[0]) == len(sets[1]) and (sets[0][1][0] == sets[1][1][0]).all()
 

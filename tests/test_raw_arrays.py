@@ -79,11 +79,8 @@ def test_grain_reads_the_exact_pixels(raw):
     assert all(np.array_equal(image.reshape(pixels.shape[1:]), pixels[i]) for i, image in got.items())
 
 
+@pytest.mark.needs_extra("torch")
 def test_torch_reads_the_exact_pixels(raw):
-    if importlib.util.find_spec("torch") is None:
-        if os.environ.get("IMAGERECORDS_CI") == "1":
-            pytest.fail("CI must run this test, but torch is not installed")
-        pytest.skip("torch is not installed (pip install -e '.[torch]')")
     from imagerecords import torch as irt
 
     out, pixels = raw

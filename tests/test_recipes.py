@@ -245,9 +245,8 @@ def test_pytorch_recipe_with_the_tfrecord_package(datasets, preset):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["tfds", "tf-models"])
+@pytest.mark.needs_extra("torch")  # the loader the block wraps runs without it, above
 def test_pytorch_dataloader_recipe(datasets, preset):
-    if importlib.util.find_spec("torch") is None:
-        skip_unless_ci("torch is not installed: the DataLoader block is not run (the loader it wraps is, above)")
     out, manifest = datasets[preset]
     code = recipes()
     want = sorted(label for s in manifest.split("train").shards for label, n in s.labels for _ in range(n))

@@ -20,7 +20,7 @@ from html.parser import HTMLParser
 import pytest
 from PIL import Image, ImageStat
 
-from conftest import build, shard_files, skip_unless_ci, tree_with_twins
+from conftest import build, shard_files, tree_with_twins
 from imagerecords.cli import report
 from imagerecords.cli.report.markup import BAR_WIDTH
 from imagerecords.cli.report.sample import label_counts
@@ -520,10 +520,9 @@ def test_thumbnail_fits_the_box_keeping_the_aspect_ratio():
 
 
 @pytest.mark.slow
+@pytest.mark.needs_extra("chromium")  # without it, the page is still checked by parsing it and decoding every image
 def test_renders_in_headless_chromium(page, run, tmp_path):
     browser = shutil.which("chromium")
-    if browser is None:
-        skip_unless_ci("Debian's chromium is not installed; the page is checked by parsing it and decoding every image")
     html_path = _written(run[1])
     png = tmp_path / "page.png"
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",

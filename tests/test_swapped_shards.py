@@ -99,8 +99,8 @@ def test_as_dataset_refuses_a_swapped_shard(swapped, kind):
 
 
 @pytest.mark.parametrize("kind", ["indexed", "plain"])
+@pytest.mark.needs_extra("torch")
 def test_the_torch_loader_refuses_a_swapped_shard(swapped, kind):
-    pytest.importorskip("torch")
     from imagerecords import torch as irt
 
     path, shard, size, listed = swapped(kind)

@@ -4,7 +4,6 @@ Ranks are simulated in one process: one Loader per rank with rank=r, world_size=
 turn, which is what each process of a torch.distributed job runs.
 """
 
-import importlib.util
 import io
 import json
 import os
@@ -15,17 +14,17 @@ import sys
 
 import pytest
 
-from conftest import build
+from conftest import build, missing_extra
 
-if importlib.util.find_spec("torch") is None:
-    if os.environ.get("IMAGERECORDS_CI") == "1":
-        pytest.fail("CI must run tests/test_torch_reader.py, but torch is not installed "
-                    "(pip install -c constraints.txt -e '.[torch]')", pytrace=False)
-    pytest.skip("torch is not installed (pip install -e '.[torch]')", allow_module_level=True)
+# Skipped whole without torch, even in CI: its main stage collects this module without the extra; its
+# extra stage has torch and fails on any skip.
+if missing_extra("torch"):
+    pytest.skip(missing_extra("torch"), allow_module_level=True)
 
 import torch  # noqa: E402
 
-pytestmark = pytest.mark.slow  # the optional torch extra's integration tests: DataLoader workers, resumes
+# The optional torch extra's integration tests (DataLoader workers, resumes): CI's extra stage.
+pytestmark = [pytest.mark.slow, pytest.mark.needs_extra("torch")]
 
 from imagerecords import torch as irt  # noqa: E402
 from imagerecords.format.records import CorruptRecordError, read_records  # noqa: E402
@@ -201,11 +200,10 @@ print("ok")
 """
 
 
+@pytest.mark.needs_extra("torchvision")
 def test_torchvision_transforms_are_seeded_per_element(built):
     """In its own process: importing torchvision (torch._dynamo, triton) where TensorFlow is already
     loaded aborts the interpreter, and the suite's process has loaded TensorFlow."""
-    if importlib.util.find_spec("torchvision") is None:
-        pytest.skip("torchvision is not installed")
     path, _ = built["indexed"]
     proc = subprocess.run([sys.executable, "-c", _TORCHVISION, path, str(SIZE)], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
@@ -330,10 +328,8 @@ def test_torch_reader_recipe_resumes_where_it_stopped(built):
     assert sorted(v for v in result["val"] if v != irt.PAD_LABEL) == want
 
 
+@pytest.mark.needs_extra("torchvision")  # ImageFolder, a peer; the tfrecord package is in [test]
 def test_benchmark_reports_every_loader_and_ratio(tmp_path):
-    for module in ("tfrecord", "torchvision"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed: the benchmark's peers need it")
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "benchmarks.bench_torch", "--images", "12", "--shards",
                            "2", "--batch", "4", "--size", "32", "--repeats", "1", "--cache", str(tmp_path / "cache"),

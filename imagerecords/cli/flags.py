@@ -11,6 +11,7 @@ import typing
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
+from imagerecords import __version__
 from imagerecords.format import schema
 from imagerecords.format import features as features_lib
 from imagerecords.pipeline import config as config_lib
@@ -103,8 +104,8 @@ _LAUNCHER_SWITCHES = (
     ("--ignore_split_column", "ignore_split_column",
      "with --splits, reassign splits by hash although the manifest has a split column"),
     ("--break_lock", "break_lock", "take over the output folder's lock that another build left behind"),
-    ("--detached", "detached", "Flink: return once the job runs on the cluster; run `imagerecords finish OUT` "
-     "after it has finished to publish the dataset"),
+    ("--detached", "detached", "Flink: return once the job runs on the cluster; the job's last step publishes "
+     "the dataset (`imagerecords finish OUT` only completes a commit that was cut short)"),
 )
 
 
@@ -123,6 +124,11 @@ def _is_tuple_of_str(tp: Any) -> bool:
 
 def _tuple_of_str(text: str) -> Tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+# What the code uses when a field is left empty, shown as its default in --help instead of the empty
+# text ("(default: )"): the User-Agent a download sends (pipeline/read/download.py's Downloader).
+_SHOWN_DEFAULTS = {"http_user_agent": f"imagerecords/{__version__}"}
 
 
 def _format_default(value: Any) -> str:
@@ -151,7 +157,7 @@ class _FieldFlag:
         if self.default is dataclasses.MISSING:
             help_text += " (required)"
         else:
-            help_text += f" (default: {_format_default(self.default)})"
+            help_text += f" (default: {_SHOWN_DEFAULTS.get(self.name) or _format_default(self.default)})"
         # Every flag defaults to None: "not given", so a YAML preset value below it is kept.
         # argparse %-formats help text; a literal % in a docstring must not break --help.
         kwargs: Dict[str, Any] = {"dest": self.name, "default": None, "help": help_text.replace("%", "%%")}

@@ -23,6 +23,18 @@ def _open(path: str):
     return files.open_local(path) if not has_scheme(path) else open_read(path)
 
 
+def _ends_differ(path: str, shard) -> bool:
+    """records.ends_differ of the shard file at `path` against the manifest's Shard.ends_crc."""
+    from imagerecords.format.records import ends_differ
+
+    with _open(path) as f:
+        def read_range(offset: int, length: int) -> bytes:
+            f.seek(offset)
+            return f.read(length)
+
+        return ends_differ(read_range, shard.num_bytes, shard.ends_crc)
+
+
 def _read_bytes(path: str) -> bytes:
     with _open(path) as f:
         return f.read()
@@ -184,7 +196,7 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
       errors.BuildError: when there is no readable manifest.
     """
     from imagerecords.format.record_format import FRAME_OVERHEAD, read
-    from imagerecords.format.records import CorruptRecordError, HashingReader
+    from imagerecords.format.records import CorruptRecordError, HashingReader, count_frames
 
     manifest = load(output)
     problems, keys_notes = [], []
@@ -219,13 +231,19 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                     except CorruptRecordError as e:
                         problems.append(str(e))
                         count = None
+                else:  # the frame headers, walked while the file is hashed: a count not the frames' is named
+                    count = count_frames(stream)
                 stream.drain()
             if stream.num_bytes != shard.num_bytes:
                 # The readers' own phrase (they refuse such a file when they open it), with what to do.
                 problems.append(f"{access.size_mismatch(path, stream.num_bytes, shard.num_bytes)}; {access.SHARD_MEND}")
             elif stream.sha256() != shard.sha256:
                 problems.append(f"{path}: sha256 differs from the manifest")
-            elif records and count is not None and count != shard.count:
+            elif shard.ends_crc and _ends_differ(path, shard):
+                # The readers compare these on open: a manifest whose ends_crc was changed makes them refuse the shard.
+                problems.append(f"{path}: its first or last record's checksum differs from manifest.json's ends_crc "
+                                "(every reader refuses it)")
+            elif count is not None and count != shard.count:
                 problems.append(f"{path}: {count} records, manifest says {shard.count}")
             if shard.index_file:
                 problems.extend(_index_problems(output, shard, frame_lengths))

@@ -29,6 +29,11 @@ class ShardSizeError(CorruptRecordError):
     """A shard file of another size than manifest.json lists: not the file the manifest describes."""
 
 
+class ShardSwappedError(CorruptRecordError):
+    """A shard file of the listed size whose first and last records are not the ones its build
+    wrote (Shard.ends_crc): another build's shard of the same size copied over it."""
+
+
 # What the owner of a shard that is not the listed file can do; every reader and `verify` say it.
 SHARD_MEND = "restore the dataset's own file, or rebuild the dataset with --overwrite"
 
@@ -43,21 +48,27 @@ def size_mismatch(path: str, size: int, listed: int) -> str:
             "manifest describes (another build's shard copied over it, or a partial copy)")
 
 
-def check_shards(dataset: str, shards: Sequence[Tuple[str, int]], size_of: Callable[[str], int], *,
-                 policy: str = "fail") -> List[Tuple[str, int, int]]:
-    """Compares the size of every shard file a reader is about to open with manifest.json's, before
-    any record is read: the one check that keeps every reader from reading a file the manifest does
-    not describe (a longer file would otherwise be read up to the manifest's count, silently).
+def check_shards(dataset: str, shards: Sequence[Tuple[str, int, Optional[str]]], size_of: Callable[[str], int],
+                 read_range: Callable[[str, int, int], bytes], *, policy: str = "fail") -> List[Tuple[str, int, int]]:
+    """Compares the size of every shard file a reader is about to open with manifest.json's, and
+    then, for a file of the listed size, its first and last records' data checksums (Shard.ends_crc),
+    before any record is read: the one check that keeps every reader from reading a file the
+    manifest does not describe (a longer file would otherwise be read up to the manifest's count,
+    and another build's shard of the same size read whole, silently).
 
     A file of the listed size whose records differ in count is caught by the frame checks when it
-    is read; this check costs one stat (one metadata request on gs://) per shard.
+    is read. This check costs one stat (one metadata request on gs://) and three reads of at most
+    12 bytes (three ranged requests) per shard; no shard is hashed whole.
 
     Args:
       dataset: the dataset folder (for the messages).
-      shards: (full path, num_bytes from manifest.json) of each shard to open.
+      shards: (full path, num_bytes, ends_crc from manifest.json) of each shard to open; ends_crc
+        None (a manifest that records none) skips that comparison.
       size_of: the reader's own file size function (raises FileNotFoundError for a missing file).
+      read_range: the reader's own (path, offset, length) -> bytes.
       policy: "fail" raises for a shard of another size; "skip" returns them to the caller,
         which reads what it can and reports the rest (make_dataset's corrupt_records="skip").
+        A shard of the listed size with other end checksums is refused under both.
 
     Returns:
       (path, size on disk, size listed) of each shard of another size ("skip" only; [] otherwise).
@@ -66,6 +77,7 @@ def check_shards(dataset: str, shards: Sequence[Tuple[str, int]], size_of: Calla
       FileNotFoundError: naming every shard that is not there.
       ShardSizeError: (policy "fail") naming the first shard of another size, both sizes, how many
         other shards differ, and what to do.
+      ShardSwappedError: naming the first shard of the listed size whose end checksums differ.
     """
     shards = list(shards)
 
@@ -75,7 +87,7 @@ def check_shards(dataset: str, shards: Sequence[Tuple[str, int]], size_of: Calla
         except FileNotFoundError:
             return None
 
-    paths = [path for path, _ in shards]
+    paths = [path for path, _, _ in shards]
     if len(paths) > 1 and any(has_scheme(p) for p in paths):
         with ThreadPoolExecutor(min(_STAT_THREADS, len(paths))) as pool:
             sizes = list(pool.map(size, paths))
@@ -85,12 +97,52 @@ def check_shards(dataset: str, shards: Sequence[Tuple[str, int]], size_of: Calla
     if missing:
         raise FilesMissing(f"{len(missing)} of {len(shards)} shard(s) of {dataset} listed in manifest.json are "
                            f"missing: {', '.join(missing)}")
-    differ = [(path, got, listed) for (path, listed), got in zip(shards, sizes) if got != listed]
+    differ = [(path, got, listed) for (path, listed, _), got in zip(shards, sizes) if got != listed]
     if differ and policy == "fail":
         others = f" ({len(differ) - 1} more shard(s) differ too)" if len(differ) > 1 else ""
         raise ShardSizeError(f"{size_mismatch(*differ[0])}{others}; `imagerecords verify {dataset}` names every "
                              f"such file; {SHARD_MEND}")
+    listed_size = [(path, listed, ends) for (path, listed, ends), got in zip(shards, sizes) if got == listed and ends]
+
+    def swapped(shard: Tuple[str, int, str]) -> bool:
+        path, listed, ends = shard
+        return records.ends_differ(lambda offset, length: read_range(path, offset, length), listed, ends)
+
+    if len(listed_size) > 1 and any(has_scheme(p) for p, _, _ in listed_size):
+        with ThreadPoolExecutor(min(_STAT_THREADS, len(listed_size))) as pool:
+            found = list(pool.map(swapped, listed_size))
+    else:
+        found = [swapped(s) for s in listed_size]
+    foreign = [path for (path, _, _), bad in zip(listed_size, found) if bad]
+    if foreign:
+        others = f" ({len(foreign) - 1} more shard(s) differ too)" if len(foreign) > 1 else ""
+        raise ShardSwappedError(f"{swap_mismatch(foreign[0])}{others}; `imagerecords verify {dataset}` names every "
+                                f"such file; {SHARD_MEND}")
     return differ
+
+
+def swap_mismatch(path: str) -> str:
+    """What is wrong with shard `path`, of the listed size, whose first or last record is not its build's."""
+    return (f"shard {path} is not the file manifest.json lists: its first or last record's checksum differs from "
+            "the one its build recorded (another build's shard of the same size copied over it)")
+
+
+def frames_problem(shard_path: str, dataset: str, count: int, num_bytes: int,
+                   entries: Sequence[Tuple[int, int]]) -> Optional[str]:
+    """Why shard `shard_path`, whose frame walk found (offset, frame length) `entries`, is not the
+    file of `count` records over `num_bytes` bytes that manifest.json lists, or None. A walk that
+    stopped after `count` frames short of the file's end means more records follow: every reader
+    sizes its work by the count, so a shard listed as 0 records that holds 10 was read as empty."""
+    end = entries[-1][0] + entries[-1][1] if entries else 0
+    if len(entries) == count and end == num_bytes:
+        return None
+    if len(entries) == count and end < num_bytes:
+        what = (f"its first {count} records end at byte {end} of its {num_bytes}: it holds more records than the "
+                f"{count} manifest.json lists")
+    else:
+        what = f"its frames are {len(entries)} records over {end} bytes, manifest.json says {count} over {num_bytes}"
+    return (f"shard {shard_path}: {what} (manifest.json is not the one its build wrote, or the file is not its "
+            f"shard); `imagerecords verify {dataset}` checks every file")
 
 
 def load_manifest(path: str, files: Optional[Files] = None) -> Manifest:
@@ -136,7 +188,8 @@ def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: s
             "(the build ran without --write_index), and random access needs one; rebuild with "
             f"`imagerecords build --input ... --output {path} --write_index --overwrite`, or pass "
             "index='scan' to find the offsets by reading every unindexed shard once")
-    check_shards(path, [(join(path, s.filename), s.num_bytes) for s in shards], files.size)
+    check_shards(path, [(join(path, s.filename), s.num_bytes, s.ends_crc) for s in shards], files.size,
+                 files.read_range)
     offsets, lengths, shard_of = [], [], []
     for number, shard in enumerate(shards):
         shard_path = join(path, shard.filename)
@@ -146,11 +199,9 @@ def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: s
                                          num_bytes=shard.num_bytes, sha256=shard.index_sha256)
         else:
             entries = records.scan_frames(files.read(shard_path), shard_path)
-            end = entries[-1][0] + entries[-1][1] if entries else 0
-            if len(entries) != shard.count or end != shard.num_bytes:
-                raise CorruptRecordError(
-                    f"{shard_path}: its frames are {len(entries)} records over {end} bytes, manifest.json says "
-                    f"{shard.count} over {shard.num_bytes} (`imagerecords verify {path}` checks every file)")
+            problem = frames_problem(shard_path, path, shard.count, shard.num_bytes, entries)
+            if problem:
+                raise CorruptRecordError(problem)
         offsets += [o for o, _ in entries]
         lengths += [n for _, n in entries]
         shard_of += [number] * len(entries)

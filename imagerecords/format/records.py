@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import struct
-from typing import BinaryIO, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import BinaryIO, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import google_crc32c
 
@@ -91,9 +91,12 @@ class RecordWriter:
         self.count = 0
         self.num_bytes = 0
         self.offsets: List[int] = []
+        self._first_footer = self._last_footer = b""
 
     def write(self, record: bytes) -> None:
         data = frame(record)
+        self._first_footer = self._first_footer or data[-FRAME_FOOTER:]
+        self._last_footer = data[-FRAME_FOOTER:]
         self._stream.write(data)
         self._sha.update(data)
         self._crc.update(data)
@@ -103,6 +106,9 @@ class RecordWriter:
 
     def write_framed(self, data: bytes, lengths: Sequence[int]) -> None:
         """Writes records already framed back to back (frame_equal's rows); `lengths` are their frame sizes."""
+        if lengths:
+            self._first_footer = self._first_footer or bytes(data[lengths[0] - FRAME_FOOTER:lengths[0]])
+            self._last_footer = bytes(data[len(data) - FRAME_FOOTER:])
         self._stream.write(data)
         self._sha.update(data)
         # The C crc32c reads bytes or a contiguous NumPy array, not a memoryview: only a view is copied.
@@ -119,6 +125,10 @@ class RecordWriter:
 
     def crc32c(self) -> str:
         return crc32c_text(self._crc)
+
+    def ends_crc(self) -> Optional[str]:
+        """The data checksums of the first and last records written (ends_crc), None for none."""
+        return (self._first_footer + self._last_footer).hex() if self.count else None
 
     @property
     def lengths(self) -> List[int]:
@@ -176,7 +186,8 @@ def index_problems(data: bytes, name: str, *, count: int, num_bytes: int,
     """Checks index file bytes against what manifest.json says of its shard.
 
     The checks: the sha256 (when the manifest records one), every line '<offset> <length>', the
-    entry count against the shard's record count, and the entries' end against the shard's size.
+    entry count against the shard's record count, the entries' end against the shard's size, and
+    their layout (layout_problem: frames that follow each other from byte 0, inside the shard).
 
     Args:
       data: the index file's bytes.
@@ -200,7 +211,28 @@ def index_problems(data: bytes, name: str, *, count: int, num_bytes: int,
     end = entries[-1][0] + entries[-1][1] if entries else 0
     if end != num_bytes:
         problems.append(f"its records end at byte {end}, manifest.json says its shard is {num_bytes} bytes")
+    layout = layout_problem(entries, num_bytes)
+    if layout:
+        problems.append(layout)
     return entries, problems
+
+
+def layout_problem(entries: Sequence[Tuple[int, int]], num_bytes: int) -> Optional[str]:
+    """Why (offset, frame length) entries are not frames that follow each other from byte 0 inside a
+    file of `num_bytes`, or None: a gap or overlap made a reader read one record twice and skip the
+    next, and a length of 2**62 made one allocate it."""
+    at = 0
+    for line, (offset, length) in enumerate(entries, 1):
+        if offset + length > num_bytes:
+            return (f"line {line} says a frame of {length} bytes at byte {offset}, past its shard's end at byte "
+                    f"{num_bytes}")
+        if length < FRAME_OVERHEAD:
+            return f"line {line} says a frame of {length} bytes; every frame takes at least {FRAME_OVERHEAD}"
+        if offset != at:
+            return (f"line {line} says offset {offset}, where the record before it ends at byte {at} (an index's "
+                    "frames follow each other from byte 0)")
+        at += length
+    return None
 
 
 def load_index(data: bytes, name: str, *, count: int, num_bytes: int,
@@ -393,6 +425,53 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes:
         parts.append(part)
         left -= len(part)
     return b"".join(parts)
+
+
+def count_frames(stream: BinaryIO) -> Optional[int]:
+    """The frames of a whole stream, read to its end (headers checked, data read in steps, not
+    checked); None when a header fails its checksum or the last frame runs past the end."""
+    count = 0
+    while True:
+        header = stream.read(FRAME_HEADER)
+        if not header:
+            return count
+        length = unpack_header(header)
+        if length is None:
+            return None
+        left = length + FRAME_FOOTER
+        while left:
+            part = stream.read(min(left, _ONE_READ))
+            if not part:
+                return None
+            left -= len(part)
+        count += 1
+
+
+def ends_differ(read_range: Callable[[int, int], bytes], num_bytes: int, ends_crc: str) -> bool:
+    """Whether a file of `num_bytes` is not the shard whose first and last records' stored data
+    checksums (frame footers) are `ends_crc` (16 hex digits, as manifest.json records it per shard),
+    found with three small reads: the first header, the first footer, the file's last 4 bytes.
+
+    A first header that fails its checksum or runs past the file is damage, not another build's
+    shard: only the last record's checksum is compared then, and the frame checks name the damage.
+
+    Args:
+      read_range: (offset, length) -> the file's bytes there.
+      num_bytes: the file's size.
+      ends_crc: the shard's Shard.ends_crc.
+    """
+    want = bytes.fromhex(ends_crc)
+    if read_range(max(num_bytes - FRAME_FOOTER, 0), FRAME_FOOTER) != want[FRAME_FOOTER:]:
+        return True
+    length = unpack_header(read_range(0, FRAME_HEADER))
+    if length is None or length + FRAME_OVERHEAD > num_bytes:
+        return False
+    return read_range(FRAME_HEADER + length, FRAME_FOOTER) != want[:FRAME_FOOTER]
+
+
+def ends_crc_of_records(first: bytes, last: bytes) -> str:
+    """ends_crc of a shard whose first and last records are `first` and `last` (a reader of whole files)."""
+    return (struct.pack("<I", masked_crc32c(first)) + struct.pack("<I", masked_crc32c(last))).hex()
 
 
 def read_records(stream: BinaryIO, name: str = "<stream>") -> Iterator[bytes]:

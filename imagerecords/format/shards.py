@@ -34,6 +34,9 @@ class Shard:
         not 'jpeg' (a 'jpeg' build stores 3-channel uint8 JPEGs only).
       keys_sha256: hex digest of the shard's keys file (`keys/<shard>.jsonl`, what --append reads
         instead of the shard), when its build recorded one: only a keys file of that digest is used.
+      ends_crc: the data checksums (frame footers) of its first and last records, 16 hex digits
+        (records.ends_differ), when its build recorded them: every reader compares them when it opens
+        the shard (three small reads), so another build's shard of the same size is refused.
     """
 
     index: int
@@ -47,6 +50,7 @@ class Shard:
     index_sha256: Optional[str] = None
     image_kinds: Tuple[Tuple[str, int], ...] = ()
     keys_sha256: Optional[str] = None
+    ends_crc: Optional[str] = None
 
     def to_json(self) -> Dict[str, Any]:
         out = {"index": self.index, "filename": self.filename, "count": self.count, "num_bytes": self.num_bytes,
@@ -59,6 +63,8 @@ class Shard:
             out["image_kinds"] = dict(self.image_kinds)
         if self.keys_sha256:
             out["keys_sha256"] = self.keys_sha256
+        if self.ends_crc:
+            out["ends_crc"] = self.ends_crc
         return out
 
     @classmethod
@@ -72,13 +78,17 @@ class Shard:
             check_inside("shard file name", d["filename"])
         if d.get("index_file") is not None:
             check_inside("index file name", d["index_file"])
+        ends = d.get("ends_crc")
+        if ends and not (isinstance(ends, str) and len(ends) == _ENDS and _HEX.fullmatch(ends)):
+            raise ManifestError(f"shard {d.get('filename')!r}: ends_crc {ends!r} is not {_ENDS} lowercase hex digits")
         return cls(index=int(d["index"]), filename=str(d["filename"]), count=int(d["count"]),
                    num_bytes=int(d["num_bytes"]), sha256=str(d["sha256"]),
                    labels=tuple(sorted((int(k), int(v)) for k, v in dict(d.get("labels") or {}).items())),
                    passthrough=int(d.get("passthrough", 0)), index_file=d.get("index_file"),
                    index_sha256=d.get("index_sha256"),
                    image_kinds=tuple(sorted((str(k), int(v)) for k, v in dict(d.get("image_kinds") or {}).items())),
-                   keys_sha256=str(d["keys_sha256"]) if d.get("keys_sha256") else None)
+                   keys_sha256=str(d["keys_sha256"]) if d.get("keys_sha256") else None,
+                   ends_crc=str(d["ends_crc"]) if d.get("ends_crc") else None)
 
 
 def count_problem(count: int, num_bytes: int) -> Optional[str]:
@@ -101,6 +111,7 @@ def check_inside(what: str, name: Any, one_part: bool = False) -> None:
 
 
 _HEX = re.compile("[0-9a-f]*")
+_ENDS = 16  # hex digits of one Shard.ends_crc
 
 
 class ShardColumns(collections.abc.Sequence):
@@ -119,18 +130,20 @@ class ShardColumns(collections.abc.Sequence):
         folder itself), with index files when `indexed`.
       index_sha256: the index files' hex digests, concatenated, in shard order.
       keys_sha256: the keys files' hex digests, concatenated, in shard order ('' when none recorded).
+      ends_crc: the shards' Shard.ends_crc, concatenated, in shard order ('' when none recorded).
     """
 
-    __slots__ = ("dataset", "split", "counts", "sizes", "sha256", "runs", "index_sha256", "keys_sha256", "_starts",
-                 "_index_starts")
+    __slots__ = ("dataset", "split", "counts", "sizes", "sha256", "runs", "index_sha256", "keys_sha256", "ends_crc",
+                 "_starts", "_index_starts")
 
     def __init__(self, dataset: str, split: str, counts: Sequence[int], sizes: Sequence[int], sha256: str,
-                 runs: Sequence[Tuple[str, int, int, int, bool]], index_sha256: str = "", keys_sha256: str = ""):
+                 runs: Sequence[Tuple[str, int, int, int, bool]], index_sha256: str = "", keys_sha256: str = "",
+                 ends_crc: str = ""):
         import array
 
         self.dataset, self.split = dataset, split
         self.counts, self.sizes = array.array("q", counts), array.array("q", sizes)
-        self.sha256, self.index_sha256, self.keys_sha256 = sha256, index_sha256, keys_sha256
+        self.sha256, self.index_sha256, self.keys_sha256, self.ends_crc = sha256, index_sha256, keys_sha256, ends_crc
         self.runs = tuple((str(f), int(a), int(n), int(k), bool(x)) for f, a, n, k, x in runs)
         self._starts, self._index_starts = [], []
         at = indexed = 0
@@ -149,7 +162,10 @@ class ShardColumns(collections.abc.Sequence):
         if len(keys_sha256) not in (0, 64 * n):
             raise ValueError(f"the columns of split {split!r} disagree: {n} shards, {len(keys_sha256) / 64:g} keys "
                              "file digests")
-        if not (_HEX.fullmatch(sha256) and _HEX.fullmatch(index_sha256) and _HEX.fullmatch(keys_sha256)):
+        if len(ends_crc) not in (0, _ENDS * n):
+            raise ValueError(f"the columns of split {split!r} disagree: {n} shards, {len(ends_crc) / _ENDS:g} end "
+                             "checksums")
+        if not all(_HEX.fullmatch(v) for v in (sha256, index_sha256, keys_sha256, ends_crc)):
             raise ValueError(f"the digests of split {split!r} are not lowercase hex")
 
     def __len__(self) -> int:
@@ -174,7 +190,8 @@ class ShardColumns(collections.abc.Sequence):
             index_file, index_sha256 = index_file_name(filename), self.index_sha256[64 * j:64 * j + 64]
         return Shard(i, filename, self.counts[i], self.sizes[i], self.sha256[64 * i:64 * i + 64],
                      index_file=index_file, index_sha256=index_sha256,
-                     keys_sha256=self.keys_sha256[64 * i:64 * i + 64] or None)
+                     keys_sha256=self.keys_sha256[64 * i:64 * i + 64] or None,
+                     ends_crc=self.ends_crc[_ENDS * i:_ENDS * i + _ENDS] or None)
 
     def __iter__(self) -> Iterator["Shard"]:
         return (self[i] for i in range(len(self)))
@@ -204,6 +221,8 @@ class ShardColumns(collections.abc.Sequence):
             out["index_sha256"] = self.index_sha256
         if self.keys_sha256:
             out["keys_sha256"] = self.keys_sha256
+        if self.ends_crc:
+            out["ends_crc"] = self.ends_crc
         return out
 
     @classmethod
@@ -223,10 +242,10 @@ class ShardColumns(collections.abc.Sequence):
             runs.append((folder, first, of, length, indexed))
         counts, sizes = d["count"], d["num_bytes"]
         if not (isinstance(counts, list) and isinstance(sizes, list) and isinstance(d["sha256"], str)
-                and isinstance(d.get("index_sha256", ""), str) and isinstance(d.get("keys_sha256", ""), str)):
+                and all(isinstance(d.get(k, ""), str) for k in ("index_sha256", "keys_sha256", "ends_crc"))):
             raise TypeError(f"the columns of split {split!r} are not lists and hex strings")
         return cls(dataset, split, counts, sizes, d["sha256"], runs, d.get("index_sha256", ""),
-                   d.get("keys_sha256", ""))
+                   d.get("keys_sha256", ""), d.get("ends_crc", ""))
 
     @classmethod
     def encode(cls, dataset: str, split: str, shards: Sequence["Shard"]) -> Optional["ShardColumns"]:
@@ -240,6 +259,9 @@ class ShardColumns(collections.abc.Sequence):
         keys_digests = [s.keys_sha256 or "" for s in shards]
         if any(keys_digests) and not all(len(d) == 64 and _HEX.fullmatch(d) for d in keys_digests):
             return None  # some shards' keys files have digests, others none: rows say which
+        ends = [s.ends_crc or "" for s in shards]
+        if any(ends) and not all(len(e) == _ENDS and _HEX.fullmatch(e) for e in ends):
+            return None  # some shards have end checksums, others (empty, or an older build's) none
         for position, s in enumerate(shards):
             folder, _, plain = s.filename.rpartition("/")
             m = pattern.fullmatch(plain)
@@ -264,6 +286,6 @@ class ShardColumns(collections.abc.Sequence):
                 index_digests.append(s.index_sha256)
         try:
             return cls(dataset, split, [s.count for s in shards], [s.num_bytes for s in shards], "".join(digests),
-                       runs, "".join(index_digests), "".join(keys_digests))
+                       runs, "".join(index_digests), "".join(keys_digests), "".join(ends))
         except ValueError:
             return None

@@ -46,6 +46,12 @@ def setting(name: str, value: Any = None) -> str:
     return f"{name}=True" if name in _SWITCHES else name
 
 
+def rerun_with(name: str) -> str:
+    """'rerun the same command with --resume' / 'rerun the same call with resume=True': advice that
+    keeps every other setting the user gave (an --append stays an append)."""
+    return f"rerun the same {'command' if as_flags() else 'call'} with {setting(name)}"
+
+
 _SWITCHES: Set[str] = set()  # filled by `declare` as the settings' classes are defined
 
 

@@ -57,8 +57,10 @@ def _claim_output(config: BuildConfig) -> int:
             raise errors.OutputError(f"{config.output} holds the staging area of a build that failed or was stopped "
                                      f"before its shards were all written ({STAGING}); rerun with {setting('resume')} to reuse "
                                      f"its complete shards, or {setting('overwrite')} to start over")
-        raise errors.OutputError(f"{config.output} holds an unfinished build in {STAGING}; rerun with {setting('overwrite')} "
-                                 f"to replace it, or `imagerecords finish {config.output}` to publish it")
+        # An --append user told to --overwrite would replace the dataset with only the new part.
+        replace = "" if config.append else f"rerun with {setting('overwrite')} to replace it, or "
+        raise errors.OutputError(f"{config.output} holds an unfinished build in {STAGING}; {replace}"
+                                 f"`imagerecords finish {config.output}` to publish it")
     if config.append and published:
         return 0  # the published dataset stays; this build adds a version that lists its shards
     if names or published:
@@ -99,7 +101,8 @@ def _failure(e: BaseException, config: BuildConfig, log_path: Optional[str]) -> 
     """Turns an exception from the runner into one line."""
     if storage.is_no_space(e):
         return errors.OutputError(f"no space left on device while writing {config.output}; the published dataset "
-                                  f"(if any) is untouched; free space and rerun with {setting('overwrite')}")
+                                  f"(if any) is untouched; free space and {naming.rerun_with('resume')} (it keeps the "
+                                  "shards already written)")
     from concurrent.futures.process import BrokenProcessPool  # here: it imports multiprocessing
 
     where = f"; full log: {log_path}" if log_path else ""
@@ -414,7 +417,7 @@ def _interrupted(e: KeyboardInterrupt, stage: str, config: BuildConfig, build_id
     if publish.staged_builds(out):
         staged = sum(1 for p in storage.list_tree(publish.staging_dir(out, build_id)) if p.endswith(publish.STAGED_RECORD))
     held = "1 complete shard is" if staged == 1 else f"{staged} complete shards are"
-    resume = (f"; {held} staged: rerun the same {'command' if naming.as_flags() else 'call'} with {setting('resume')} "
+    resume = (f"; {held} staged: {naming.rerun_with('resume')} "
               "to reuse them"
               if staged else "; rerun the same command")
     return errors.Interrupted(f"{what}; nothing was published and {out} is as it was{resume}", signum)

@@ -349,14 +349,16 @@ def _resume_problems(start_step, start_example, config: ReadConfig, seed, r: con
 
 
 def slice_files(slices, split_info, *, policy: str, stats: Optional[ReadStats], dataset: str) -> tf.data.Dataset:
-    """The (path, count, stride, offset) elements shard_records reads, one per FileSlice, once the
-    shards they name are checked against manifest.json (shards.open_shards: raises naming a shard
-    of another size under "fail")."""
+    """The (path, count, num_bytes, stride, offset) elements shard_records reads, one per FileSlice,
+    once the shards they name are checked against manifest.json (shards.open_shards: raises naming a
+    shard of another size under "fail")."""
     wanted = {s.path for s in slices}
+    sizes = {s.path: s.num_bytes for s in split_info.shards if s.path in wanted}
     open_shards([s for s in split_info.shards if s.path in wanted], dataset, policy, stats)
     return tf.data.Dataset.from_tensor_slices((
         tf.constant([s.path for s in slices], tf.string),
         tf.constant([s.count for s in slices], tf.int64),
+        tf.constant([sizes[s.path] for s in slices], tf.int64),
         tf.constant([s.stride for s in slices], tf.int64),
         tf.constant([s.offset for s in slices], tf.int64),
     ))

@@ -32,6 +32,7 @@ class ShardInfo:
         whose manifest holds it as columns (format 3: the histograms are in its side file).
       index_path: full path of the shard's tfrecord2idx index file, when the build wrote one.
       index_sha256: hex digest of that index file, as written ('' when not recorded).
+      ends_crc: its first and last records' data checksums, as written ('' when not recorded).
     """
 
     index: int
@@ -42,6 +43,7 @@ class ShardInfo:
     labels: Mapping[int, int]
     index_path: Optional[str] = None
     index_sha256: str = ""
+    ends_crc: str = ""
 
     @classmethod
     def of(cls, shard: Shard, folder: str) -> "ShardInfo":
@@ -49,7 +51,7 @@ class ShardInfo:
         return cls(index=shard.index, path=join(folder, shard.filename), count=shard.count,
                    num_bytes=shard.num_bytes, sha256=shard.sha256, labels=dict(shard.labels),
                    index_path=join(folder, shard.index_file) if shard.index_file else None,
-                   index_sha256=shard.index_sha256 or "")
+                   index_sha256=shard.index_sha256 or "", ends_crc=shard.ends_crc or "")
 
 
 class _ShardInfos(collections.abc.Sequence):
@@ -228,6 +230,19 @@ def _exists(path: str) -> bool:
     import tensorflow as tf
 
     return tf.io.gfile.exists(path)
+
+
+def read_range(path: str, offset: int, length: int) -> bytes:
+    """`length` bytes of the file at `path` from byte `offset` (fewer at its end): a local pread, or
+    tf.io.gfile's ranged read elsewhere."""
+    if not has_scheme(path):
+        with files.open_local(path, buffering=0) as f:
+            return os.pread(f.fileno(), length, offset)
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
 
 
 def file_size(path: str) -> int:

@@ -27,7 +27,7 @@ from imagerecords.format.paths import has_scheme
 from imagerecords.format import files, record_format
 from imagerecords.format.errors import Error
 from imagerecords.reader.hosts import Position, per_host_records, position_of_example, position_of_step  # noqa: F401
-from imagerecords.reader.shards import open_shards
+from imagerecords.reader.shards import check_count, open_shards
 
 log = logging.getLogger("imagerecords.reader")
 
@@ -91,6 +91,8 @@ class RecordTable:
         shard, offset, length = [], [], []
         for i, (path, count, info) in enumerate(zip(files, counts, shards)):
             entries = _index_entries(path, count, info, policy)
+            if not info.index_path:  # an index file's count and end are checked by the index loader
+                check_count(path, count, info.num_bytes, entries, policy, stats, dataset)
             shard.append(np.full(count, i, np.int32))
             off = np.full(count, -1, np.int64)
             ln = np.zeros(count, np.int64)

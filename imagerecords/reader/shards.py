@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 from typing import Dict, Iterator, Optional, Sequence, Tuple
@@ -13,7 +14,7 @@ from imagerecords.format import access, files
 from imagerecords.format import record_format
 from imagerecords.format.errors import Error
 from imagerecords.format.paths import has_scheme
-from imagerecords.reader.info import file_size
+from imagerecords.reader.info import file_size, read_range
 
 log = logging.getLogger("imagerecords.reader")
 
@@ -74,8 +75,8 @@ class ReadStats:
 
 def open_shards(shards: Sequence, dataset: str, policy: str, stats: Optional[ReadStats]) -> None:
     """Checks the shards a tf.data reader is about to read against manifest.json, in Python, before
-    any dataset op runs (imagerecords.format.access.check_shards: one stat per shard, the same rule
-    the PyTorch and Grain readers apply), so a file the manifest does not describe is a plain
+    any dataset op runs (imagerecords.format.access.check_shards: one stat and three small reads per
+    shard, the same rule the PyTorch and Grain readers apply), so a file the manifest does not describe is a plain
     exception from the make_dataset or as_dataset call, never a TensorFlow op error mid-epoch.
 
     Under "skip" a larger file's records are counted (its frame headers read once) and those past
@@ -91,14 +92,37 @@ def open_shards(shards: Sequence, dataset: str, policy: str, stats: Optional[Rea
     Raises:
       FileNotFoundError: naming every missing shard.
       imagerecords.format.access.ShardSizeError: ("fail") naming a shard of another size and what to do.
+      imagerecords.format.access.ShardSwappedError: naming a shard of the listed size that is another build's.
     """
     counts = {s.path: s.count for s in shards}
-    for path, size, listed in access.check_shards(dataset, [(s.path, s.num_bytes) for s in shards], file_size,
-                                                  policy=policy):
+    for path, size, listed in access.check_shards(dataset, [(s.path, s.num_bytes, s.ends_crc or None) for s in shards],
+                                                  file_size, read_range, policy=policy):
         if size > listed:
             found = _count_frames(path)
             if found > counts[path]:
                 _report_extra(path, counts[path], found, stats)
+
+
+def check_count(path: str, count: int, num_bytes: int, entries: Sequence[Tuple[int, int]], policy: str,
+                stats: Optional[ReadStats], dataset: str) -> None:
+    """Checks a walk of shard `path`'s first `count` frame headers (`entries`) against the manifest's
+    `num_bytes`: frames that end before it mean the file holds more records than the count says
+    ("fail" raises; "skip" reads the first `count` and counts the rest in stats.extra). A walk that
+    found fewer frames is left to the reads, which name the record the file lacks.
+
+    Raises:
+      CorruptRecordError: ("fail") naming the shard, the count and where its frames end.
+    """
+    problem = access.frames_problem(path, dataset, count, num_bytes, entries)
+    if problem is None or len(entries) != count:
+        return
+    if policy == "fail":
+        raise record_format.CorruptRecordError(problem)
+    if file_size(path) != num_bytes:
+        return  # another size: open_shards counted its extra records already
+    found = _count_frames(path)
+    if found > count:
+        _report_extra(path, count, found, stats)
 
 
 def _count_frames(path: str) -> int:
@@ -108,7 +132,7 @@ def _count_frames(path: str) -> int:
 
 
 @_no_autograph
-def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: tf.Tensor,
+def shard_records(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, stride: tf.Tensor, offset: tf.Tensor,
                   *, policy: str, stats: Optional[ReadStats], dataset: str = "") -> tf.data.Dataset:
     """Returns the records of shard `path` whose index is `offset` mod `stride`.
 
@@ -132,18 +156,23 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
     Args:
       path: scalar tf.string, the shard file.
       count: scalar int64, the shard's record count from the manifest.
+      num_bytes: scalar int64, the shard's size from the manifest.
       stride: scalar int64, keep every stride-th record ...
       offset: scalar int64, ... starting at this index.
       policy: "fail" or "skip".
       stats: where "skip" counts skipped records; needed for "skip".
+      dataset: the dataset folder (for the messages).
 
     Returns:
       A dataset of serialized records (scalar tf.string).
     """
 
-    # Frames TensorFlow may read: those before the first header that fails or runs past the file.
-    fit = tf.py_function(_frames_that_fit, [path, count], tf.int64)
+    # Frames TensorFlow may read: those before the first header that fails or runs past the file;
+    # and why the shard is refused before any of them is read ('' when it is not).
+    fit, refused = tf.py_function(functools.partial(_frames_that_fit, policy=policy, stats=stats, dataset=dataset),
+                                  [path, count, num_bytes], (tf.int64, tf.string))
     fit.set_shape([])
+    refused.set_shape([])
 
     def records_read() -> tf.Tensor:
         # Only on the error paths: count what TFRecordDataset can read before a bad frame or the end.
@@ -174,20 +203,12 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
                                                   output_signature=tf.TensorSpec([], tf.string))
 
     @_no_autograph
-    def gone(_):
-        # A rebuild never rewrites a listed file, but removes versions past --keep_versions: a reader
-        # still on an older manifest then finds its files gone, and says so rather than TF's bare NotFound.
-        globbed = tf.strings.regex_full_match(path, r".*[*?\[].*")
-        exists = tf.logical_or(globbed, tf.size(tf.io.matching_files(
-            tf.where(globbed, tf.constant("/"), path))) > 0)
-        message = _text("shard ", path, " no longer exists: the dataset in ", dataset or "its folder",
-                        " was rebuilt after this reader loaded its manifest.json, and the version that manifest "
-                        "lists was removed (--keep_versions); load the dataset again")
-        with tf.control_dependencies([tf.debugging.Assert(exists, [message])]):
+    def refuse(_):
+        with tf.control_dependencies([tf.debugging.Assert(tf.equal(refused, ""), [refused])]):
             return nothing()
 
     # The tail is made when the file is used up before `count` records, so never for a healthy shard.
-    records = (tf.data.Dataset.range(1).flat_map(gone)
+    records = (tf.data.Dataset.range(1).flat_map(refuse)
                .concatenate(record_format.tf_dataset(path)
                             .ignore_errors()  # ends the file at the first frame that fails its checks
                             .take(fit)
@@ -198,19 +219,39 @@ def shard_records(path: tf.Tensor, count: tf.Tensor, stride: tf.Tensor, offset: 
     return records.shard(stride, offset)
 
 
-def _frames_that_fit(path: tf.Tensor, count: tf.Tensor) -> int:
-    """How many of a local shard's first `count` frames have a header that passes its checksum and a
-    length within the file (record_format.frames: headers only read); `count` for a remote shard,
-    whose headers would each cost a request (TensorFlow's reader is then trusted as it is)."""
-    name, wanted = path.numpy().decode("utf-8"), int(count.numpy())
-    if has_scheme(name):
-        return wanted
+def _frames_that_fit(path: tf.Tensor, count: tf.Tensor, num_bytes: tf.Tensor, *, policy: str,
+                     stats: Optional[ReadStats], dataset: str) -> Tuple[int, str]:
+    """(how many of a local shard's first `count` frames have a header that passes its checksum and a
+    length within the file, why the shard is refused or ''): record_format.frames reads the headers
+    only, and check_count refuses frames that run past the count. A remote shard's headers would each
+    cost a request: its `count` is trusted to TensorFlow's reader.
+
+    A shard that is gone is 0 frames: TFRecordDataset's open of a missing file fails, and
+    ignore_errors would retry it forever (as_dataset once spun a thread for ever on one)."""
+    name, wanted, size = path.numpy().decode("utf-8"), int(count.numpy()), int(num_bytes.numpy())
     try:
+        if has_scheme(name):
+            return (wanted, "") if tf.io.gfile.exists(name) else (0, _gone(name, dataset))
         stream = files.open_local(name, buffering=0)
-    except (OSError, Error):
-        return wanted  # missing or refused: the read that follows says so
+    except FileNotFoundError:
+        return 0, _gone(name, dataset)
+    except (OSError, Error, tf.errors.OpError) as e:
+        return 0, f"shard {name} cannot be read: {getattr(e, 'message', None) or e}"
     with stream:
-        return len(record_format.frames(stream, wanted))
+        entries = record_format.frames(stream, wanted)
+    try:
+        check_count(name, wanted, size, entries, policy, stats, dataset)
+    except record_format.CorruptRecordError as e:
+        return 0, str(e)
+    return len(entries), ""
+
+
+def _gone(path: str, dataset: str) -> str:
+    # A rebuild never rewrites a listed file, but removes versions past --keep_versions: a reader
+    # still on an older manifest then finds its files gone, and says so rather than TF's bare NotFound.
+    return (f"shard {path} no longer exists: the dataset in {dataset or 'its folder'} was rebuilt after this reader "
+            "loaded its manifest.json, and the version that manifest lists was removed (--keep_versions); load the "
+            "dataset again")
 
 
 def _text(*parts) -> tf.Tensor:

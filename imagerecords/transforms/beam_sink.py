@@ -50,9 +50,11 @@ def _summarize(path: str, split: str, preset: str, kinds: bool = False) -> Shard
     histogram = collections.Counter()
     kind_counts = collections.Counter()
     count = 0
+    first = last = b""
     with storage.open_read(path) as f:
         stream = records.HashingReader(f)
         for record in record_format.read(stream, path):
+            first, last = first if count else record, record
             histogram[schema.read_int64(record, label_key)] += 1
             if kinds:
                 kind_counts[codec.stored_kind(schema.parse_example(record, only=(keys.image,))[keys.image][0])] += 1
@@ -61,7 +63,8 @@ def _summarize(path: str, split: str, preset: str, kinds: bool = False) -> Shard
     filename = path.rsplit("/", 1)[-1]
     index = int(filename.rsplit("-of-", 1)[0].rsplit("-", 1)[-1])
     return ShardResult(split, Shard(index, filename, count, stream.num_bytes, stream.sha256(),
-                                    tuple(sorted(histogram.items())), 0, image_kinds=tuple(sorted(kind_counts.items()))),
+                                    tuple(sorted(histogram.items())), 0, image_kinds=tuple(sorted(kind_counts.items())),
+                                    ends_crc=records.ends_crc_of_records(first, last) if count else None),
                        stream.crc32c())
 
 

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 from imagerecords.format.manifest import Manifest
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.errors import OutputError
-from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.naming import rerun_with, setting
 
 def sha256_and_size(path: str) -> Tuple[str, int]:
     """The sha256 (hex) and length of a file, read in 1 MiB blocks."""
@@ -87,7 +87,7 @@ def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
             if problem:
                 raise OutputError(f"refusing to publish {output}: {problem}; it changed after it was written "
                                   f"(damaged, or another process wrote into this build's files); nothing was "
-                                  f"published; rerun with {setting('overwrite')}")
+                                  f"published; {rerun_with('resume')} (it writes such a shard again)")
 
 
 def check_link_sizes(output: str, manifest: Manifest, links: Mapping[str, str]) -> None:

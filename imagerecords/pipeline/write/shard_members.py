@@ -86,7 +86,7 @@ class RowMembers:
             self.shard, stream, preset=preset, labels=labels, options=options, on_progress=on_progress)
         return write_stream.ShardStats(written.count, written.num_bytes, written.sha256(),
                                        row_writer.histogram(self.shard, self._positions), 0, written.offsets,
-                                       crc32c=written.crc32c()), rejected
+                                       crc32c=written.crc32c(), ends_crc=written.ends_crc()), rejected
 
     def staged(self, labels: LabelMap, contents: bool) -> Tuple[bytes, Any, int, Optional[str]]:
         keys, spelled = row_writer.written_lines(self.shard, self._positions, self._digests, labels, contents)

@@ -192,7 +192,8 @@ class ShardWriter:
             index_crc32c = records.crc32c_of(index_data)
             storage.write_bytes(storage.join(staging, index_file), index_data)
         result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
-                                          stats.passthrough, index_file, index_sha256, stats.kinds),
+                                          stats.passthrough, index_file, index_sha256, stats.kinds,
+                                          ends_crc=stats.ends_crc),
                              stats.crc32c, index_crc32c, storage.checked_identity(storage.join(staging, filename),
                                                                                   stats.crc32c),
                              storage.checked_identity(storage.join(staging, index_file), index_crc32c)

@@ -113,6 +113,7 @@ class ShardStats:
       offsets: byte offset of every record.
       contents: (source content digest, ref) of every record written, in shard order.
       kinds: ((codec.stored_kind, records), ...) sorted, when the encoding is not 'jpeg' (else ()).
+      ends_crc: the first and last records' data checksums (Shard.ends_crc).
     """
 
     count: int
@@ -124,6 +125,7 @@ class ShardStats:
     contents: List[Tuple[bytes, ImageRef]] = dataclasses.field(default_factory=list)
     kinds: Tuple[Tuple[str, int], ...] = ()
     crc32c: Optional[str] = None
+    ends_crc: Optional[str] = None
 
 
 def _ordered_map(fn, items: Iterable, executor: Optional[concurrent.futures.Executor], window: int):
@@ -195,5 +197,5 @@ def write_shard(
         if on_progress is not None:
             on_progress(done, len(rejected))
     stats = ShardStats(writer.count, writer.num_bytes, writer.sha256(), tuple(sorted(histogram.items())), passthrough,
-                       writer.offsets, contents, tuple(sorted(kinds.items())), writer.crc32c())
+                       writer.offsets, contents, tuple(sorted(kinds.items())), writer.crc32c(), writer.ends_crc())
     return stats, rejected
