@@ -49,9 +49,10 @@ class H(http.server.SimpleHTTPRequestHandler):
             return self._raw(ROBOTS)
         if self.path in ("/__stats", "/__reset"):
             with lock:
+                said = json.dumps(stats).encode()  # the counts so far, then zeroed by /__reset
                 if self.path == "/__reset":
                     stats.update(optout_bodies=0, private_requests=0)
-                return self._raw(json.dumps(stats).encode(), "application/json")
+            return self._raw(said, "application/json")
         if self.path.startswith("/private/"):
             with lock:
                 stats["private_requests"] += 1
@@ -93,20 +94,17 @@ def _stats(port: int, path: str = "/__stats") -> dict:
         return json.load(f)
 
 
-def fetch_ceiling(urls: Sequence[str], threads: int) -> float:
-    """Seconds a bare thread pool takes to download `urls` whole (keep-alive, nothing checked or
-    decoded): the most any URL build can reach on this server and these cores."""
-    import concurrent.futures
-
-    import urllib3
-
-    pool = urllib3.PoolManager(maxsize=threads, block=True)
-    started = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(threads) as ex:
-        sizes = list(ex.map(lambda u: len(pool.request("GET", u).data), urls))
-    took = time.perf_counter() - started
-    assert all(sizes), "the ceiling's server sent an empty body"
-    return took
+# The bare fetch ceiling, a command of its own (timed as our build is, start-up included): a pool of
+# THREADS threads downloading every URL of the file argv[1] whole with keep-alive, checking nothing.
+_CEILING = r"""
+import concurrent.futures, sys, urllib3
+urls = [line.split(",", 1)[0] for line in open(sys.argv[1]).read().splitlines()[1:]]
+threads = int(sys.argv[2])
+pool = urllib3.PoolManager(maxsize=threads, block=True)
+with concurrent.futures.ThreadPoolExecutor(threads) as ex:
+    sizes = list(ex.map(lambda u: len(pool.request("GET", u).data), urls))
+assert all(sizes), "an empty body"
+"""
 
 
 def bench_web_optouts(res, files: List[str], root: str, work: str, r: int, run_watched: Callable,
@@ -136,9 +134,17 @@ def bench_web_optouts(res, files: List[str], root: str, work: str, r: int, run_w
         res.add("web_optouts", "urls_peak_rss", rss, "MB", higher_is_better=False)
         res.add("web_optouts", "urls_opted_out_downloaded", ours["optout_bodies"] + ours["private_requests"], "images",
                 higher_is_better=False)
+        # the same build with the checks off: what they cost (the opted-out images are then downloaded)
+        out = os.path.join(work, f"web-optouts-off-{r}")
+        off, _ = run_watched(build_cmd(manifest, out, "--path_column", "url", "--threads", str(threads),
+                                       "--local_workers", str(workers), "--robots_txt", "ignore",
+                                       "--disallowed_header_directives", ""))
+        res.add("web_optouts", "urls_checks_off_img_s", n / off, "img/s")
+        res.add("web_optouts", "urls_vs_checks_off", n / wall, "img/s", baseline="web_optouts/urls_checks_off_img_s")
         # the ceiling: the same URLs, all fetched whole, by as many threads as our build downloads with
-        took = min(fetch_ceiling(urls, workers * threads) for _ in range(2))
+        took, ceiling_rss = run_watched([sys.executable, "-c", _CEILING, manifest, str(workers * threads)])
         res.add("web_optouts", "ceiling_img_s", n / took, "img/s")
+        res.add("web_optouts", "ceiling_peak_rss", ceiling_rss, "MB", higher_is_better=False)
         res.add("web_optouts", "urls_vs_ceiling", n / wall, "img/s", baseline="web_optouts/ceiling_img_s")
         _stats(port, "/__reset")
         res.notes.append(f"web_optouts: {n} URLs, {opted} opted out (X-Robots-Tag: noai or robots.txt); ours "
@@ -158,8 +164,9 @@ def bench_web_optouts(res, files: List[str], root: str, work: str, r: int, run_w
         res.add("web_optouts", "img2dataset_peak_rss", rss, "MB", higher_is_better=False)
         res.add("web_optouts", "img2dataset_opted_out_downloaded",
                 theirs["optout_bodies"] + theirs["private_requests"], "images", higher_is_better=False)
-        res.notes.append(f"web_optouts: img2dataset downloaded {theirs['optout_bodies']} opted-out bodies (then "
-                         f"dropped them) and fetched {theirs['private_requests']} robots.txt-disallowed paths")
+        res.notes.append(f"web_optouts: img2dataset downloaded {theirs['optout_bodies']} X-Robots-Tag opted-out "
+                         f"bodies and fetched {theirs['private_requests']} robots.txt-disallowed images (it does not "
+                         "read robots.txt)")
         shutil.rmtree(out, ignore_errors=True)
     finally:
         server.terminate()
