@@ -107,14 +107,18 @@ def test_robots_txt_is_requested_once_per_origin_per_worker(tmp_path):
         assert len(agents) == 1 and next(iter(agents)).startswith("imagerecords/"), agents
 
 
-@pytest.mark.parametrize("status, records", [(404, 2), (503, 0)])
-def test_a_robots_txt_404_allows_and_a_503_disallows(tmp_path, status, records):
+@pytest.mark.parametrize("status, records, said", [(404, 2, ""), (503, 0, "did not load (HTTP 503"),
+                                                    (0, 0, "did not load (timed out waiting for the answer")],
+                         ids=["404", "503", "timeout"])
+def test_a_robots_txt_404_allows_and_a_503_or_a_timeout_disallows(tmp_path, status, records, said):
+    from imagerecords.pipeline.errors import BudgetExceeded
+
     with Server(IMAGES, robots_status=status) as server:
         urls = [server.url("/img/p00.jpg"), server.url("/img/p01.jpg"), server.url("/missing")]
         out = tmp_path / "out"
         try:
-            manifest = build(_manifest(tmp_path, urls), out, *ARGS)
-        except Exception as e:  # every URL refused: nothing to publish, said in one line
+            manifest = build(_manifest(tmp_path, urls), out, *ARGS, "--http_timeout", "0.5")
+        except BudgetExceeded as e:  # every URL refused: nothing to publish, said in one line
             assert records == 0 and "opted out by its site" in str(e), e
         else:
             assert manifest.num_examples == records
@@ -126,7 +130,7 @@ def test_a_robots_txt_404_allows_and_a_503_disallows(tmp_path, status, records):
             for url in urls:
                 row = errors[url]
                 assert row["stage"] == "opted_out", row
-                assert "robots.txt of" in row["reason"] and "did not load (HTTP 503" in row["reason"], row
+                assert "robots.txt of" in row["reason"] and said in row["reason"], row
             assert server.requests["/img/p00.jpg"] == 0
         assert len(server.robots_headers) == 1  # --http_retries 0
 
@@ -137,3 +141,39 @@ def _staged_errors(out):
     assert len(found) == 1, found
     with open(found[0]) as f:
         return {r["uri"]: r for r in map(json.loads, f)}
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--robots_txt", "sometimes"], "argument --robots_txt: invalid choice: 'sometimes'"),
+    (["--disallowed_header_directives", "noai,no ai"], "disallowed_header_directives: 'no ai' is not a directive"),
+], ids=["robots_txt", "directive"])
+def test_a_bad_opt_out_flag_is_exit_2_in_one_line(tmp_path, capsys, flags, said):
+    from imagerecords.cli import main as cli
+
+    manifest = _manifest(tmp_path, ["http://127.0.0.1:9/x.jpg"])
+    code = cli.main(["build", "--input", str(manifest), "--output", str(tmp_path / "out"), "--path_column", "url",
+                     "--no_progress", *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and said in err, (code, err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_hosts_list_counts_failed_and_opted_out_urls_by_host_and_reason():
+    from imagerecords.pipeline.plan.refs import Rejected
+    from imagerecords.pipeline.publish import hosts
+
+    rows = [Rejected(f"http://dead.example:80/{i}.jpg", "HTTP 404 (Not Found)", stage="download", error="HTTPError")
+            for i in range(3)]
+    rows += [Rejected("https://a.example/x.jpg", "opted out: X-Robots-Tag says noai (--disallowed_header_directives)",
+                      stage="opted_out", error="OptedOut"),
+             Rejected("https://a.example/y.jpg", "timed out: no byte for 2 s (after 2 tries)", stage="download",
+                      error="Timeout"),
+             Rejected("/local/z.jpg", "cannot read file: missing", stage="read"),  # not a URL: not listed
+             Rejected("http://b.example/z.jpg", "does not decode", stage="decode")]  # downloaded: not listed
+    rows += [Rejected(f"http://h{i:02d}.example/x.jpg", "HTTP 500 (Internal Server Error) (after 5 tries)",
+                      stage="download", error="HTTPError") for i in range(12)]
+    top = hosts.top_hosts(rows)
+    assert len(top) == hosts.TOP
+    assert top[0] == ("dead.example:80", 3, (("HTTP 404", 3),))
+    assert top[1] == ("a.example:443", 2, (("Timeout", 1), ("opted out: X-Robots-Tag noai", 1)))
+    assert [h for h, _, _ in top[2:]] == [f"h{i:02d}.example:80" for i in range(8)]

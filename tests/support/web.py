@@ -56,7 +56,7 @@ class Server:
     (X-Robots-Tag: otherbot: noai, for another crawler), /lines/NAME (two X-Robots-Tag lines, the second
     `nofollow, noimageindex`), /tdm/NAME (tdm-reservation: 1), /held/NAME (no opt-out header; what
     robots.txt rules name: /held/private/NAME, /held/otheragent/NAME). /robots.txt serves `robots`
-    (text) when given, else `robots_status`; its requests are counted apart, in `robots_headers`.
+    (text) when given, else `robots_status` (0: no answer, until the client hangs up); its requests are counted apart, in `robots_headers`.
     """
 
     HOLD_S = 0.2
@@ -206,7 +206,11 @@ class Server:
         name = urllib.parse.unquote(path.rsplit("/", 1)[-1])
         kind = path.split("/")[1] if path.count("/") >= 2 else ""
         if path == "/robots.txt":
-            if self.robots is not None:
+            if self.robots_status == 0:  # no answer at all: wait until the client gives up (or 30 s)
+                self._leave(h)
+                select.select([h.connection], [], [], 30)
+                h.close_connection = True
+            elif self.robots is not None:
                 self._send(h, 200, self.robots.encode("utf-8"), "text/plain")
             else:
                 self._send(h, self.robots_status, b"no robots here", "text/plain")

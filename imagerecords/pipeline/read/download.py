@@ -344,20 +344,24 @@ class Downloader:
             raise OptedOut(said)
 
     def _load_robots(self, origin: str) -> optouts.Robots:
-        """The origin's robots.txt (RFC 9309): 2xx is parsed (its first ROBOTS_MAX_BYTES); a 4xx (429
-        aside) or a redirect that cannot be followed allows everything; 5xx, 429 and timeouts, after
-        the retries, disallow everything for this build. Raises Failed when nothing listens there."""
+        """The origin's robots.txt (RFC 9309), with the retries and a deadline of its own: 2xx is parsed
+        (its first ROBOTS_MAX_BYTES); a 4xx (429 aside) or a redirect that cannot be followed allows
+        everything; 5xx, 429, and a server that connected but timed out or broke off disallow
+        everything for this build. Raises Failed when no connection could be made (a refused port, a
+        name that does not resolve, a connect timeout): the origin's URLs fail as downloads, as they
+        would have, and count against --max_download_failures (a dead host is not an opt-out)."""
         end = time.monotonic() + self._settings.deadline
+        answered: list = []  # set once a connection was made: failures after it are the site's
         try:
-            return self._retrying(lambda: self._robots_once(origin, end), end)
+            return self._retrying(lambda: self._robots_once(origin, end, answered), end)
         except Failed as e:
-            if e.error in ("ConnectionRefused", "NameNotResolved", "BadUrl"):
+            if not answered:
                 raise
             return optouts.unavailable(origin, e.reason)
 
-    def _robots_once(self, origin: str, end: float) -> optouts.Robots:
+    def _robots_once(self, origin: str, end: float, answered: list) -> optouts.Robots:
         import urllib3
-        from urllib3.exceptions import HTTPError, NewConnectionError, ProtocolError, TimeoutError
+        from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, ProtocolError, TimeoutError
 
         url = origin + "/robots.txt"
         headers = {**self._plain_headers, "Accept": "text/plain,*/*;q=0.5"}
@@ -370,12 +374,17 @@ class Downloader:
                 try:
                     response = self._pool.request("GET", url, preload_content=False, redirect=False,
                                                   timeout=timeout, headers=headers)
-                except NewConnectionError as e:
+                except NewConnectionError as e:  # before ConnectTimeoutError: urllib3 makes it a subclass of that
                     raise _connect_failure(e)
+                except ConnectTimeoutError as e:
+                    raise _Retry(f"timed out connecting ({type(e).__name__})", "Timeout")
                 except TimeoutError as e:
-                    raise _Retry(f"timed out ({type(e).__name__})", "Timeout")
+                    answered.append(True)
+                    raise _Retry(f"timed out waiting for the answer ({type(e).__name__})", "Timeout")
                 except (ProtocolError, HTTPError) as e:
+                    answered.append(True)
                     raise _Retry(f"connection failed ({_first_reason(e)})", "ConnectionError")
+                answered.append(True)
                 try:
                     status = response.status
                     location = response.headers.get("Location")
