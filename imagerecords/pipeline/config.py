@@ -354,9 +354,9 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         drips its body is cut off then.
       http_retries: further tries of a URL after a broken connection, a timeout or HTTP 429/500/502/503/504, with
         exponential backoff and jitter (a Retry-After is honoured up to 60 s).
-      http_user_agent: the User-Agent of downloads (default `imagerecords/VERSION (+...; robots.txt token:
-        imagerecords)`, naming the tool and where its opt-out rules are documented; give your own with a
-        URL or e-mail a site owner can reach; Beam has a --user_agent of its own).
+      http_user_agent: the User-Agent of downloads; the default names the tool, where its opt-out rules
+        are documented and its robots.txt token; give your own with a URL or e-mail a site owner can
+        reach (Beam has a --user_agent of its own).
       disallowed_header_directives: X-Robots-Tag directives (for every agent, or addressed to
         `imagerecords:`) that keep a URL out of the dataset before its body is read, img2dataset's set by
         default; `tdm-reservation: 1` is obeyed with them; empty turns both off. Such URLs are
