@@ -25,8 +25,9 @@ counted) and extrapolates the rate to each size; plans shards by count (choose_n
 bytes); measures the refs' shuffle bytes with ImageRefCoder over the sample; cuts the sample into
 shards of the full size's row count with planning.plan_shards over the real shuffle hashes, and runs
 one worker process's downloads over them event by event, with HttpSettings' limits (--http_workers,
---http_per_host) and urllib3's pool of 64 hosts, at an assumed --latency_ms; and turns the busiest
-host's connections per worker into their sum over --workers processes. The commit and a reader are
+and each shard writer's share of --http_per_host among the job's --workers x --writers_per_worker
+writers, politeness.share) and urllib3's pool of 64 hosts, at an assumed --latency_ms; and turns the
+busiest host's connections and requests per worker into their sum over --workers processes. The commit and a reader are
 the file mode's manifest steps at the count-planned shards.
 """
 
@@ -338,20 +339,26 @@ def sample_shards(refs, rows_per_shard: float, seed: int = 0) -> List[List[str]]
 
 
 def simulate_downloads(shards: List[List[str]], busiest: str, slots: int, per_host: int, threads: int,
-                       writers: int, latency_s: float, sigma: float, num_pools: int, seed: int = 0
-                       ) -> Dict[str, object]:
+                       writers: int, latency_s: float, sigma: float, num_pools: int, seed: int = 0,
+                       duty: float = 1.0) -> Dict[str, object]:
     """One worker process fetching the sampled shards, event by event, as download.Downloader
     limits it: `writers` shards at once, each with `threads` image threads taking its rows in
-    order; a fetch holds one of `slots` (--http_workers) and then one of `per_host` (--http_per_host)
-    for its host, waiting for either in turn; a fetch takes a log-normal time of mean `latency_s`.
-    Connections are kept per host in an LRU of `num_pools` hosts (urllib3's PoolManager) with up to
-    `per_host` idle ones each. Measured until the last shard is taken (the steady state)."""
+    order and its own Downloader (a Beam shard writer's); a fetch holds one of `slots`
+    (--http_workers) and then one of its writer's `per_host` for its host, waiting for either in
+    turn; with `duty` < 1 (politeness.share) a writer's request to a host of d seconds is followed by
+    d * (1 / duty - 1) without one, its first after a random part of a FIRST_S request's pause
+    (download._Paced). A fetch takes a log-normal time of mean `latency_s`. Connections are kept per
+    host in each writer's LRU of `num_pools` hosts (urllib3's PoolManager) with up to `per_host` idle
+    ones each. Measured until the last shard is taken (the steady state)."""
     import collections
     import heapq
     import random
 
+    from imagerecords.pipeline.read import download
+
     rng = random.Random(seed)
     mu = math.log(latency_s) - sigma * sigma / 2  # the log-normal's mean is latency_s
+    pause = 1.0 / duty - 1.0
     queue = collections.deque(shards)
     rows: Dict[int, collections.deque] = {}
     writer_of: Dict[int, int] = {}
@@ -361,45 +368,81 @@ def simulate_downloads(shards: List[List[str]], busiest: str, slots: int, per_ho
             writer_of[w * threads + t] = w
     free = slots
     wait_slot: collections.deque = collections.deque()
-    busy: Dict[str, int] = collections.Counter()
-    wait_host: Dict[str, collections.deque] = collections.defaultdict(collections.deque)
-    pools: "collections.OrderedDict[str, int]" = collections.OrderedDict()
+    busy: Dict[Tuple[int, str], int] = collections.Counter()  # by (writer, host): each writer's Downloader
+    free_at: Dict[Tuple[int, str], float] = {}  # when a paced (writer, host) may start its next request
+    timers: set = set()
+    wait_host: Dict[Tuple[int, str], collections.deque] = collections.defaultdict(collections.deque)
+    pools = {w: collections.OrderedDict() for w in range(writers)}  # each writer's urllib3 PoolManager
     events: list = []
     pending: Dict[int, str] = {}
     now = last = 0.0
-    held = [0.0] * (per_host + 1)  # seconds with k fetches in flight to the busiest host
-    stats = {"done": 0, "new": 0, "reused": 0, "host_wait_s": 0.0}
+    flying = 0  # fetches in flight to the busiest host, all writers
+    held = [0.0] * (writers * per_host + 1)  # seconds with k fetches in flight to the busiest host
+    stats = {"done": 0, "new": 0, "reused": 0, "host_wait_s": 0.0, "busiest": 0}
     waited_since: Dict[int, float] = {}
     steady = [None]
+    seq = [0]
+
+    def push(at, kind, tid, key, started=0.0):
+        seq[0] += 1
+        heapq.heappush(events, (at, seq[0], kind, tid, key, started))
 
     def tick():
         nonlocal last
         if steady[0] is None:
-            held[busy[busiest]] += now - last
+            held[flying] += now - last
         last = now
 
-    def fetch(tid, host):
-        busy[host] += 1
-        if host in pools:
-            pools.move_to_end(host)
-            if pools[host]:
-                pools[host] -= 1
+    def fetch(tid, key):
+        nonlocal flying
+        host = key[1]
+        busy[key] += 1
+        if host == busiest:
+            flying += 1
+            if steady[0] is None:
+                stats["busiest"] += 1
+        pool = pools[key[0]]
+        if host in pool:
+            pool.move_to_end(host)
+            if pool[host]:
+                pool[host] -= 1
                 stats["reused"] += 1
             else:
                 stats["new"] += 1
         else:
             stats["new"] += 1
-            pools[host] = 0
-            if len(pools) > num_pools:
-                pools.popitem(last=False)
-        heapq.heappush(events, (now + rng.lognormvariate(mu, sigma), tid, host))
+            pool[host] = 0
+            if len(pool) > num_pools:
+                pool.popitem(last=False)
+        push(now + rng.lognormvariate(mu, sigma), "done", tid, key, now)
+
+    def ready(key) -> bool:
+        return busy[key] < per_host and free_at.get(key, 0.0) <= now
+
+    def wake(key):
+        """Starts the next waiter on `key` if it may go now, or sets a timer for when it may."""
+        if not wait_host[key] or busy[key] >= per_host:
+            return
+        if free_at.get(key, 0.0) <= now:
+            waiter = wait_host[key].popleft()
+            if steady[0] is None:
+                stats["host_wait_s"] += now - waited_since[waiter]
+            del waited_since[waiter]
+            fetch(waiter, key)
+        elif key not in timers:
+            timers.add(key)
+            push(free_at[key], "timer", -1, key)
 
     def take_host(tid, host):
-        if busy[host] < per_host:
-            fetch(tid, host)
+        key = (writer_of[tid], host)
+        if duty < 1.0 and key not in free_at:
+            free_at[key] = now + rng.uniform(0.0, download._Paced.FIRST_S * pause)
+        if ready(key) and not wait_host[key]:
+            fetch(tid, key)
         else:
             waited_since[tid] = now
-            wait_host[host].append(tid)
+            wait_host[key].append(tid)
+            wake(key)
 
     def next_row(tid):
         nonlocal free
@@ -421,18 +464,22 @@ def simulate_downloads(shards: List[List[str]], busiest: str, slots: int, per_ho
     for tid in writer_of:
         next_row(tid)
     while events:
-        now, tid, host = heapq.heappop(events)
+        now, _, kind, tid, key, started = heapq.heappop(events)
         tick()
+        if kind == "timer":
+            timers.discard(key)
+            wake(key)
+            continue
+        host = key[1]
         stats["done"] += 1
-        busy[host] -= 1
-        if host in pools:
-            pools[host] = min(pools[host] + 1, per_host)
-        if wait_host[host]:
-            waiter = wait_host[host].popleft()
-            since = waited_since.pop(waiter)
-            if steady[0] is None:
-                stats["host_wait_s"] += now - since
-            fetch(waiter, host)
+        busy[key] -= 1
+        if host == busiest:
+            flying -= 1
+        if duty < 1.0:
+            free_at[key] = now + (now - started) * pause
+        if host in pools[key[0]]:
+            pools[key[0]][host] = min(pools[key[0]][host] + 1, per_host)
+        wake(key)
         free += 1
         if wait_slot:
             waiter = wait_slot.popleft()
@@ -443,7 +490,7 @@ def simulate_downloads(shards: List[List[str]], busiest: str, slots: int, per_ho
     total = sum(held) or 1.0
     return {"img_s": done / end, "fetches": stats["done"], "new_connection_share": stats["new"] / stats["done"],
             "host_wait_share": stats["host_wait_s"] / (end * min(slots, writers * threads)),
-            "busiest_in_flight": [h / total for h in held]}
+            "busiest_req_s": stats["busiest"] / end, "busiest_in_flight": [h / total for h in held]}
 
 
 def cluster_in_flight(per_worker: List[float], workers: int, quantile: float = 0.999) -> Dict[str, float]:
@@ -466,17 +513,20 @@ def cluster_in_flight(per_worker: List[float], workers: int, quantile: float = 0
 
 def url_sums(sizes: List[int], sample: int, hosts: int, zipf: float, classes: int, image_bytes: int,
              target_shard_mb: float, min_shards: int, latency_ms: float, latency_sigma: float, workers: int,
-             writers: int, threads: int, fail_fraction: float, work: Optional[str] = None
-             ) -> Tuple[Dict[str, object], List[Dict[str, float]]]:
+             writers: int, threads: int, fail_fraction: float, work: Optional[str] = None,
+             per_host: Optional[int] = None) -> Tuple[Dict[str, object], List[Dict[str, float]]]:
     """The URL build's figures per size from a sample of `sample` rows: listing rate, refs through the
     shuffle, shards by count, and the downloads' simulation; (the sample's figures, one row per size)."""
     import collections
 
     from imagerecords.pipeline.plan import refs as refs_lib
     from imagerecords.pipeline.plan import shard_plan as planning
-    from imagerecords.pipeline.read import download
+    from imagerecords.pipeline.read import download, politeness
 
-    http = download.HttpSettings()
+    http = download.HttpSettings(**({"per_host": per_host} if per_host else {}))
+    # Each of the job's shard writers has its own Downloader: --http_per_host is divided among them all.
+    downloaders = workers * writers
+    share = politeness.share(http.per_host, downloaders)
     downloader = download.Downloader(http, None)  # builds its pools only: no request is made
     num_pools = downloader._pool.pools._maxsize
     work = work or tempfile.mkdtemp(prefix="imagerecords-urls-")
@@ -493,7 +543,8 @@ def url_sums(sizes: List[int], sample: int, hosts: int, zipf: float, classes: in
     busiest, top = by_host.most_common(1)[0]
     figures.update({"hosts_seen": len(by_host), "busiest_host_share": top / len(refs), "num_pools": num_pools,
                     "http_workers": http.workers, "http_per_host": http.per_host, "http_retries": http.retries,
-                    "threads": threads, "writers_per_worker": writers, "workers": workers, "latency_ms": latency_ms})
+                    "threads": threads, "writers_per_worker": writers, "workers": workers, "latency_ms": latency_ms,
+                    "downloaders": downloaders, "per_writer_slots": share.slots, "per_writer_duty": share.duty})
     # The pairs' hashes are the ones GlobalShuffle keys a URL by (seed 0, the key being the URL).
     assert all(refs_lib.shuffle_hash(0, r.key) == h and r.key == r.uri for h, r in refs[:100])
     per_shard = []
@@ -506,8 +557,8 @@ def url_sums(sizes: List[int], sample: int, hosts: int, zipf: float, classes: in
         if key not in runs:  # one simulation per shard size: the sizes share it at the default shard size
             cut = sample_shards(refs, per)
             hosts_per = [len(set(s)) for s in cut]
-            run = simulate_downloads(cut, busiest, http.workers, http.per_host, threads, writers, latency_ms / 1e3,
-                                     latency_sigma, num_pools)
+            run = simulate_downloads(cut, busiest, http.workers, share.slots, threads, writers, latency_ms / 1e3,
+                                     latency_sigma, num_pools, duty=share.duty)
             run.update({"sample_shards": len(cut), "hosts_per_shard": sum(hosts_per) / len(cut),
                         "hosts_per_shard_max": max(hosts_per),
                         "busiest_shard_share": max(s.count(busiest) / len(s) for s in cut)})
@@ -531,9 +582,9 @@ def url_sums(sizes: List[int], sample: int, hosts: int, zipf: float, classes: in
             "hosts_per_shard": run["hosts_per_shard"], "new_connection_share": run["new_connection_share"],
             "host_wait_share": run["host_wait_share"],
             "busiest_host_requests": images * figures["busiest_host_share"],
-            "busiest_host_req_s": figures["busiest_host_share"] * workers * run["img_s"],
+            "busiest_host_req_s": workers * run["busiest_req_s"],
             "busiest_host_connections_mean": cluster["mean"], "busiest_host_connections_peak": cluster["peak"],
-            "busiest_host_connections_bound": workers * http.per_host})
+            "busiest_host_connections_bound": http.per_host})
     figures["simulations"] = per_shard
     return figures, rows
 
@@ -541,14 +592,14 @@ def url_sums(sizes: List[int], sample: int, hosts: int, zipf: float, classes: in
 def url_table(rows: List[Dict[str, float]]) -> str:
     lines = [f"{'URLs':>14} {'listing CPU h':>13} {'shards':>8} {'shuffle GB':>10} {'img/s/worker':>12} "
              f"{'worker-h':>9} {'wall h':>7} {'hosts/shard':>11} {'new conn':>8} {'busiest req/s':>13} "
-             f"{'busiest conns mean/p99.9/bound':>30}"]
+             f"{'busiest conns mean/p99.9/setting':>32}"]
     for r in rows:
         conns = (f"{r['busiest_host_connections_mean']:,.0f}/{r['busiest_host_connections_peak']:,}/"
                  f"{r['busiest_host_connections_bound']:,}")
         lines.append(f"{r['urls']:>14,} {r['listing_cpu_h']:>13,.2f} {r['shards']:>8,} {r['shuffle_gb']:>10,.1f} "
                      f"{r['worker_img_s']:>12,.1f} {r['download_worker_h']:>9,.0f} {r['download_wall_h']:>7,.2f} "
                      f"{r['hosts_per_shard']:>11,.0f} {r['new_connection_share']:>8.0%} "
-                     f"{r['busiest_host_req_s']:>13,.0f} {conns:>30}")
+                     f"{r['busiest_host_req_s']:>13,.1f} {conns:>32}")
     return "\n".join(lines)
 
 
@@ -576,6 +627,8 @@ def main(argv=None) -> int:
     urls.add_argument("--workers", type=int, default=1000, help="worker processes downloading at once")
     urls.add_argument("--writers_per_worker", type=int, default=4,
                       help="shards a worker process writes at once (each with the build's --threads image threads)")
+    urls.add_argument("--http_per_host", type=int, default=None,
+                      help="--http_per_host of the build (default: the builder's), divided among the job's shard writers")
     urls.add_argument("--fail_fraction", type=float, default=0.01,
                       help="assumed share of URLs that answer 5xx on every try (retried, then rejected)")
     a = p.parse_args(argv)
@@ -601,7 +654,7 @@ def main(argv=None) -> int:
 def _main_urls(a, sizes: List[int], target_mb: float, defaults) -> int:
     sample, rows = url_sums(sizes, a.sample_rows, a.hosts, a.zipf, a.classes, a.image_bytes, target_mb,
                             defaults.min_shards, a.latency_ms, a.latency_sigma, a.workers, a.writers_per_worker,
-                            defaults.threads, a.fail_fraction)
+                            defaults.threads, a.fail_fraction, per_host=a.http_per_host)
     # The commit and a reader see shards, not URLs: the file mode's manifest steps at the count-planned shards.
     committed = simulate(sizes, a.image_bytes, a.classes, target_mb, defaults.min_shards, a.request_ms,
                          a.parallel_requests, a.max_label_pairs, columns_from=a.columns_from, sized=False,
@@ -616,7 +669,9 @@ def _main_urls(a, sizes: List[int], target_mb: float, defaults) -> int:
           f"{sample['connections']} connections; {sample['ref_bytes']:.1f} B per ref")
     print(f"downloads: {sample['workers']:,} worker processes x {sample['writers_per_worker']} shards x "
           f"{sample['threads']} threads, --http_workers {sample['http_workers']}, --http_per_host "
-          f"{sample['http_per_host']}, {sample['latency_ms']:g} ms per download (assumed), "
+          f"{sample['http_per_host']} divided among {sample['downloaders']:,} shard writers ("
+          f"{sample['per_writer_slots']} at once each, busy at most {sample['per_writer_duty']:.3g} of the time), "
+          f"{sample['latency_ms']:g} ms per download (assumed), "
           f"{a.fail_fraction:.0%} failing URLs (assumed)")
     print(url_table(rows))
     print(table(rows))

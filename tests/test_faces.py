@@ -85,7 +85,7 @@ def test_without_tensorflow_the_helpers_work_and_the_readers_say_what_is_missing
     assert lines[0] == "True"
     assert [s.split(" |")[0] for s in lines[1:]] == ["make_dataset", "as_dataset", "feature_spec", "PAD_LABEL",
                                                      "from-import"]
-    assert all("needs TensorFlow >= 2.16" in s and "pip install 'imagerecords[tensorflow]'" in s for s in lines[1:])
+    assert all("needs TensorFlow >= 2.16" in s and "pip install -e '.[tensorflow]'" in s for s in lines[1:])
 
 
 def test_an_unknown_reader_name_is_an_attribute_error_naming_it():

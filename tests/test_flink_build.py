@@ -201,6 +201,26 @@ def test_a_url_manifest_is_downloaded_by_the_flink_workers_into_the_local_bytes(
 
 
 @pytest.mark.slow
+def test_http_per_host_holds_across_the_flink_workers(cluster, tmp_path):
+    """Issue 41: --http_per_host 3 on a job of --parallelism 2 gives each shard writer 1 request at
+    once to the host (of its 4 image threads): the server never sees more than the 2 writers' 2,
+    however their shards overlap (one writer alone would reach 3 with the limit per process)."""
+    from imagerecords.cli.launcher import run
+    from tests.support.web import Server, jpeg
+
+    cluster.restart_worker_pools(warm=True)
+    n = 32
+    with Server({f"p{i:02d}.jpg": jpeg(i) for i in range(n)}, delay=0.1) as server:
+        # Keys of their own: the shards (and the subtasks they go to) do not move with the server's port.
+        rows = [f"{server.url(f'/img/p{i:02d}.jpg')},cat,photo{i:02d}\n" for i in range(n)]
+        (tmp_path / "urls.csv").write_text("url,label,key\n" + "".join(rows))
+        run(["--input", str(tmp_path / "urls.csv"), "--path_column", "url", "--num_shards", "8", "--threads", "4",
+             "--http_per_host", "3", "--no_progress", "--output", str(tmp_path / "out"), *cluster.pipeline_args()])
+        assert sum(server.requests.values()) == n
+        assert 1 <= server.max_in_flight <= 2, server.max_in_flight
+
+
+@pytest.mark.slow
 def test_arrays_build_on_flink_is_byte_identical_to_direct_runner(cluster, tmp_path):
     """An .npz input (float32 28x28 raw, uint8 labels as classes, a float64 tensor) on the cluster's
     SDK workers writes the bytes DirectRunner writes."""

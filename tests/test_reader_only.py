@@ -146,7 +146,7 @@ def test_builder_command_without_builder_extra_says_so_in_one_line(command, tmp_
     assert out.returncode == 1, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"imagerecords {command} needs the builder extra (apache-beam"), lines
-    assert "pip install 'imagerecords[build]'" in lines[0]
+    assert "pip install -e '.[build]'" in lines[0]
     assert not (tmp_path / "x").exists()
 
 

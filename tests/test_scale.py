@@ -121,11 +121,17 @@ def test_url_listing_makes_no_stat_and_no_connection_and_the_counters_see_both(t
 
 
 def test_download_simulation_keeps_the_per_host_limit_and_sums_workers_exactly():
-    # One host: a worker process is held to --http_per_host (4) fetches at once, so 4 per 0.2 s.
-    one = scale_sim.simulate_downloads([["h"] * 400] * 4, "h", slots=16, per_host=4, threads=4, writers=4,
+    # One host: each of the 4 writers' Downloaders is held to its share (1) at once, so 4 per 0.2 s.
+    one = scale_sim.simulate_downloads([["h"] * 400] * 4, "h", slots=16, per_host=1, threads=4, writers=4,
                                        latency_s=0.2, sigma=0.01, num_pools=64)
     assert one["img_s"] == pytest.approx(20, rel=0.05) and one["busiest_in_flight"][4] > 0.99
     assert one["new_connection_share"] == pytest.approx(4 / one["fetches"])  # four connections, kept alive
+    assert one["busiest_req_s"] == pytest.approx(20, rel=0.05)
+    # Paced to a quarter of the time: one writer's worth at once on average, a quarter of the requests.
+    paced = scale_sim.simulate_downloads([["h"] * 100] * 4, "h", slots=16, per_host=1, threads=4, writers=4,
+                                         latency_s=0.2, sigma=0.01, num_pools=64, duty=0.25)
+    assert paced["img_s"] == pytest.approx(5, rel=0.1)
+    assert sum(k * p for k, p in enumerate(paced["busiest_in_flight"])) == pytest.approx(1.0, rel=0.1)
     # Many equal hosts: the 16 slots run full (16 per 0.2 s), and no host waits.
     many = scale_sim.simulate_downloads([[f"h{i % 200}" for i in range(j, j + 400)] for j in range(4)], "h0",
                                         slots=16, per_host=4, threads=4, writers=4, latency_s=0.2, sigma=0.01,
@@ -148,5 +154,7 @@ def test_url_mode_run_writes_every_figure(tmp_path):
     assert 150 < sample["ref_bytes"] < 180  # key and uri both the ~63-character URL
     assert 0 < row["worker_img_s"] <= 16 / 0.2 * 1.05
     assert row["busiest_host_requests"] == pytest.approx(100000 * sample["busiest_host_share"])
-    assert row["busiest_host_connections_mean"] <= row["busiest_host_connections_peak"] <= 10 * 4
+    # --http_per_host (4) divided among 10 workers x 4 shard writers: the busiest host's peak, cluster-wide.
+    assert row["busiest_host_connections_mean"] <= row["busiest_host_connections_peak"] <= 4
+    assert row["busiest_host_connections_bound"] == 4 and sample["downloaders"] == 40
     assert row["records"] == 100000 and row["measured"]  # the commit's manifest, built and loaded

@@ -372,7 +372,7 @@ def _cli(args, capsys):
 def _published(out):
     from imagerecords.format import manifest
 
-    return manifest.load(str(out), lambda p: open(p, "rb").read(), os.path.exists)
+    return manifest.load(str(out), lambda p: open(p, "rb").read(), os.path.exists, size=os.path.getsize)
 
 
 @pytest.mark.slow

@@ -104,7 +104,7 @@ def _missing_builder_extra(command: str) -> Optional[str]:
     if not missing:
         return None
     return (f"imagerecords {command} needs the builder extra ({', '.join(missing)} not installed): "
-            "pip install 'imagerecords[build]' (or 'imagerecords[gcp]' for gs://)")
+            "pip install -e '.[build]' in the imagerecords checkout (or '.[gcp]' for gs://)")
 
 
 def _command(command: str, rest: Sequence[str]) -> int:

@@ -1,6 +1,6 @@
 """Grain reader: a random-access source over one split's index files, every stored feature as NumPy.
 
-Needs the `grain` extra (`pip install imagerecords[grain]`); never imports TensorFlow, Beam or torch.
+Needs the `grain` extra (`pip install -e '.[grain]'` in the checkout); never imports TensorFlow, Beam or torch.
 """
 
 from imagerecords.format.access import INDEX_POLICIES, MissingIndexError

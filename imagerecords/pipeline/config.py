@@ -347,11 +347,12 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
       threads: decode threads inside each shard writer.
       http_workers: downloads at once per worker process, for manifest rows that are http(s) URLs (each
         shard writer fetches with its `threads` image threads: the smaller bound wins).
-      http_per_host: requests at once to one host: across the local engine's workers, per worker
-        process on Beam.
+      http_per_host: requests at once to one host for the whole build: shared by the local engine's
+        workers, divided among a Beam job's shard writers (read/politeness.py).
       http_timeout: seconds to connect to a server, and to wait for its next byte.
-      http_deadline: seconds one URL may take in all (retries and redirects included); a server that
-        drips its body is cut off then.
+      http_deadline: seconds one URL may take in all (retries, redirects, status line, headers and
+        body included; waiting for a worker or per-host slot not); a server that drips its headers or
+        body is cut off then.
       http_retries: further tries of a URL after a broken connection, a timeout or HTTP 429/500/502/503/504, with
         exponential backoff and jitter (a Retry-After is honoured up to 60 s).
       http_user_agent: the User-Agent of downloads; the default names the tool, where its opt-out rules

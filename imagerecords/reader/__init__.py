@@ -57,7 +57,8 @@ def __getattr__(name: str):
         import tensorflow  # noqa: F401  (not in install_requires: the trainer brings its own distribution)
     except ImportError as e:
         raise ImportError(f"imagerecords.reader.{name} needs TensorFlow >= 2.16 (tensorflow, tensorflow-cpu, "
-                          "tf-nightly, ...): pip install 'imagerecords[tensorflow]'") from e
+                          "tf-nightly, ...): pip install tensorflow, or pip install -e '.[tensorflow]' in "
+                          "the imagerecords checkout") from e
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value  # later lookups skip this function
     return value

@@ -1,6 +1,6 @@
 """PyTorch reader: a map-style dataset over the index files, a global seeded order, exact and elastic resume.
 
-Needs the `torch` extra (`pip install imagerecords[torch]`); never imports TensorFlow.
+Needs the `torch` extra (`pip install -e '.[torch]'` in the checkout); never imports TensorFlow.
 """
 
 from imagerecords.torch.dataset import INDEX_POLICIES, LAYOUTS, MissingIndexError, RecordDataset, load_manifest

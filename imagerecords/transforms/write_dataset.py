@@ -13,6 +13,7 @@ from apache_beam.metrics import Metrics
 from imagerecords.format.manifest import MANIFEST
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline.read import politeness
 from imagerecords.pipeline.plan import assign as assign_lib
 from imagerecords.pipeline.plan import refs as refs_lib
 from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, ManifestColumns, Rejected
@@ -257,7 +258,9 @@ class WriteDataset(beam.PTransform):
         # (ShardKey, [ImageRef], {uri: bytes})
         # Rows read as a manifest's: paths, FileSystems URIs, and http(s) URLs downloaded by the writers.
         written = joined | "WriteShards" >> WriteShards(config.output, labelled["labels"], config=config,
-                                                        build_ids=build_ids, source=ManifestSource().bind(config))
+                                                        build_ids=build_ids,
+                                                        source=politeness.divide(ManifestSource().bind(config),
+                                                                                  rows.pipeline.options))
         rejected = ((checked[REJECTED], labelled[REJECTED], written[REJECTED])
                     | "AllRejected" >> beam.Flatten())
         outcome = {"results": written["results"], "rejected": rejected, "labels": labelled["labels"],

@@ -48,7 +48,9 @@ class Server:
     to itself), /tofile (302 to a file: URL), /large (a body far over any limit), /drip (one byte
     every 0.3 s), /reset (the connection reset before any answer), /truncated (Content-Length 20000,
     100 bytes sent, then closed), /resetmid (10000 of 20000 bytes, then a reset), /huge
-    (Content-Length 4 GiB, 100 bytes sent). `delay` slows every /img answer.
+    (Content-Length 4 GiB, 100 bytes sent), /dripheaders (the status line and
+    headers one byte every 0.2 s, for a minute), /continue (`100 Continue` every 0.2 s, for a
+    minute). `delay` slows every /img answer.
 
     Opt-outs (each the image NAME, its body held back after the headers until the client closes the
     connection or HOLD_S pass, so `body_sent[path]` counts the body bytes a client made it send):
@@ -56,7 +58,8 @@ class Server:
     (X-Robots-Tag: otherbot: noai, for another crawler), /lines/NAME (two X-Robots-Tag lines, the second
     `nofollow, noimageindex`), /tdm/NAME (tdm-reservation: 1), /held/NAME (no opt-out header; what
     robots.txt rules name: /held/private/NAME, /held/otheragent/NAME). /robots.txt serves `robots`
-    (text) when given, else `robots_status` (0: no answer, until the client hangs up); its requests are counted apart, in `robots_headers`.
+    (text) when given, else `robots_status` (0: no answer, until the client hangs up); its requests
+    are counted apart, in `robots_headers`.
     """
 
     HOLD_S = 0.2
@@ -79,8 +82,11 @@ class Server:
         self.headers: List[Dict[str, str]] = []
         self.headers_of: Dict[str, List[Dict[str, str]]] = collections.defaultdict(list)  # by request path
         self.in_flight = self.max_in_flight = 0
+        self.busy_s = 0.0  # seconds with a request in flight (ended: counted when in_flight drops to 0)
+        self._busy_since = 0.0
         self.open = self.max_open = 0
         self.large_sent = 0
+        self.hung_up: Dict[str, float] = {}  # seconds from a /dripheaders or /continue request to the client's hang-up
         self._served_once: set = set()
         self._connections: set = set()
         self._server: Optional[http.server.ThreadingHTTPServer] = None
@@ -120,6 +126,8 @@ class Server:
 
             def do_GET(self):
                 with owner.lock:
+                    if not owner.in_flight:
+                        owner._busy_since = time.monotonic()
                     owner.in_flight += 1
                     owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
                     if self.path == "/robots.txt":  # counted apart: the other counts are the downloads'
@@ -159,6 +167,8 @@ class Server:
             h.counted = False
             with self.lock:
                 self.in_flight -= 1
+                if not self.in_flight:
+                    self.busy_s += time.monotonic() - self._busy_since
 
     def _send(self, h, status: int, body: bytes = b"", kind: str = "image/jpeg", extra: Mapping[str, str] = {}):
         self._leave(h)
@@ -282,6 +292,24 @@ class Server:
             except OSError:
                 pass
             h.close_connection = True
+        elif path in ("/dripheaders", "/continue"):
+            self._leave(h)
+            if path == "/continue":
+                pieces = [b"HTTP/1.1 100 Continue\r\n\r\n"] * 300
+            else:
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: image/jpeg\r\nX-Padding: " + b"x" * 400 + b"\r\n\r\n"
+                pieces = [head[i:i + 1] for i in range(len(head))][:300]
+            started = time.monotonic()
+            try:
+                for piece in pieces:
+                    h.wfile.write(piece)
+                    h.wfile.flush()
+                    time.sleep(0.2)  # the misbehaviour itself: a byte (or an interim answer) at this pace
+            except OSError:
+                pass  # the client hung up: seen at the second write after it (at most 0.4 s late)
+            with self.lock:
+                self.hung_up[path] = time.monotonic() - started
+            h.close_connection = True
         elif path == "/reset":
             # SO_LINGER 0: close() sends RST, the client sees "connection reset" and no answer
             h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -311,3 +339,91 @@ class Server:
             h.close_connection = True
         else:
             self._send(h, 404, b"no such thing", "text/plain")
+
+
+class Silent:
+    """A listening socket that accepts connections and never answers a byte: every request to it
+    hangs. Counts the connections it accepted and when (time.monotonic()). `with Silent() as s:`."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.accepted: List[float] = []
+        self._held: List[socket.socket] = []
+        self._peers: List[tuple] = []  # each accepted connection's client address, in `accepted`'s order
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._thread: Optional[threading.Thread] = None
+
+    def url(self, path: str) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"http://{host}:{port}{path}"
+
+    def __enter__(self) -> "Silent":
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self._thread = threading.Thread(target=self._accept, name="test-silent", daemon=True)
+        self._thread.start()
+        return self
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, peer = self._sock.accept()
+            except OSError:
+                return  # closed by __exit__
+            with self.lock:
+                self.accepted.append(time.monotonic())
+                self._held.append(conn)
+                self._peers.append(peer)
+
+    def settled(self, timeout: float = 10.0) -> List[float]:
+        """`accepted` once every connection made so far is counted: a connection of ours, made now,
+        is accepted after all of them (the backlog is first in, first out); it is not in the list."""
+        with self.lock:
+            before = len(self.accepted)
+        probe = socket.create_connection(self._sock.getsockname()[:2], timeout=timeout)
+        try:
+            limit = time.monotonic() + timeout
+            while True:
+                with self.lock:
+                    if probe.getsockname() in self._peers[before:]:
+                        i = self._peers.index(probe.getsockname(), before)
+                        return self.accepted[:i] + self.accepted[i + 1:]
+                assert time.monotonic() < limit, f"the silent server never accepted the probe within {timeout} s"
+                time.sleep(0.01)
+        finally:
+            probe.close()
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() above
+        except OSError:
+            pass
+        self._sock.close()
+        self._thread.join(timeout=10)
+        with self.lock:
+            for conn in self._held:
+                conn.close()
+
+
+class Dropping:
+    """A host that never completes a connection: a listening socket with a backlog of one, filled
+    by a connection of its own and never accepted, so the kernel drops every further SYN and a
+    client's connect() hangs (as for a host behind a firewall that drops). `with Dropping() as d:`."""
+
+    def __init__(self):
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._filler: Optional[socket.socket] = None
+
+    def url(self, path: str) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"http://{host}:{port}{path}"
+
+    def __enter__(self) -> "Dropping":
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(0)
+        self._filler = socket.create_connection(self._sock.getsockname()[:2], timeout=5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._filler.close()
+        self._sock.close()

@@ -184,7 +184,7 @@ class _Progress:
 
     def __init__(self, folder: Optional[str], cancelled):
         self._folder = folder
-        self._cancelled = cancelled
+        self._cancelled = self.cancelled = cancelled
         self._last: Dict[str, float] = {}
 
     def __call__(self, filename: str, done: int, rejected: int, total: int) -> None:
@@ -218,6 +218,8 @@ class _Writer:
         self._threads = threads
         self._progress = progress
         self._read = writer.reader()
+        if hasattr(self._read, "stop_when"):  # a manifest's reader: it may be downloading when the build is cancelled
+            self._read.stop_when(progress.cancelled)
         self._images = (concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="imagerecords-image")
                         if threads > 1 else None)
 
@@ -231,6 +233,11 @@ class _Writer:
         if rows:  # a shard reused by --resume comes back as (digest, member) pairs
             staged.contents = array_rows.RowContents.of(staged.contents, members)
         return staged
+
+    def stop(self) -> None:
+        """The build is cancelled: the downloads in flight are cut now (not at the reader's next look)."""
+        if hasattr(self._read, "stop"):
+            self._read.stop()
 
     def close(self) -> None:
         if self._images is not None:
@@ -486,6 +493,8 @@ def _build(config: BuildConfig, writer: shard_writer.ShardWriter, process_pool, 
                     contents.add(digest, member)
     except BaseException:
         cancel.set()  # running shards stop at their next image; queued ones never start
+        if local_writer is not None:
+            local_writer.stop()
         if workers:
             end_workers(pool)
         else:

@@ -6,7 +6,7 @@ failure is a Failed naming what happened; its row's stage is 'download').
 One Downloader per worker process (a pool of keep-alive connections per host); it is made where
 the shard writer's reader is made (Source.reader), never in the launcher. The per-host limit holds
 across the local engine's worker processes (HostSlots, made by the launcher before it forks them);
-on a Beam runner it holds per worker process.
+on a Beam runner each Downloader gets its share of it (politeness.share: `per_host` and `duty`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import threading
 import time
 import urllib.parse
 import zlib
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from imagerecords.pipeline import processes, storage
 from imagerecords.pipeline.naming import setting
-from imagerecords.pipeline.read import optouts, urls
+from imagerecords.pipeline.read import deadlines, optouts, urls
 
 MAX_REDIRECTS = 5
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -86,10 +86,13 @@ class HttpSettings:
 
     Attributes:
       workers: downloads at once per worker process.
-      per_host: requests at once to one host, per worker process (across the local engine's
+      per_host: requests at once to one host, per Downloader (across the local engine's
         workers where the launcher shares HostSlots).
+      duty: the share of its time a Downloader may have a request to one host in flight (below 1.0
+        when --http_per_host is divided among more Downloaders than it counts: politeness.share).
       timeout: seconds to connect, and without a byte while reading.
-      deadline: seconds one URL may take in all, its retries and redirects included.
+      deadline: seconds one URL may take in all, its retries and redirects included, waiting for a
+        slot not (deadlines.py says what it covers).
       retries: further tries after a broken connection, a timeout or a status in RETRY_STATUSES.
       user_agent: the User-Agent header ('' for default_user_agent()).
       optouts: which opt-outs refuse a URL before its body is read (optouts.OptOutSettings).
@@ -104,10 +107,12 @@ class HttpSettings:
     retries: int = 4
     user_agent: str = ""
     headers_file: Optional[str] = None
+    duty: float = 1.0
     optouts: optouts.OptOutSettings = optouts.OptOutSettings()
 
     def __repr__(self) -> str:  # the headers file's name is not written or logged either
-        return (f"HttpSettings(workers={self.workers}, per_host={self.per_host}, timeout={self.timeout}, "
+        return (f"HttpSettings(workers={self.workers}, per_host={self.per_host}, duty={self.duty:g}, "
+                f"timeout={self.timeout}, "
                 f"deadline={self.deadline}, retries={self.retries}, headers_file={'given' if self.headers_file else None})")
 
 
@@ -229,6 +234,30 @@ class HostSlots:
         return _shared_slots, (self.per_host, self._slots)
 
 
+class _Paced:
+    """One request at once to a host, in flight at most `duty` of the time: a request of d seconds
+    is followed by d * (1 / duty - 1) seconds without one. The first waits a random part of a
+    FIRST_S request's pause, so that a job's Downloaders do not all start together."""
+
+    FIRST_S = 0.2  # a typical download's seconds: the pause guessed before one is measured
+
+    def __init__(self, duty: float):
+        self._slot = threading.Lock()
+        self._duty = duty
+        self._next = time.monotonic() + random.uniform(0.0, self.FIRST_S * (1.0 / duty - 1.0))
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        self._slot.acquire()
+        time.sleep(max(0.0, self._next - time.monotonic()))
+        self._started = time.monotonic()
+
+    def __exit__(self, *exc) -> None:
+        now = time.monotonic()
+        self._next = now + (now - self._started) * (1.0 / self._duty - 1.0)
+        self._slot.release()
+
+
 def _unshared() -> None:
     return None
 
@@ -242,7 +271,8 @@ def _shared_slots(per_host: int, slots: list) -> HostSlots:
 class Downloader:
     """Fetches URLs whole for one worker process; thread-safe (the shard writer's image threads share it)."""
 
-    def __init__(self, settings: HttpSettings, max_bytes: Optional[int], shared: Optional[HostSlots] = None):
+    def __init__(self, settings: HttpSettings, max_bytes: Optional[int], shared: Optional[HostSlots] = None,
+                 cancelled: Optional[Callable[[], bool]] = None):
         import urllib3
 
         self._settings = settings
@@ -253,6 +283,8 @@ class Downloader:
         self._plain_headers = {k: v for k, v in headers.items() if k.lower() in _EVERYWHERE}
         self._pool = urllib3.PoolManager(num_pools=64, maxsize=settings.per_host, block=False,
                                          retries=False, headers=headers)
+        self._pool.pool_classes_by_scheme = deadlines.pool_classes()  # sockets the watchdog can cut
+        self._watchdog = deadlines.Watchdog(cancelled)
         self._workers = threading.BoundedSemaphore(settings.workers)
         self._hosts: Dict[str, threading.BoundedSemaphore] = {}
         self._lock = threading.Lock()
@@ -266,22 +298,27 @@ class Downloader:
             return self._shared.of(host)
         with self._lock:
             if host not in self._hosts:
-                self._hosts[host] = threading.BoundedSemaphore(self._settings.per_host)
+                per_host, duty = self._settings.per_host, self._settings.duty
+                self._hosts[host] = threading.BoundedSemaphore(per_host) if duty >= 1.0 else _Paced(duty)
             return self._hosts[host]
 
     def __call__(self, url: str) -> bytes:
         return self.fetch(url)
 
+    def stop(self) -> None:
+        """The build is stopping: requests in flight are cut, and fetch raises deadlines.Cancelled from now on."""
+        self._watchdog.stop()
+
     def fetch(self, url: str) -> bytes:
         """The body `url` serves, following redirects and retrying as the settings say; raises Failed
         (OptedOut for a URL a site opted out of)."""
-        end = time.monotonic() + self._settings.deadline
-        with self._workers:
-            return self._retrying(lambda: self._follow(url, end), end)
+        clock = deadlines.Clock(self._settings.deadline)
+        with clock.waiting(self._workers):
+            return self._retrying(lambda: self._follow(url, clock), clock)
 
-    def _retrying(self, attempt, end: float):
-        """attempt() again after each _Retry, with backoff (or Retry-After) while tries and the
-        deadline `end` last; the last _Retry becomes a Failed."""
+    def _retrying(self, attempt, clock: deadlines.Clock):
+        """attempt() again after each _Retry, with backoff (or Retry-After) while the tries and the
+        clock last; the last _Retry becomes a Failed."""
         s = self._settings
         tries = 0
         while True:
@@ -293,12 +330,12 @@ class Downloader:
                     raise Failed(f"{e.reason} (after {tries} tries)", e.error) from None
                 wait = e.after if e.after is not None else min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (tries - 1))
                 wait = min(wait, RETRY_AFTER_CAP_S) * (1 if e.after is not None else random.uniform(0.5, 1.5))
-                if time.monotonic() + wait >= end:
+                if time.monotonic() + wait >= clock.end:
                     raise Failed(f"{e.reason}; no time left in the {s.deadline:g} s deadline to try again "
                                  f"(after {tries} tries)", e.error) from None
-                time.sleep(wait)
+                self._watchdog.sleep(wait)
 
-    def _follow(self, url: str, end: float) -> bytes:
+    def _follow(self, url: str, clock: deadlines.Clock) -> bytes:
         try:
             urls.parse(url)  # the first touch of a row's URL: one that cannot be requested is its row's reason
         except urls.BadUrl as e:
@@ -306,7 +343,7 @@ class Downloader:
         row, trusted = url, True  # --http_headers go to the row's origin only; once a chain leaves it, never again
         for _ in range(MAX_REDIRECTS + 1):
             self._check_robots(url)  # every hop, before it is requested: a redirect may lead into a disallowed path
-            status, location, body = self._get(url, end, self._headers if trusted else self._plain_headers)
+            status, location, body = self._get(url, clock, self._headers if trusted else self._plain_headers)
             if location is None:
                 return body
             url = _redirect_target(status, url, location)
@@ -335,7 +372,7 @@ class Downloader:
             if entry.robots is None and entry.failed is None:
                 try:
                     entry.robots = self._load_robots(key)
-                except Failed as e:  # nothing listens there: every URL of the origin fails as this one does
+                except Failed as e:  # no connection: every URL of the origin fails as this one does
                     entry.failed = e
         if entry.failed is not None:
             raise Failed(entry.failed.reason, entry.failed.error)
@@ -350,27 +387,31 @@ class Downloader:
         everything for this build. Raises Failed when no connection could be made (a refused port, a
         name that does not resolve, a connect timeout): the origin's URLs fail as downloads, as they
         would have, and count against --max_download_failures (a dead host is not an opt-out)."""
-        end = time.monotonic() + self._settings.deadline
+        clock = deadlines.Clock(self._settings.deadline)
         answered: list = []  # set once a connection was made: failures after it are the site's
         try:
-            return self._retrying(lambda: self._robots_once(origin, end, answered), end)
+            return self._retrying(lambda: self._robots_once(origin, clock, answered), clock)
         except Failed as e:
             if not answered:
                 raise
             return optouts.unavailable(origin, e.reason)
 
-    def _robots_once(self, origin: str, end: float, answered: list) -> optouts.Robots:
+    def _robots_once(self, origin: str, clock: deadlines.Clock, answered: list) -> optouts.Robots:
         import urllib3
         from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, ProtocolError, TimeoutError
+
+        def cut_off(got: Optional[int]) -> Failed:  # the server connected but did not finish in time
+            answered.append(True)
+            return Failed(f"cut off: it took longer than the {self._settings.deadline:g} s deadline", "Deadline")
 
         url = origin + "/robots.txt"
         headers = {**self._plain_headers, "Accept": "text/plain,*/*;q=0.5"}
         for _ in range(MAX_REDIRECTS + 1):
-            left = end - time.monotonic()
+            left = clock.left()
             if left <= 0:
-                raise Failed(f"cut off: it took longer than the {self._settings.deadline:g} s deadline", "Deadline")
+                raise cut_off(None)
             timeout = urllib3.Timeout(connect=min(self._settings.timeout, left), read=min(self._settings.timeout, left))
-            with self._host(url):
+            with clock.waiting(self._host(url)), self._watchdog.watching(clock.end, cut_off):
                 try:
                     response = self._pool.request("GET", url, preload_content=False, redirect=False,
                                                   timeout=timeout, headers=headers)
@@ -406,19 +447,20 @@ class Downloader:
                 return optouts.Robots(origin)
         return optouts.Robots(origin)  # too many redirects: as unavailable, allowed (RFC 9309 2.3.1.2)
 
-    def _get(self, url: str, end: float,
+    def _get(self, url: str, clock: deadlines.Clock,
              headers: Optional[Mapping[str, str]] = None) -> Tuple[int, Optional[str], bytes]:
-        """One request with `headers` (the settings' all by default): (status, redirect location or None, body)."""
+        """One request with `headers` (the settings' all by default): (status, redirect location or None, body); the watchdog cuts it at the deadline."""
         import urllib3
         from urllib3.exceptions import (DecodeError, HTTPError, NewConnectionError, ProtocolError, ReadTimeoutError,
                                         TimeoutError)
 
-        left = end - time.monotonic()
+        left = clock.left()
         if left <= 0:
             raise Failed(f"cut off: the download took longer than its {self._settings.deadline:g} s deadline",
                          "Deadline")
         timeout = urllib3.Timeout(connect=min(self._settings.timeout, left), read=min(self._settings.timeout, left))
-        with self._host(url):
+        with clock.waiting(self._host(url)), self._watchdog.watching(clock.end, self._cut_off) as call:
+            end = clock.end
             try:
                 response = self._pool.request("GET", url, preload_content=False, redirect=False, timeout=timeout,
                                               headers=dict(headers if headers is not None else self._headers))
@@ -432,6 +474,7 @@ class Downloader:
                 raise _protocol_failure(e, 0, None)
             except HTTPError as e:
                 raise _Retry(f"connection failed ({_first_reason(e)})", "ConnectionError")
+            call.got = 0
             try:
                 status = response.status
                 if 200 <= status < 400:  # an answer or a redirect: its opt-out headers, before any body byte
@@ -476,6 +519,7 @@ class Downloader:
                     if not chunk:
                         break
                     got += len(chunk)
+                    call.got = got
                     if limit is not None and got > limit:
                         raise Failed(f"too large: over the {limit:,}-byte limit (--max_file_mb); the download "
                                      "was stopped there", "TooLarge")
@@ -489,6 +533,12 @@ class Downloader:
             except BaseException:
                 response.close()  # a body not read to its end: the connection cannot serve another request
                 raise
+
+    def _cut_off(self, got: Optional[int]) -> Failed:
+        """The row of a request the watchdog cut at the deadline, `got` body bytes in (None: before the headers)."""
+        where = "before the response's headers were in" if got is None else f"after {got:,} bytes"
+        return Failed(f"cut off {where}: the download took longer than its {self._settings.deadline:g} s deadline",
+                      "Deadline")
 
 
 class _RobotsEntry:
@@ -642,6 +692,8 @@ class UrlReader:
         self._shared = shared
         self._downloader: Optional[Downloader] = None
         self._lock = threading.Lock()
+        self._stopped = False
+        self._cancelled: Optional[Callable[[], bool]] = None
 
     def __getstate__(self) -> Mapping:
         return {"_settings": self._settings, "_max_bytes": self._max_bytes, "_files": self._files,
@@ -651,12 +703,28 @@ class UrlReader:
         self.__dict__.update(state)
         self._downloader = None
         self._lock = threading.Lock()
+        self._stopped = False
+        self._cancelled = None
+
+    def stop_when(self, cancelled: Callable[[], bool]) -> None:
+        """Downloads stop (as stop() says) once `cancelled()` is true: checked before each request, and
+        polled while any is in flight (a worker process's view of its launcher's cancel)."""
+        self._cancelled = cancelled
+
+    def stop(self) -> None:
+        """The build is stopping: downloads in flight are cut, and no URL is fetched from now on."""
+        with self._lock:
+            self._stopped = True
+            if self._downloader is not None:
+                self._downloader.stop()
 
     def __call__(self, uri: str) -> bytes:
         if not is_url(uri):
             return self._files(uri)
         if self._downloader is None:
             with self._lock:
+                if self._stopped or (self._cancelled is not None and self._cancelled()):
+                    raise deadlines.Cancelled("downloads stopped")
                 if self._downloader is None:
-                    self._downloader = Downloader(self._settings, self._max_bytes, self._shared)
+                    self._downloader = Downloader(self._settings, self._max_bytes, self._shared, self._cancelled)
         return self._downloader.fetch(uri)

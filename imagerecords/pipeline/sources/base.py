@@ -104,6 +104,11 @@ class Source:
     def prepare(self, config) -> None:
         """Runs in the launcher before worker processes start (what they should share)."""
 
+    def shared_by(self, downloaders: int) -> "Source":
+        """This source when `downloaders` read it at once on a Beam runner, each with its share of a
+        per-host limit (read/politeness.share). Default: itself (it downloads nothing)."""
+        return self
+
 
 _REGISTERED: List[Source] = []
 

@@ -16,7 +16,7 @@ from imagerecords.pipeline.errors import InputError, UsageError
 from imagerecords.pipeline.naming import setting
 from imagerecords.pipeline.plan import assign as assign_lib
 from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.read import download, input_files
+from imagerecords.pipeline.read import download, input_files, politeness
 from imagerecords.pipeline.sources.base import InputInfo, Listed, Source
 from imagerecords.pipeline.sources.base import first_line as _first_line
 
@@ -44,6 +44,10 @@ class ManifestSource(Source):
 
     def reader(self, options):
         return download.reader(self._http, options.max_file_bytes, input_files.limited_reader(options), self._hosts)
+
+    def shared_by(self, downloaders: int) -> "ManifestSource":
+        slots, duty = politeness.share(self._http.per_host, downloaders)
+        return ManifestSource(dataclasses.replace(self._http, per_host=slots, duty=duty))
 
     def prepare(self, config) -> None:
         # The local engine's worker processes inherit this: --http_per_host then holds across them.

@@ -9,6 +9,7 @@ import apache_beam as beam
 from imagerecords import transforms
 from imagerecords.pipeline import sources
 from imagerecords.pipeline.config import BuildConfig
+from imagerecords.pipeline.read import politeness
 from imagerecords.pipeline.plan import appending
 from imagerecords.pipeline.plan import refs as refs_lib
 from imagerecords.pipeline.plan.refs import DuplicateGroup, ImageRef, Rejected
@@ -69,7 +70,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
     Returns:
       A PCollection holding the single publish.BuildResults written.
     """
-    source = sources.for_build(config)
+    source = politeness.divide(sources.for_build(config), p.options)  # --http_per_host holds job-wide
     info = input_info if input_info is not None else InputInfo(source.kind)
     listing = source.beam_listing(config, info, transforms)
     if listing is None:
