@@ -5,12 +5,13 @@ records.frame) is the reference every bulk frame, digest and rejected row is com
 """
 
 import filecmp
+import io
 
 import numpy as np
 import pytest
 
 from conftest import build, manifest_without_time, shard_files
-from imagerecords.format import records
+from imagerecords.format import record_format, records
 from imagerecords.pipeline.encode import arrays as array_encode
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.plan import assign as assign_lib
@@ -44,11 +45,14 @@ def _compare(path, options=None):
     got, in_blocks, alone = [], 0, 0
     for item in array_encode.encode_rows(refs, "tfds", labels, options):
         if isinstance(item, array_encode.Block):
-            assert sum(item.lengths) == len(item.data) and len(item.lengths) == len(item.refs)
-            at = 0
-            for length, content in zip(item.lengths, item.contents):
-                got.append(("record", bytes(item.data[at:at + length]), content))
-                at += length
+            assert len(item.records) == len(item.contents) == len(item.refs)
+            # What the TFRecord writer makes of the block (write_many) is each record's frame.
+            sink = io.BytesIO()
+            writer = record_format.writer(sink)
+            writer.write_many(item.records)
+            data = sink.getvalue()
+            for (at, length), content in zip(records.index_entries(writer.offsets, writer.num_bytes), item.contents):
+                got.append(("record", data[at:at + length], content))
             in_blocks += len(item.refs)
         else:
             ref, out = item

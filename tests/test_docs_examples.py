@@ -375,6 +375,7 @@ PLAN = {
         Skip("--parallelism=16", _FLINK),
         Skip("--detached", _FLINK),
     ],
+    "docs/formats.md": [],
     "docs/reader.md": [
         Run(('reader.load_info("gs://bucket/ds")',), "ds", given="model = FitRecorder()", check=_info_and_fit),
         Run(("def dataset_fn(ctx)",), "ds", check=_distributed,
@@ -394,6 +395,8 @@ PLAN = {
         Run(("irt.RecordDataset(",), "ds", check=_torch_state, given="checkpoint = {}", fresh=True, needs=("torch",)),
         Run(("hide_gpus_from_tensorflow()",), "ds", check=_three_steps("numpy", 128),
             given="path = 'ds'\nstate = None\ntrain_step = Steps()"),
+        Elsewhere("# recipe: array-record", "tests/test_array_record.py::"
+                  "test_the_reader_md_recipe_reads_every_record_with_grain_alone"),
     ],
     "docs/reading.md": [
         Run(('reader.load_info("OUT")',), "OUT", check=_same_printout),

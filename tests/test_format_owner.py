@@ -1,6 +1,7 @@
 """One owner per format concern: frames, index files, the manifest and each feature kind's codec live in format/, and every reader goes through them."""
 
 import ast
+import functools
 import json
 import os
 import re
@@ -23,8 +24,13 @@ def _sources(*folders):
             for name in sorted(names):
                 if name.endswith(".py"):
                     path = os.path.join(base, name)
-                    with open(path, encoding="utf-8") as f:
-                        yield os.path.relpath(path, ROOT), ast.parse(f.read(), path)
+                    yield os.path.relpath(path, ROOT), _parsed(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(path):  # each source parsed once for all the rules below
+    with open(path, encoding="utf-8") as f:
+        return ast.parse(f.read(), path)
 
 
 # The source rules ------------------------------------------------------------------------------
@@ -46,6 +52,43 @@ def test_exactly_one_module_unpacks_the_frame_header():
     owner = os.path.join("imagerecords", "format", "records.py")
     assert unpackers == {owner}
     assert crc_users == {owner}
+
+
+def test_only_the_tfrecord_format_module_frames_records_or_makes_their_writer():
+    # Framing a record, framing rows in bulk, writing frames and the frame writer belong to records.py and
+    # the TFRecord RecordFormat (record_format.py): every other writer hands records to a format's writer.
+    framing = {"frame", "frame_equal", "frame_rows", "write_framed", "RecordWriter"}
+    owners = {os.path.join("imagerecords", "format", n) for n in ("records.py", "record_format.py")}
+    found = {}
+    for path, tree in _sources():
+        if path in owners:
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr in framing and (node.attr == "write_framed" or (
+                    isinstance(node.value, ast.Name) and node.value.id == "records"))) or (isinstance(node, ast.ImportFrom) and node.module ==
+                                                        "imagerecords.format.records" and
+                                                        {a.name for a in node.names} & framing):
+                found.setdefault(path, set()).add(getattr(node, "attr", None) or "import")
+    assert found == {}
+
+
+def test_the_array_record_library_is_imported_by_its_format_module_alone():
+    users = {path for path, tree in _sources() for module in _imports(tree) if module.startswith("array_record")}
+    assert users == {os.path.join("imagerecords", "format", "array_record_format.py")}
+
+
+def test_shard_names_come_from_the_registry_not_a_suffix_spelled_elsewhere():
+    # A new format is one module: no other module spells a format's file suffix.
+    spelled = {}
+    for path, tree in _sources():
+        if path.startswith(os.path.join("imagerecords", "format", "")) and path.endswith(
+                ("record_format.py", "array_record_format.py")):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in (
+                    ".tfrecord", ".array_record"):
+                spelled.setdefault(path, []).append(node.value)
+    assert spelled == {}
 
 
 def _imports(tree):

@@ -16,6 +16,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
+from imagerecords.format import record_format
 from imagerecords.pipeline import example_images
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.plan import refs
@@ -362,7 +363,7 @@ def rejection_lines(folder):
     """The errors.jsonl lines of the undecodable inputs, through the shard writer's read path."""
     inputs = undecodable_inputs(folder)
     options = codec.ImageOptions()
-    _, rejected = write_stream.write_shard(inputs, io.BytesIO(), read_bytes=write_stream.limited_reader(options),
+    _, rejected = write_stream.write_shard(inputs, record_format.writer(io.BytesIO()), read_bytes=write_stream.limited_reader(options),
                                            preset="tfds", labels=LabelMap(("cls",)), options=options)
     return [r.to_json().replace(str(folder), "<in>") for r in rejected]
 

@@ -8,7 +8,7 @@ import pytest
 from imagerecords.pipeline import config as config_lib
 from imagerecords.pipeline.config import BuildConfig
 
-OWN = {"input", "output", "name", "schema", "image", "writer", "threads", "features"}
+OWN = {"input", "output", "name", "schema", "image", "writer", "record_format", "threads", "features"}
 
 
 def test_every_setting_belongs_to_one_concern_or_to_the_build_itself():

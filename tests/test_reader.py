@@ -22,7 +22,7 @@ from conftest import build, shard_files
 from imagerecords import reader
 from imagerecords.pipeline import example_images
 from imagerecords.format import records
-from imagerecords.format.access import ShardSizeError
+from imagerecords.format.access import ShardSizeError, ShardSwappedError
 from imagerecords.reader import ReadConfig, ReadStats
 from imagerecords.reader.hosts import per_host_records
 
@@ -393,16 +393,16 @@ def test_a_shorter_shard_is_refused_naming_the_shard_and_both_sizes(resized, cut
         _read_train(path, "fail")
 
 
-def test_a_shard_of_the_listed_size_with_fewer_records_fails_naming_both_counts(resized):
-    """The size check passes a file padded to the listed size; the frame checks then find it short."""
+def test_a_shard_of_the_listed_size_with_fewer_records_is_refused_before_a_record_is_read(resized):
+    """The size check passes a file padded to the listed size; its last record is not the one its
+    build recorded (the manifest's ends_crc), so the shard is refused when the reader is made."""
     path, shard, own, _, _, rewrite = resized
     listed = os.path.getsize(shard)
     rewrite(own[:-2])
     with open(shard, "ab") as f:
         f.write(b"\0" * (listed - os.path.getsize(shard)))
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=rf"shard {re.escape(shard)} is corrupt, truncated or unreadable: "
-                             rf"{len(own) - 2} records read .*manifest.json says {len(own)} "):
+    with pytest.raises(ShardSwappedError, match=rf"^shard {re.escape(shard)} is not the file manifest.json lists: "
+                                                r"its first or last record's checksum differs"):
         _read_train(path, "fail")
 
 

@@ -11,7 +11,7 @@ import typing
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
-from imagerecords.format import schema
+from imagerecords.format import record_format, schema
 from imagerecords.format import features as features_lib
 from imagerecords.pipeline import config as config_lib
 from imagerecords.pipeline.config import BuildConfig
@@ -33,6 +33,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "label_type": tuple(config_lib.LABEL_TYPES),
     "image_encoding": tuple(codec.ENCODINGS),
     "robots_txt": optouts.ROBOTS_CHOICES,
+    "record_format": record_format.names(),  # the formats this package ships (a test may register more)
 }
 
 # Fields whose dataclass type has no one-token command-line form, with the metavar shown in --help.

@@ -11,7 +11,8 @@ from imagerecords.format import manifest as manifest_lib
 from imagerecords.format.errors import NotRegularFile
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError
 from imagerecords.format.paths import has_scheme
-from imagerecords.format.record_format import is_shard_name, shard_prefix
+from imagerecords.format import record_format
+from imagerecords.format.record_format import is_shard_name
 from imagerecords.pipeline import errors, storage
 from imagerecords.pipeline.storage import join, open_read
 from imagerecords.pipeline.write import dataset_files
@@ -23,16 +24,14 @@ def _open(path: str):
     return files.open_local(path) if not has_scheme(path) else open_read(path)
 
 
-def _ends_differ(path: str, shard) -> bool:
-    """records.ends_differ of the shard file at `path` against the manifest's Shard.ends_crc."""
-    from imagerecords.format.records import ends_differ
-
+def _ends_differ(path: str, shard, fmt) -> bool:
+    """The format's ends_differ of the shard file at `path` against the manifest's Shard.ends_crc."""
     with _open(path) as f:
         def read_range(offset: int, length: int) -> bytes:
             f.seek(offset)
             return f.read(length)
 
-        return ends_differ(read_range, shard.num_bytes, shard.ends_crc)
+        return fmt.ends_differ(read_range, shard.num_bytes, shard.ends_crc)
 
 
 def _read_bytes(path: str) -> bytes:
@@ -143,8 +142,6 @@ def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> L
     """Problems of one shard's index file: missing, or failing the one index loader's checks
     against the manifest (sha256, lines, count, end), or (given the shard's frame lengths, read
     with --records) entries that do not match its frames."""
-    from imagerecords.format import record_format
-
     path = join(output, shard.index_file)
     try:
         data = _read_bytes(path)
@@ -195,10 +192,11 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
     Raises:
       errors.BuildError: when there is no readable manifest.
     """
-    from imagerecords.format.record_format import FRAME_OVERHEAD, read
-    from imagerecords.format.records import CorruptRecordError, HashingReader, count_frames
+    from imagerecords.format.record_format import FRAME_OVERHEAD
+    from imagerecords.format.records import CorruptRecordError, HashingReader
 
     manifest = load(output)
+    fmt = record_format.of(manifest)
     problems, keys_notes = [], []
     names = _present(output, manifest)
     stored = features_lib.stored(manifest) if records else ()
@@ -221,7 +219,7 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                     frame_lengths = []
                     checking = True  # the first record per shard that does not fit the spec is named
                     try:
-                        for number, record in enumerate(read(stream, path)):
+                        for number, record in enumerate(fmt.read(stream, path)):
                             frame_lengths.append(len(record) + FRAME_OVERHEAD)
                             problem = _record_problem(record, stored) if checking else None
                             if problem:
@@ -232,14 +230,14 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
                         problems.append(str(e))
                         count = None
                 else:  # the frame headers, walked while the file is hashed: a count not the frames' is named
-                    count = count_frames(stream)
+                    count = fmt.count(stream)
                 stream.drain()
             if stream.num_bytes != shard.num_bytes:
                 # The readers' own phrase (they refuse such a file when they open it), with what to do.
                 problems.append(f"{access.size_mismatch(path, stream.num_bytes, shard.num_bytes)}; {access.SHARD_MEND}")
             elif stream.sha256() != shard.sha256:
                 problems.append(f"{path}: sha256 differs from the manifest")
-            elif shard.ends_crc and _ends_differ(path, shard):
+            elif shard.ends_crc and _ends_differ(path, shard, fmt):
                 # The readers compare these on open: a manifest whose ends_crc was changed makes them refuse the shard.
                 problems.append(f"{path}: its first or last record's checksum differs from manifest.json's ends_crc "
                                 "(every reader refuses it)")
@@ -283,6 +281,8 @@ def inspect(output: str) -> Tuple[List[str], List[str]]:
              f"{manifest.label_offset}, seed {manifest.seed}, built {manifest.created}"]
     if manifest.version:
         lines.append(f"  version: {manifest.version} (its shards: {join(output, manifest.version)})")
+    if manifest.record_format != record_format.DEFAULT:
+        lines.append(f"  record format: {manifest.record_format}")
     problems = []
     for split in manifest.splits:
         missing = [s.filename for s in split.shards if s.filename not in names]
@@ -336,5 +336,5 @@ def shard_glob(output: str, split: str) -> str:
         raise errors.UsageError(f"{output}: no one glob matches split {found.name!r}: its shards lie in several "
                                 "version folders (appended before version folders were whole); list them with "
                                 f"--files {found.name}, or rebuild with --overwrite")
-    pattern = f"{shard_prefix(manifest.name, found.name)}-*"
+    pattern = f"{record_format.of(manifest).shard_prefix(manifest.name, found.name)}-*"
     return join(output, manifest.version, pattern) if manifest.version else join(output, pattern)

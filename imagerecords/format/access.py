@@ -12,7 +12,7 @@ import numpy as np
 
 from imagerecords.format import manifest as manifest_lib
 from imagerecords.format.errors import Error, FilesMissing
-from imagerecords.format import records
+from imagerecords.format import record_format, records
 from imagerecords.format.files import Files
 from imagerecords.format.manifest import Manifest
 from imagerecords.format.paths import has_scheme, join
@@ -49,7 +49,8 @@ def size_mismatch(path: str, size: int, listed: int) -> str:
 
 
 def check_shards(dataset: str, shards: Sequence[Tuple[str, int, Optional[str]]], size_of: Callable[[str], int],
-                 read_range: Callable[[str, int, int], bytes], *, policy: str = "fail") -> List[Tuple[str, int, int]]:
+                 read_range: Callable[[str, int, int], bytes], *, policy: str = "fail",
+                 fmt: Optional[record_format.RecordFormat] = None) -> List[Tuple[str, int, int]]:
     """Compares the size of every shard file a reader is about to open with manifest.json's, and
     then, for a file of the listed size, its first and last records' data checksums (Shard.ends_crc),
     before any record is read: the one check that keeps every reader from reading a file the
@@ -69,6 +70,7 @@ def check_shards(dataset: str, shards: Sequence[Tuple[str, int, Optional[str]]],
       policy: "fail" raises for a shard of another size; "skip" returns them to the caller,
         which reads what it can and reports the rest (make_dataset's corrupt_records="skip").
         A shard of the listed size with other end checksums is refused under both.
+      fmt: the shards' record format, which compares a file's ends (None: TFRecord).
 
     Returns:
       (path, size on disk, size listed) of each shard of another size ("skip" only; [] otherwise).
@@ -80,6 +82,7 @@ def check_shards(dataset: str, shards: Sequence[Tuple[str, int, Optional[str]]],
       ShardSwappedError: naming the first shard of the listed size whose end checksums differ.
     """
     shards = list(shards)
+    fmt = fmt or record_format.TFRECORD
 
     def size(path: str) -> Optional[int]:
         try:
@@ -106,7 +109,7 @@ def check_shards(dataset: str, shards: Sequence[Tuple[str, int, Optional[str]]],
 
     def swapped(shard: Tuple[str, int, str]) -> bool:
         path, listed, ends = shard
-        return records.ends_differ(lambda offset, length: read_range(path, offset, length), listed, ends)
+        return fmt.ends_differ(lambda offset, length: read_range(path, offset, length), listed, ends)
 
     if len(listed_size) > 1 and any(has_scheme(p) for p, _, _ in listed_size):
         with ThreadPoolExecutor(min(_STAT_THREADS, len(listed_size))) as pool:
@@ -127,22 +130,7 @@ def swap_mismatch(path: str) -> str:
             "the one its build recorded (another build's shard of the same size copied over it)")
 
 
-def frames_problem(shard_path: str, dataset: str, count: int, num_bytes: int,
-                   entries: Sequence[Tuple[int, int]]) -> Optional[str]:
-    """Why shard `shard_path`, whose frame walk found (offset, frame length) `entries`, is not the
-    file of `count` records over `num_bytes` bytes that manifest.json lists, or None. A walk that
-    stopped after `count` frames short of the file's end means more records follow: every reader
-    sizes its work by the count, so a shard listed as 0 records that holds 10 was read as empty."""
-    end = entries[-1][0] + entries[-1][1] if entries else 0
-    if len(entries) == count and end == num_bytes:
-        return None
-    if len(entries) == count and end < num_bytes:
-        what = (f"its first {count} records end at byte {end} of its {num_bytes}: it holds more records than the "
-                f"{count} manifest.json lists")
-    else:
-        what = f"its frames are {len(entries)} records over {end} bytes, manifest.json says {count} over {num_bytes}"
-    return (f"shard {shard_path}: {what} (manifest.json is not the one its build wrote, or the file is not its "
-            f"shard); `imagerecords verify {dataset}` checks every file")
+frames_problem = records.frames_problem  # spelled with the frames it describes
 
 
 def load_manifest(path: str, files: Optional[Files] = None) -> Manifest:
@@ -162,9 +150,10 @@ def split_digest(shards: Sequence) -> str:
     return hashlib.sha256(json.dumps([[s.count, s.sha256] for s in shards]).encode()).hexdigest()[:16]
 
 
-def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: str
-                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(frame offset, frame length, shard number) of every record of a split, in split order.
+def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: str,
+                 fmt: Optional[record_format.RecordFormat] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(record locator, length, shard number) of every record of a split, in split order: for
+    TFRecord each frame's byte offset and length, for another format what its `entries` give.
 
     Args:
       files: the reader's Files.
@@ -172,16 +161,19 @@ def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: s
       split: its name (for messages).
       shards: the split's manifest Shards.
       index: "require" (a shard without an index file is an error saying how to mend it) or
-        "scan" (such a shard's offsets are found by reading it once).
+        "scan" (such a shard's offsets are found by reading it once); a format whose files carry
+        their own index needs none.
+      fmt: the manifest's record format (record_format.of(manifest)); None: TFRecord.
 
     Raises:
       MissingIndexError: under index="require" when a shard has no index file.
       FileNotFoundError, ShardSizeError: a shard missing, or of another size than manifest.json
         lists (check_shards), before any index or shard is read.
       records.IndexFileError: an index file that differs from manifest.json (sha256, count, end).
-      CorruptRecordError: a scanned shard whose frames disagree with manifest.json.
+      CorruptRecordError: a shard whose records disagree with manifest.json.
     """
-    unindexed = [s for s in shards if not s.index_file]
+    fmt = fmt or record_format.TFRECORD
+    unindexed = [s for s in shards if not s.index_file] if fmt.index_files else []
     if unindexed and index == "require":
         raise MissingIndexError(
             f"{path}: {len(unindexed)} of the {len(shards)} shards of split {split!r} have no index file "
@@ -189,30 +181,23 @@ def load_offsets(files: Files, path: str, split: str, shards: Sequence, index: s
             f"`imagerecords build --input ... --output {path} --write_index --overwrite`, or pass "
             "index='scan' to find the offsets by reading every unindexed shard once")
     check_shards(path, [(join(path, s.filename), s.num_bytes, s.ends_crc) for s in shards], files.size,
-                 files.read_range)
+                 files.read_range, fmt=fmt)
     offsets, lengths, shard_of = [], [], []
     for number, shard in enumerate(shards):
-        shard_path = join(path, shard.filename)
-        if shard.index_file:
-            index_path = join(path, shard.index_file)
-            entries = records.load_index(files.read(index_path), index_path, count=shard.count,
-                                         num_bytes=shard.num_bytes, sha256=shard.index_sha256)
-        else:
-            entries = records.scan_frames(files.read(shard_path), shard_path)
-            problem = frames_problem(shard_path, path, shard.count, shard.num_bytes, entries)
-            if problem:
-                raise CorruptRecordError(problem)
+        entries = fmt.entries(files, path, join(path, shard.filename), shard,
+                              join(path, shard.index_file) if shard.index_file else None)
         offsets += [o for o, _ in entries]
         lengths += [n for _, n in entries]
         shard_of += [number] * len(entries)
     return np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(shard_of, np.int32)
 
 
-def check_frame(dataset: str, shard_path: str, offset: int, length: int, frame: bytes) -> bytes:
-    """The record inside `frame` (read from `shard_path` at `offset`), both checksums checked.
+def read_record(files: Files, fmt: record_format.RecordFormat, dataset: str, shard_path: str, offset: int,
+                length: int) -> bytes:
+    """The record at a load_offsets entry of `shard_path`, checked by its format (TFRecord: one
+    ranged read, both checksums).
 
     Raises:
-      CorruptRecordError: naming the shard and byte offset of a short or damaged frame.
+      CorruptRecordError: naming the shard and where in it a short or damaged record is.
     """
-    return records.record_of_frame(frame, length, f"{shard_path}: record at byte {offset}",
-                                   f" (`imagerecords verify {dataset} --records` checks every shard)")
+    return fmt.record_at(files.read_range, dataset, shard_path, offset, length)

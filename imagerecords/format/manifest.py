@@ -7,6 +7,7 @@ import hashlib
 import json
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from imagerecords.format import record_format
 from imagerecords.format import schema as schema_lib
 from imagerecords.format.paths import join
 from imagerecords.format.errors import ManifestError, NotPublished
@@ -239,6 +240,8 @@ class Manifest:
         when one lists another folder than its own (an append shares the previous shards); the
         retention keeps every folder named here. Empty otherwise (every version folder written since
         appends link the earlier shards into it is whole: it lists only itself).
+      record_format: the format of its shard files (imagerecords.format.record_format's registry);
+        manifest.json holds it only when it is not 'tfrecord'.
       shard_builds: {split: ((first shard index, build id), ...)}: which build wrote each run of an
         appended dataset's shards (their files all lie in this version's folder, so the folder no
         longer says); --append trusts an unchanged source file from that build's start time. Empty
@@ -270,6 +273,7 @@ class Manifest:
     features_only: bool = False
     listed_folders: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
     shard_builds: Mapping[str, Tuple[Tuple[int, str], ...]] = dataclasses.field(default_factory=dict)
+    record_format: str = "tfrecord"
 
     def shard_build(self, split: str, index: int) -> Optional[str]:
         """The id of the build that wrote shard `index` of `split`, when the manifest records it."""
@@ -384,6 +388,8 @@ class Manifest:
                if self.listed_folders else {}),
             **({"shard_builds": {k: [list(run) for run in v] for k, v in sorted(self.shard_builds.items())}}
                if self.shard_builds else {}),
+            # Written only when not TFRecord, so a TFRecord build's manifest keeps its bytes.
+            **({"record_format": self.record_format} if self.record_format != "tfrecord" else {}),
         }
 
     def dumps(self) -> bytes:
@@ -426,7 +432,8 @@ class Manifest:
                            listed_folders={str(k): tuple(map(str, v))
                                            for k, v in dict(d.get("listed_folders") or {}).items()},
                            shard_builds={str(k): tuple((int(first), str(build)) for first, build in v)
-                                         for k, v in dict(d.get("shard_builds") or {}).items()})
+                                         for k, v in dict(d.get("shard_builds") or {}).items()},
+                           record_format=str(d.get("record_format") or "tfrecord"))
             # Names that readers, TFDS's filepathTemplate or the commit turn into paths.
             check_inside("errors_file", d.get("errors_file", ERRORS))
             for name in d.get("features") or {}:
@@ -498,11 +505,15 @@ def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool
     if manifest.schema not in schema_lib.PRESETS:  # every reader, verify and the report key records by it
         raise ManifestError(f"{path}: schema {manifest.schema!r} is not one this imagerecords knows "
                             f"({', '.join(schema_lib.PRESETS)}); manifest.json was altered or written by a newer version")
+    try:  # every reader reads its files through it: refused here, not mid-read
+        min_bytes = record_format.of(manifest).min_record_bytes
+    except record_format.UnknownFormat as e:
+        raise ManifestError(f"{path}: {e}; manifest.json was altered or written by a newer version") from None
     for split in manifest.splits:
         counts, sizes = ((split.shards.counts, split.shards.sizes) if isinstance(split.shards, ShardColumns)
                          else ([s.count for s in split.shards], [s.num_bytes for s in split.shards]))
         for i, (count, num_bytes) in enumerate(zip(counts, sizes)):
-            problem = count_problem(count, num_bytes)
+            problem = count_problem(count, num_bytes, min_bytes)
             if problem:
                 raise ManifestError(f"{path}: shard {i} of split {split.name!r}: {problem}")
     if manifest.features and check_features:  # every reader decodes by it: refused here, not mid-read

@@ -73,6 +73,29 @@ def frame_equal(frames: "np.ndarray") -> None:
     frames[:, FRAME_HEADER + size:] = masked.astype("<u4").view(np.uint8).reshape(rows, FRAME_FOOTER)
 
 
+def frame_rows(rows: "np.ndarray") -> Tuple["np.ndarray", List[int]]:
+    """Frames equal-length records given as the rows of a 2-D uint8 array, in bulk (frame_equal):
+    (the frames back to back, each frame's length)."""
+    import numpy as np
+
+    count, size = rows.shape
+    frames = np.empty((count, size + FRAME_OVERHEAD), np.uint8)
+    frames[:, FRAME_HEADER:FRAME_HEADER + size] = rows
+    frame_equal(frames)
+    return frames.reshape(-1), [size + FRAME_OVERHEAD] * count
+
+
+def file_digests(path: str, chunk: int = 1 << 20) -> Tuple[int, str, str]:
+    """(size, sha256, crc32c as GCS shows it) of a local file, read in chunks."""
+    sha, crc, size = hashlib.sha256(), google_crc32c.Checksum(), 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            sha.update(block)
+            crc.update(block)
+            size += len(block)
+    return size, sha.hexdigest(), crc32c_text(crc)
+
+
 class RecordWriter:
     """Writes framed records to a binary stream while keeping a count, byte size, sha256 and the
     whole file's crc32c (the checksum GCS keeps for every object, so a commit can compare without
@@ -472,6 +495,24 @@ def ends_differ(read_range: Callable[[int, int], bytes], num_bytes: int, ends_cr
 def ends_crc_of_records(first: bytes, last: bytes) -> str:
     """ends_crc of a shard whose first and last records are `first` and `last` (a reader of whole files)."""
     return (struct.pack("<I", masked_crc32c(first)) + struct.pack("<I", masked_crc32c(last))).hex()
+
+
+def frames_problem(shard_path: str, dataset: str, count: int, num_bytes: int,
+                   entries: Sequence[Tuple[int, int]]) -> Optional[str]:
+    """Why shard `shard_path`, whose frame walk found (offset, frame length) `entries`, is not the
+    file of `count` records over `num_bytes` bytes that manifest.json lists, or None. A walk that
+    stopped after `count` frames short of the file's end means more records follow: every reader
+    sizes its work by the count, so a shard listed as 0 records that holds 10 was read as empty."""
+    end = entries[-1][0] + entries[-1][1] if entries else 0
+    if len(entries) == count and end == num_bytes:
+        return None
+    if len(entries) == count and end < num_bytes:
+        what = (f"its first {count} records end at byte {end} of its {num_bytes}: it holds more records than the "
+                f"{count} manifest.json lists")
+    else:
+        what = f"its frames are {len(entries)} records over {end} bytes, manifest.json says {count} over {num_bytes}"
+    return (f"shard {shard_path}: {what} (manifest.json is not the one its build wrote, or the file is not its "
+            f"shard); `imagerecords verify {dataset}` checks every file")
 
 
 def read_records(stream: BinaryIO, name: str = "<stream>") -> Iterator[bytes]:

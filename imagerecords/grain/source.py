@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from imagerecords.format import access, schema
+from imagerecords.format import access, record_format, schema
 from imagerecords.format import codecs
 from imagerecords.format import features as features_lib
 from imagerecords.format.files import Files
@@ -78,8 +78,9 @@ class RecordSource:
         self._only = {f.name for f in self.features} | set(self._size_keys)
         self.shard_paths = [join(self.path, s.filename) for s in split_entry.shards]
         self.digest = access.split_digest(split_entry.shards)
+        self.record_format = record_format.of(self.manifest)
         self.offsets, self.lengths, self.shard_of = access.load_offsets(self._files, self.path, split,
-                                                                        split_entry.shards, index)
+                                                                        split_entry.shards, index, self.record_format)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -89,15 +90,14 @@ class RecordSource:
         return self._decode(i, self.record(i))
 
     def record(self, i: int) -> bytes:
-        """The serialized Example of record `i`, its frame checked (both CRCs).
+        """The serialized Example of record `i`, checked by its format (TFRecord: both CRCs of its frame).
 
         Raises:
           CorruptRecordError: naming the shard and byte offset of a bad frame.
         """
         i = self._index(i)
         shard_path, offset, length = self.shard_paths[self.shard_of[i]], int(self.offsets[i]), int(self.lengths[i])
-        return access.check_frame(self.path, shard_path, offset, length,
-                                  self._files.read_range(shard_path, offset, length))
+        return access.read_record(self._files, self.record_format, self.path, shard_path, offset, length)
 
     def _index(self, key: Any) -> int:
         # bool is an int to Python; a float index (1.0 too) is a caller's bug, never rounded.

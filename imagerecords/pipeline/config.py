@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
+from imagerecords.format import record_format
 from imagerecords.format.record_format import is_shard_name
 from imagerecords.pipeline import naming, storage
 from imagerecords.pipeline.encode import image_codec as codec
@@ -318,6 +319,8 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         so small datasets still keep every worker and reader busy.
       image: how images are decoded, resized and encoded.
       writer: 'shards' (reproducible per-shard streaming writer) or 'beam' (Beam's own TFRecord sink).
+      record_format: the shard files' format: 'tfrecord' (tf.data, TFDS, DALI) or 'array_record'
+        (Grain's and TFDS's random-access format; docs/formats.md).
       label_map: optional file fixing label ids: a .txt with one name per line (id = line number)
         or a .json object {name: id}.
       label_type: 'name' (sorted vocabulary), 'int' (labels are ids already) or 'auto' (int when
@@ -391,6 +394,7 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
     schema: str = "tfds"
     image: ImageOptions = ImageOptions()
     writer: str = "shards"
+    record_format: str = "tfrecord"
     threads: int = 4
     features: Tuple[features_lib.Feature, ...] = ()
 
@@ -421,6 +425,7 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         problems += ShardOptions._problems(self)
         if self.writer not in WRITERS:
             problems.append(f"writer {self.writer!r} is not one of {', '.join(WRITERS)}")
+        problems += self._format_problems()
         problems += LabelOptions._problems(self)
         if self.schema == "tfds" and self.label_offset != 0:
             problems.append("label_offset must be 0 with schema 'tfds' (TFDS ClassLabel ids start at 0); "
@@ -432,6 +437,20 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         if self.append and self.writer == "beam":
             problems.append(f"{setting('append')} needs {setting('writer', 'shards')}")
         _raise_problems(problems)
+
+    def _format_problems(self) -> List[str]:
+        try:
+            fmt = record_format.get(self.record_format)
+        except record_format.UnknownFormat as e:
+            return [str(e)]
+        problems = []
+        if self.write_index and not fmt.index_files:
+            problems.append(f"{setting('write_index')} writes index files, and {fmt.name} files carry their own "
+                            f"index: leave {setting('write_index')} out with {setting('record_format', fmt.name)}")
+        if self.writer == "beam" and fmt is not record_format.TFRECORD:
+            problems.append(f"{setting('writer', 'beam')} writes TFRecord only; use the default writer (shards) "
+                            f"with {setting('record_format', fmt.name)}")
+        return problems
 
     def manifest_columns(self, features=None) -> ManifestColumns:
         """The column names a manifest input is read with, the declared features' columns with them."""
@@ -452,6 +471,8 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
             d["features"] = arrays.manifest_features(self)
             d["features_only"] = True
         d["splits"] = dict(self.splits) if self.splits else None
+        if self.record_format == record_format.DEFAULT:
+            del d["record_format"]  # a TFRecord build's manifest keeps the bytes it had before the setting
         if self.max_download_failures == PublishOptions.max_download_failures:
             del d["max_download_failures"]  # a default build's manifest keeps the bytes it had before the setting
         if self.image.image_encoding == "jpeg":

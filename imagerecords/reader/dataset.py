@@ -22,7 +22,7 @@ from imagerecords.reader import formats as formats_lib
 from imagerecords.reader import preprocess as preprocess_lib
 from imagerecords.reader import resume as resume_lib
 from imagerecords.reader.config import ReadConfig
-from imagerecords.reader.info import DatasetInfo, load_info, missing_files
+from imagerecords.reader.info import DatasetInfo, check_tf_readable, load_info, missing_files
 from imagerecords.reader.meta import examples_consumed, label_names, steps_per_epoch  # noqa: F401
 from imagerecords.reader.meta import host_plan as _plan
 from imagerecords.reader.shards import ReadStats, open_shards, shard_records
@@ -153,6 +153,7 @@ def make_dataset(
     start_step = None if start_step is None else int(start_step)
     start_example = None if start_example is None else int(start_example)
     info = load_info(path)
+    check_tf_readable(info, "make_dataset")
     image = features_lib.stored_image(info.manifest)
     if image is not None and image.dtype == "image" and image.encoding == "raw":
         raise ReadError(f"make_dataset: {info.path} was built with --image_encoding raw (float32 pixels, which "

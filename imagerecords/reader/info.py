@@ -12,7 +12,7 @@ import posixpath
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from imagerecords.format import manifest as manifest_lib
-from imagerecords.format import files
+from imagerecords.format import files, record_format
 from imagerecords.format.paths import has_scheme, join
 from imagerecords.format.manifest import Manifest, Shard, ShardColumns, Split
 from imagerecords.format.errors import ReadError, FilesMissing
@@ -289,3 +289,18 @@ def missing_files(split: SplitInfo) -> List[str]:
             missing.append(path)
     return missing
 
+
+
+def check_tf_readable(info: DatasetInfo, caller: str) -> None:
+    """Refuses, in one line naming the readers that do read them, a dataset whose record files are
+    not TFRecord: tf.data's readers here walk TFRecord frames (their shard checks, the resumable order).
+
+    Raises:
+      ReadError: for a dataset of another record format.
+    """
+    fmt = record_format.of(info.manifest)
+    if fmt is not record_format.TFRECORD:
+        raise ReadError(f"{caller}: {info.path} holds {fmt.name} files, which tf.data does not read; read them with "
+                        "imagerecords.grain.RecordSource, imagerecords.torch.RecordDataset"
+                        + (", grain.sources.ArrayRecordDataSource or tfds.data_sources" if fmt.tfds_name ==
+                           "array_record" else "") + " (docs/reader.md)")

@@ -17,7 +17,7 @@ from imagerecords.format.features import Feature
 from imagerecords.reader import hosts as hosts_lib
 from imagerecords.reader.config import CORRUPT_POLICIES
 from imagerecords.reader.dataset import slice_files
-from imagerecords.reader.info import DatasetInfo, load_info
+from imagerecords.reader.info import DatasetInfo, check_tf_readable, load_info
 from imagerecords.reader.meta import stored_features, tfrecord_description  # noqa: F401
 from imagerecords.reader.shards import ReadStats, shard_records
 from imagerecords.format.errors import ReadError
@@ -103,6 +103,7 @@ def as_dataset(
     if input_context is not None:
         num_hosts, host_index = input_context.num_input_pipelines, input_context.input_pipeline_id
     info = load_info(path)
+    check_tf_readable(info, "as_dataset")
     split_info = info.split(split)
     spec = stored_features(info)
     wanted = list(features) if features is not None else sorted(spec)

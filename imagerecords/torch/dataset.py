@@ -9,7 +9,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from imagerecords.format import access, schema
+from imagerecords.format import access, record_format, schema
 from imagerecords.format import codecs
 from imagerecords.format import features as features_lib
 from imagerecords.format.access import INDEX_POLICIES, MissingIndexError, load_manifest  # noqa: F401
@@ -103,6 +103,7 @@ class RecordDataset(torch.utils.data.Dataset):
         self.shard_paths = [join(self.path, s.filename) for s in split_entry.shards]
         # The records in split order, whatever folder they sit in: what a Loader state's positions mean.
         self.digest = access.split_digest(split_entry.shards)
+        self.record_format = record_format.of(self.manifest)
         self.offsets, self.lengths, self.shard_of = self._load_offsets(split_entry.shards, index)
         self._pool: Optional[Tuple[int, ThreadPoolExecutor]] = None
 
@@ -119,19 +120,16 @@ class RecordDataset(torch.utils.data.Dataset):
         return len(self.offsets)
 
     def _load_offsets(self, shards: Sequence, index: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return access.load_offsets(self._files, self.path, self.split, shards, index)
+        return access.load_offsets(self._files, self.path, self.split, shards, index, self.record_format)
 
     def record(self, i: int) -> bytes:
-        """The serialized Example of record `i`, its frame checked (both CRCs).
+        """The serialized Example of record `i`, checked by its format (TFRecord: both CRCs of its frame).
 
         Raises:
           CorruptRecordError: naming the shard and byte offset of a bad frame.
         """
         shard_path, offset, length = self.shard_paths[self.shard_of[i]], int(self.offsets[i]), int(self.lengths[i])
-        return self._check_frame(shard_path, offset, length, self._files.read_range(shard_path, offset, length))
-
-    def _check_frame(self, shard_path: str, offset: int, length: int, frame: bytes) -> bytes:
-        return access.check_frame(self.path, shard_path, offset, length, frame)
+        return access.read_record(self._files, self.record_format, self.path, shard_path, offset, length)
 
     def __getitem__(self, key: Union[int, Ticket]):
         ticket = self._ticket(key)

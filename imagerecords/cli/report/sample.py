@@ -202,7 +202,8 @@ def sample_split(output: str, manifest: Manifest, split: Split, classes: Sequenc
     sample = Sample(split.name, {c: [] for c in want}, [], [], limit,
                     values=feature_values.collect(declared),
                     boxes=tuple(f.name for f in declared if want and feature_values.is_boxes(f)))
-    picker = _Picker(sample, schema.keys(manifest.schema), {c: n for c, n in want.items() if n > 0}, stored)
+    picker = _Picker(sample, schema.keys(manifest.schema), {c: n for c, n in want.items() if n > 0}, stored,
+                     record_format.of(manifest))
     for shard in split.shards:
         if picker.done():
             break
@@ -217,8 +218,8 @@ class _Picker:
     """Fills one Sample from the records of the shards it is given, in order."""
 
     def __init__(self, sample: Sample, keys: schema.SchemaKeys, want: Mapping[Optional[int], int],
-                 stored: Mapping[str, Feature]):
-        self.sample, self.keys, self.want = sample, keys, want
+                 stored: Mapping[str, Feature], fmt: record_format.RecordFormat = record_format.TFRECORD):
+        self.sample, self.keys, self.want, self.record_format = sample, keys, want, fmt
         self.image = stored.get(keys.image)
         self.layers = [f for name, f in sorted(stored.items()) if f.dtype == "image" and name != keys.image]
         self.wanted = {keys.image, keys.height, keys.width, keys.label, keys.filename, *sample.values}
@@ -241,7 +242,7 @@ class _Picker:
         self.sample.shards_read.append(filename)
         try:
             with stream:
-                for index, raw in enumerate(record_format.read(stream, filename)):
+                for index, raw in enumerate(self.record_format.read(stream, filename)):
                     self.sample.records_read += 1
                     self.take(schema.parse_example(raw, only=self.wanted), filename, index)
                     if self.done():

@@ -63,29 +63,28 @@ def encode_ref(ref: ImageRef, preset: str, labels: LabelMap, options):
 # Writing in bulk ---------------------------------------------------------------------------------
 # Every record of a build whose features are fixed-shape numbers has one layout: the Example's
 # entries in key order, each a constant prefix and the row's bytes, and the label's entry, which
-# only changes with its varint's width. So a chunk of rows becomes one uint8 matrix per label width,
-# framed at once (records.frame_equal); the per-row encoder checks one row of every layout.
+# only changes with its varint's width. So a chunk of rows becomes one uint8 matrix of records per
+# label width, handed to the format's writer at once (write_many); the per-row encoder checks one row
+# of every layout.
 
 # Rows encoded per block: a progress report per block, and memory bounded by BLOCK_BYTES of input
-# rows (a block holds a few copies of them: values, frames, the bytes the CRC reads).
+# rows (a block holds a few copies of them: values, records, what the writer makes of them).
 BLOCK_ROWS = 2048
 BLOCK_BYTES = 8 << 20
 
 
 @dataclasses.dataclass
 class Block:
-    """Framed records of consecutive rows, ready for RecordWriter.write_framed.
+    """Records of consecutive rows, ready for a format writer's write_many.
 
     Attributes:
       refs: the rows' refs, in shard order.
-      data: their frames back to back (bytes, a contiguous uint8 array, or a view of them).
-      lengths: each frame's size.
+      records: their serialized Examples: a list of bytes, or a 2-D uint8 array of one record a row.
       contents: each row's 16-byte content digest (as encode_ref's).
     """
 
     refs: List[ImageRef]
-    data: Any
-    lengths: List[int]
+    records: Any
     contents: List[bytes]
 
 
@@ -145,7 +144,7 @@ def _row_values(np, a, idx, wire: str):
 
 def encode_rows(refs: Sequence[ImageRef], preset: str, labels: LabelMap, options
                 ) -> Iterator[Union[Block, Tuple[ImageRef, Any]]]:
-    """The rows of one shard (refs in shard order), as Blocks of framed records and, for rows the
+    """The rows of one shard (refs in shard order), as Blocks of records and, for rows the
     bulk path does not take (a NaN, an int list value past 127, a column it cannot write), as
     (ref, encode_ref's result): the same records in the same order as encode_ref row by row.
     Blocks end at the shard's middle row too, where progress is reported."""
@@ -158,23 +157,22 @@ def encode_rows(refs: Sequence[ImageRef], preset: str, labels: LabelMap, options
     label_ids = np.fromiter((r.label_id for r in refs), np.int64, len(refs))
     for item in encode_positions(path, idx, label_ids, refs.__getitem__, preset, labels, options):
         if isinstance(item, Run):
-            yield Block([refs[k] for k in item.positions.tolist()], item.data, item.lengths, item.contents)
+            yield Block([refs[k] for k in item.positions.tolist()], item.records, item.contents)
         else:
             yield refs[item[0]], item[1]
 
 
 @dataclasses.dataclass
 class Run:
-    """Framed records of consecutive written rows, by their positions in the shard (encode_positions).
+    """Records of consecutive written rows, by their positions in the shard (encode_positions).
 
     Attributes:
       positions: the rows' positions in the shard (int64), ascending.
-      data, lengths, contents: as Block's.
+      records, contents: as Block's.
     """
 
     positions: Any
-    data: Any
-    lengths: List[int]
+    records: Any
     contents: List[bytes]
 
 
@@ -210,8 +208,6 @@ def _encode_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageRef],
     """One block: rows at positions start, start + 1, ... of their shard (input rows `idx`)."""
     import numpy as np
 
-    from imagerecords.format import records
-
     if any(p.kind == "png" for p in pieces):
         yield from _encode_png_block(start, idx, label_ids, ref_of, arrays, columns, pieces, preset, labels, options)
         return
@@ -239,21 +235,20 @@ def _encode_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageRef],
         widths = np.array([len(entries[i]) for i in ids.tolist()], np.int64)[np.searchsorted(ids, label_ids)]
     else:
         widths = np.zeros(m, np.int64)
-    framed: Dict[int, Tuple[Any, Any]] = {}  # label entry width -> (frames, the rows they hold)
+    framed: Dict[int, Tuple[Any, Any]] = {}  # label entry width -> (records, the rows they hold)
     for width in np.unique(widths[regular]).tolist():
         rows = np.flatnonzero(regular & (widths == width))
-        frames = _frames(np, records, rows, pieces, raw, label_ids, entries, width)
-        if frames is None or not _same_as_encoder(ref_of(start + int(rows[0])), frames[0], hashed[rows[0]], preset,
-                                                  labels, options):
+        made = _records(np, rows, pieces, raw, label_ids, entries, width)
+        if made is None or not _same_as_encoder(ref_of(start + int(rows[0])), made[0], hashed[rows[0]], preset,
+                                                labels, options):
             regular[rows] = False  # a layout the per-row encoder disagrees with: those rows go row by row
             continue
-        framed[width] = (frames, rows)
+        framed[width] = (made, rows)
     if regular.all() and len(framed) == 1:
-        (frames, _), = framed.values()
-        yield Run(np.arange(start, start + m, dtype=np.int64), frames.reshape(-1), [frames.shape[1]] * m,
-                  _digests(hashed))
+        (made, _), = framed.values()
+        yield Run(np.arange(start, start + m, dtype=np.int64), made, _digests(hashed))
         return
-    framed = {w: (frames, {int(r): k for k, r in enumerate(rows)}) for w, (frames, rows) in framed.items()}
+    framed = {w: (made, {int(r): k for k, r in enumerate(rows)}) for w, (made, rows) in framed.items()}
     yield from _in_runs(start, regular, lambda run: _run_of(start, run, framed, widths, hashed), ref_of, preset,
                         labels, options)
 
@@ -282,7 +277,6 @@ def _encode_png_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageR
     record then joined from its entries (their lengths vary with the image's)."""
     import numpy as np
 
-    from imagerecords.format import records
     from imagerecords.pipeline.encode import png as png_writer
 
     m = len(idx)
@@ -333,7 +327,6 @@ def _encode_png_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageR
             prefix = image_prefixes[(key, size)] = schema.example_entry(key, schema.bytes_feature(bytes(size)))[:-size]
         return prefix
 
-    frame = records.frame
     frames: List[Optional[bytes]] = [None] * m
     ids = label_ids.tolist()
     for k in np.flatnonzero(regular).tolist():
@@ -350,18 +343,18 @@ def _encode_png_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageR
         header = headers.get(len(body))
         if header is None:
             header = headers[len(body)] = schema.example_header(len(body))
-        frames[k] = frame(header + body)
+        frames[k] = header + body
     first = next((k for k in range(m) if regular[k]), None)
     if first is not None and not _same_as_encoder(ref_of(start + first), np.frombuffer(frames[first], np.uint8),
                                                   hashed[first], preset, labels, options):
         regular[:] = False  # the per-row encoder disagrees: every row goes there
     yield from _in_runs(start, regular, lambda run: Run(
-        np.array(run, np.int64) + start, b"".join([frames[i] for i in run]), [len(frames[i]) for i in run],
-        _digests(hashed[run])), ref_of, preset, labels, options)
+        np.array(run, np.int64) + start, [frames[i] for i in run], _digests(hashed[run])),
+        ref_of, preset, labels, options)
 
 
-def _frames(np, records, rows, pieces, raw, label_ids, entries, width: int):
-    """The framed records of `rows` (all of one label entry width) as a uint8 matrix, or None."""
+def _records(np, rows, pieces, raw, label_ids, entries, width: int):
+    """The records of `rows` (all of one label entry width) as a uint8 matrix, one a row, or None."""
     parts = []  # (constant bytes or None, the rows' bytes or None) in record order
     for piece in pieces:
         if piece.kind == "label":
@@ -384,8 +377,8 @@ def _frames(np, records, rows, pieces, raw, label_ids, entries, width: int):
         parts.append((entry[:prefix], values))
     body = sum(len(c or b"") + (v.shape[1] if v is not None else 0) for c, v in parts)
     header = schema.example_header(body)
-    frames = np.empty((len(rows), records.FRAME_OVERHEAD + len(header) + body), np.uint8)
-    at = records.FRAME_HEADER
+    frames = np.empty((len(rows), len(header) + body), np.uint8)
+    at = 0
     for constant, values in [(header, None), *parts]:
         if constant:
             frames[:, at:at + len(constant)] = np.frombuffer(constant, np.uint8)
@@ -393,16 +386,13 @@ def _frames(np, records, rows, pieces, raw, label_ids, entries, width: int):
         if values is not None:
             frames[:, at:at + values.shape[1]] = values
             at += values.shape[1]
-    records.frame_equal(frames)
     return frames
 
 
-def _same_as_encoder(ref: ImageRef, frame, hashed, preset: str, labels: LabelMap, options) -> bool:
-    """Whether the per-row encoder gives this frame and content digest for `ref`."""
-    from imagerecords.format import records
-
+def _same_as_encoder(ref: ImageRef, record, hashed, preset: str, labels: LabelMap, options) -> bool:
+    """Whether the per-row encoder gives this record and content digest for `ref`."""
     expected = encode_ref(ref, preset, labels, options)
-    return not isinstance(expected, Rejected) and records.frame(expected.record) == frame.tobytes() \
+    return not isinstance(expected, Rejected) and expected.record == bytes(record) \
         and expected.content == hashlib.sha256(hashed.tobytes()).digest()[:16]
 
 
@@ -415,9 +405,8 @@ def _digests(hashed) -> List[bytes]:
 def _run_of(start: int, run: List[int], framed, widths, hashed) -> Run:
     import numpy as np
 
-    views, lengths = [], []
+    made = []
     for i in run:
-        frames, where = framed[int(widths[i])]
-        views.append(frames[where[i]].tobytes())
-        lengths.append(frames.shape[1])
-    return Run(np.array(run, np.int64) + start, b"".join(views), lengths, _digests(hashed[run]))
+        rows, where = framed[int(widths[i])]
+        made.append(rows[where[i]].tobytes())
+    return Run(np.array(run, np.int64) + start, made, _digests(hashed[run]))

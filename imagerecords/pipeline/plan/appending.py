@@ -104,6 +104,8 @@ def _check_compatible(config, manifest: Manifest) -> None:
         raise _differs("name", config.name, manifest.name)
     if config.schema != manifest.schema:
         raise _differs("schema", config.schema, manifest.schema)
+    if config.record_format != manifest.record_format:
+        raise _differs("record_format", config.record_format, manifest.record_format)
     mine = config.to_json()
     theirs = dict(manifest.parameters, seed=manifest.seed)  # the seed is recorded beside the parameters
     image = _recorded_image(theirs)
@@ -271,7 +273,7 @@ def _scan(output: str, manifest: Manifest) -> Dict[str, Known]:
                 continue
             path = storage.join(output, shard.filename)
             with storage.open_read(path) as f:
-                for record in record_format.read(f, path):
+                for record in record_format.of(manifest).read(f, path):
                     values = {k: v[0] for k, v in schema.parse_example(record, only=wanted).items() if v}
                     key = values.get(keys.filename, b"").decode("utf-8")
                     label_id = values.get(keys.label)
@@ -442,9 +444,10 @@ def merged_manifest(base: Mapping[str, Any], delta: Manifest, build_id: str) -> 
     """
     old = Manifest.from_json(base, "base manifest")
     from imagerecords.format.manifest import Split
-    from imagerecords.format.record_format import index_file_name, shard_file_name
+    from imagerecords.format.record_format import index_file_name
 
     folder = delta.version
+    fmt = record_format.of(delta)
     splits, sources, builds = [], {}, {}
     for name in sorted(set(old.split_names) | set(delta.split_names)):
         before = tuple(old.split(name).shards) if name in old.split_names else ()
@@ -452,7 +455,7 @@ def merged_manifest(base: Mapping[str, Any], delta: Manifest, build_id: str) -> 
         total = len(before) + len(added)
         shards = []
         for i, shard in enumerate(before + added):
-            filename = f"{folder}/{shard_file_name(delta.name, name, i, total)}"
+            filename = f"{folder}/{fmt.shard_file_name(delta.name, name, i, total)}"
             index_file = index_file_name(filename) if shard.index_file else None
             sources[filename] = shard.filename
             if index_file:

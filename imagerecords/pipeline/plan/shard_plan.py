@@ -173,5 +173,5 @@ def plan_sorted(split: str, sorted_hashes: Sequence[int], num_bytes: int, num_sh
                      tuple(int(sorted_hashes[i * n // num_shards]) for i in range(1, num_shards)))
 
 
-def shard_name(name: str, split: str, index: int, num_shards: int) -> str:
-    return record_format.shard_file_name(name, split, index, num_shards)
+def shard_name(name: str, split: str, index: int, num_shards: int, fmt: str = record_format.DEFAULT) -> str:
+    return record_format.get(fmt).shard_file_name(name, split, index, num_shards)

@@ -9,7 +9,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from imagerecords.format import features as features_lib
 from imagerecords.format.manifest import MANIFEST, Manifest, Shard, Split, dumps
-from imagerecords.format.record_format import INDEX_DIR, INDEX_SUFFIX, TFDS_FILE_FORMAT
+from imagerecords.format import record_format
+from imagerecords.format.record_format import INDEX_DIR, INDEX_SUFFIX
 from imagerecords.format.paths import join
 
 DATASET_INFO = "dataset_info.json"
@@ -189,13 +190,14 @@ def build_manifest(
     for key, names in dict(label_map.get("lists") or {}).items():
         features[key]["names"] = list(names)
     image_encoding = str(dict(params.get("image") or {}).get("image_encoding") or "jpeg")
+    fmt = str(params.get("record_format") or record_format.DEFAULT)
     return Manifest(name=name, schema=schema, label_names=tuple(label_map["names"]),
                     label_offset=int(label_map["offset"]), integer_labels=bool(label_map["integer"]), seed=seed,
                     parameters=params, splits=tuple(Split(k, tuple(v)) for k, v in sorted(by_split.items())),
                     num_rejected=num_rejected, num_skipped=num_skipped, versions=dict(versions), created=created,
                     num_duplicate_groups=num_duplicate_groups, num_leaking_groups=num_leaking_groups,
                     num_label_conflicts=num_label_conflicts, num_already_present=num_already_present,
-                    num_opted_out=num_opted_out, features=features, image_encoding=image_encoding,
+                    num_opted_out=num_opted_out, features=features, image_encoding=image_encoding, record_format=fmt,
                     features_only=bool(parameters.get("features_only")))
 
 
@@ -213,7 +215,7 @@ def tfds_dataset_info(manifest: Manifest) -> Dict[str, object]:
     return {
         "name": manifest.name,
         "description": f"Images converted by imagerecords (schema {manifest.schema}).",
-        "fileFormat": TFDS_FILE_FORMAT,
+        "fileFormat": record_format.of(manifest).tfds_name,
         "version": "1.0.0",
         "splits": splits,
         # What as_supervised=True yields: (image, label), for records that hold both. The JSON form of
@@ -302,7 +304,8 @@ def metadata_files(manifest: Manifest) -> List[Tuple[str, bytes]]:
     (the commit writes those itself, manifest.json last)."""
     files = [(LABEL_NAMES, label_names_text(manifest.label_names))]
     if manifest.schema == "tfds":
-        files.append((DATASET_INFO, dumps(tfds_dataset_info(manifest))))
+        if record_format.of(manifest).tfds_name:  # a format TFDS cannot read gets no dataset_info.json
+            files.append((DATASET_INFO, dumps(tfds_dataset_info(manifest))))
         if _arrays_spec(manifest):
             files.append((FEATURES, dumps(tfds_declared(manifest))))
             return files

@@ -17,7 +17,8 @@ from imagerecords.pipeline.plan.refs import ImageRef, LabelMap
 
 def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, name: str, preset: str,
                       labels: LabelMap, options: codec.ImageOptions, write_index: bool, contents: bool,
-                      features: Sequence[Any] = (), source: str = "", lines: Optional[str] = None) -> str:
+                      features: Sequence[Any] = (), source: str = "", lines: Optional[str] = None,
+                      record_format: str = "tfrecord") -> str:
     """sha256 of everything a shard's bytes depend on: its place, its refs in order (key, path,
     label, size), the size and modification time of every local file a ref reads (its image and
     each image feature's file), the label map, the encoding settings and the code version. A
@@ -31,7 +32,8 @@ def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, 
                          "code": __version__, "pillow": _version("pillow"),
                          "png_writer": [codec.PNG_WRITER, _version("deflate")],
                          **({"features": [f.to_json() | {"name": f.name} for f in features]} if features else {}),
-                         **({"source": source} if source else {})},
+                         **({"source": source} if source else {}),
+                         **({"record_format": record_format} if record_format != "tfrecord" else {})},
                         sort_keys=True, default=str).encode())
     images = [f.name for f in features if f.dtype == "image"]
     # One update of the joined lines hashes the same bytes as one per line, without a call and an encode per ref.

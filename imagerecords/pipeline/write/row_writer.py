@@ -9,10 +9,9 @@ shard differs from the next only by the row's number, its label and its digest, 
 from __future__ import annotations
 
 import json
-from typing import Any, BinaryIO, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
-from imagerecords.format import record_format
-from imagerecords.format.records import RecordWriter
+from imagerecords.format.record_format import RecordWriter
 from imagerecords.pipeline.encode import arrays as array_encode
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.plan import array_rows
@@ -96,10 +95,11 @@ def histogram(shard: array_rows.RowShard, positions) -> Tuple[Tuple[int, int], .
     return tuple(sorted(by_id.items()))
 
 
-def write_shard(shard: array_rows.RowShard, stream: BinaryIO, *, preset: str, labels: LabelMap,
+def write_shard(shard: array_rows.RowShard, writer: RecordWriter, *, preset: str, labels: LabelMap,
                 options: codec.ImageOptions, on_progress: Optional[Callable[[int, int], None]] = None
                 ) -> Tuple[RecordWriter, List[Rejected], Any, bytes]:
-    """Writes the shard's rows as framed records to `stream`, as stream.write_shard writes its refs.
+    """Writes the shard's rows as records through `writer` (closed at the end), as
+    stream.write_shard writes its refs.
 
     Returns:
       The record writer (counts, offsets, checksums), the rejected rows, the written rows'
@@ -107,7 +107,6 @@ def write_shard(shard: array_rows.RowShard, stream: BinaryIO, *, preset: str, la
     """
     import numpy as np
 
-    writer = record_format.writer(stream)
     ids = np.array([label_id for _, label_id in shard.labels] or [0], np.int64)
     label_ids = ids[shard.codes] if len(shard) else np.zeros(0, np.int64)
     rejected: List[Rejected] = []
@@ -116,7 +115,7 @@ def write_shard(shard: array_rows.RowShard, stream: BinaryIO, *, preset: str, la
     done = 0
     for item in array_encode.encode_positions(shard.path, shard.rows, label_ids, shard.ref, preset, labels, options):
         if isinstance(item, array_encode.Run):
-            writer.write_framed(item.data, item.lengths)
+            writer.write_many(item.records)
             positions.append(item.positions)
             digests.extend(item.contents)
             done += len(item.positions)
@@ -131,6 +130,7 @@ def write_shard(shard: array_rows.RowShard, stream: BinaryIO, *, preset: str, la
                 digests.append(result.content)
         if on_progress is not None:
             on_progress(done, len(rejected))
+    writer.close()
     written = np.concatenate(positions) if positions else np.zeros(0, np.int64)
     return writer, rejected, written, b"".join(digests)
 

@@ -1,5 +1,5 @@
 """What ShardWriter.write writes, behind one interface: a shard's refs (every input kind, each image
-read and framed by write_stream.write_shard) or an arrays build's RowShard (the columnar fast path,
+read and written by write_stream.write_shard) or an arrays build's RowShard (the columnar fast path,
 row_writer). The writer around them (staging, the lock check, the rename, the index, the keys file
 and the staged record) is one; only how records, keys lines and contents are made differs, and each
 is spelled once in the modules these call.
@@ -7,7 +7,7 @@ is spelled once in the modules these call.
 
 from __future__ import annotations
 
-from typing import Any, BinaryIO, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from imagerecords.pipeline.plan import array_rows
 from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
@@ -42,10 +42,10 @@ class RefMembers:
         self._kept, self.duplicates = write_stream.dedupe_sorted(self.refs)
         return len(self._kept)
 
-    def write(self, stream: BinaryIO, *, read_bytes: Callable[[str], bytes], preset: str, labels: LabelMap,
+    def write(self, writer, *, read_bytes: Callable[[str], bytes], preset: str, labels: LabelMap,
               options, features, executor, window: int, on_progress) -> Tuple[write_stream.ShardStats, List[Rejected]]:
         self._stats, rejected = write_stream.write_shard(
-            self._kept, stream, read_bytes=read_bytes, preset=preset, labels=labels, options=options,
+            self._kept, writer, read_bytes=read_bytes, preset=preset, labels=labels, options=options,
             executor=executor, window=window, on_progress=on_progress, features=features)
         return self._stats, rejected
 
@@ -80,10 +80,10 @@ class RowMembers:
     def to_write(self) -> int:
         return len(self.shard)
 
-    def write(self, stream: BinaryIO, *, read_bytes, preset: str, labels: LabelMap, options, features, executor,
+    def write(self, writer, *, read_bytes, preset: str, labels: LabelMap, options, features, executor,
               window: int, on_progress) -> Tuple[write_stream.ShardStats, List[Rejected]]:
         written, rejected, self._positions, self._digests = row_writer.write_shard(
-            self.shard, stream, preset=preset, labels=labels, options=options, on_progress=on_progress)
+            self.shard, writer, preset=preset, labels=labels, options=options, on_progress=on_progress)
         return write_stream.ShardStats(written.count, written.num_bytes, written.sha256(),
                                        row_writer.histogram(self.shard, self._positions), 0, written.offsets,
                                        crc32c=written.crc32c(), ends_crc=written.ends_crc()), rejected

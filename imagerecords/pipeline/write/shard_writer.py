@@ -6,13 +6,16 @@ staged shard. Both engines hold the same writer, which keeps their shards byte-i
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import uuid
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from imagerecords.format import record_format, records
 from imagerecords.format.manifest import Shard
@@ -97,6 +100,7 @@ class ShardWriter:
     features: Tuple[Any, ...] = ()  # imagerecords.format.features.Feature
     source: str = ""  # the input's identity beyond its refs (Source.identity), in the resume fingerprint
     input: Any = None  # the sources.Source the refs come from (it reads them); None: files
+    record_format: str = record_format.DEFAULT  # the registry's name of the shard files' format
 
     @classmethod
     def of(cls, config, build_id: str, source=None) -> "ShardWriter":
@@ -108,7 +112,8 @@ class ShardWriter:
         return cls(output=config.output, build_id=build_id, name=config.name, preset=config.schema,
                    options=config.image, write_index=config.write_index, contents=not config.skip_duplicate_check,
                    resume_from=earlier, features=tuple(config.features),
-                   source=source.identity(config.input) if source is not None else "", input=source)
+                   source=source.identity(config.input) if source is not None else "", input=source,
+                   record_format=config.record_format)
 
     def reader(self) -> Callable[[str], bytes]:
         """The `read_bytes` of this writer's refs: its source's, one per worker."""
@@ -140,14 +145,15 @@ class ShardWriter:
             from imagerecords.pipeline.read import array_files as arrays
 
             arrays.forget_if_changed(arrays_path, self.source)
-        filename = planning.shard_name(self.name, split, index, num_shards)
+        fmt = record_format.get(self.record_format)
+        filename = planning.shard_name(self.name, split, index, num_shards, fmt.name)
         staging = publish.staging_dir(self.output, self.build_id)
         fingerprint_refs, fingerprint_lines = members.fingerprint()
         fingerprint = fingerprint_lib.shard_fingerprint(shard, fingerprint_refs, name=self.name, preset=self.preset,
                                                         labels=labels, options=self.options,
                                                         write_index=self.write_index, contents=self.contents,
                                                         features=self.features, source=self.source,
-                                                        lines=fingerprint_lines)
+                                                        lines=fingerprint_lines, record_format=fmt.name)
         if self.resume_from:
             reused = _reuse_staged(self.output, self.build_id, self.resume_from, filename, fingerprint)
             if reused is not None:
@@ -167,8 +173,8 @@ class ShardWriter:
                 phases.reached("mid_shard", filename=filename)
 
         try:
-            with storage.create(tmp) as stream:
-                stats, rejected = members.write(stream, read_bytes=read_bytes, preset=self.preset, labels=labels,
+            with _records_file(fmt, tmp) as file_writer:
+                stats, rejected = members.write(file_writer, read_bytes=read_bytes, preset=self.preset, labels=labels,
                                                 options=self.options, features=self.features, executor=executor,
                                                 window=window, on_progress=on_progress)
             phases.reached("before_rename", filename=filename)
@@ -185,9 +191,9 @@ class ShardWriter:
         phases.reached("shard_staged", filename=filename, records=stats.count)
         index_file = index_sha256 = index_crc32c = None
         if self.write_index:
-            # tfrecord2idx format (record_format.index_bytes), in the index folder no shard glob reaches.
+            # The format's index file (TFRecord's: tfrecord2idx), in the index folder no shard glob reaches.
             index_file = dataset_files.index_name(filename)
-            index_data = record_format.index_bytes(stats.offsets, stats.num_bytes)
+            index_data = fmt.index_bytes(stats.offsets, stats.num_bytes)
             index_sha256 = hashlib.sha256(index_data).hexdigest()
             index_crc32c = records.crc32c_of(index_data)
             storage.write_bytes(storage.join(staging, index_file), index_data)
@@ -210,6 +216,35 @@ class ShardWriter:
         return out
 
 
+
+
+@contextlib.contextmanager
+def _records_file(fmt: record_format.RecordFormat, path: str) -> Iterator[record_format.RecordWriter]:
+    """The format's writer of the file at `path` (local or remote), closed on the way out; a format
+    that writes local paths only writes a remote file through a local one, then copies it."""
+    if fmt.writes_streams:
+        with storage.create(path) as stream:
+            writer = fmt.writer(stream)
+            yield writer
+            writer.close()
+        return
+    if storage.is_local(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # as storage.create makes a stream's folder
+        writer = fmt.writer(path)
+        try:
+            yield writer
+        finally:
+            writer.close()
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        local = os.path.join(folder, "records")
+        writer = fmt.writer(local)
+        try:
+            yield writer
+        finally:
+            writer.close()
+        with open(local, "rb") as f, storage.create(path) as stream:
+            shutil.copyfileobj(f, stream, 1 << 20)
 
 
 def _record_bytes(record: Mapping[str, Any]) -> bytes:

@@ -6,7 +6,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import hashlib
-from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 from imagerecords.format import record_format, schema
 from imagerecords.format.features import Feature, ValueProblem
@@ -110,7 +110,7 @@ class ShardStats:
       crc32c: the shard file's crc32c as GCS shows it (records.crc32c_text).
       labels: ((label id, records), ...) sorted by id.
       passthrough: records stored as their source bytes.
-      offsets: byte offset of every record.
+      offsets: every record's locator in its file (TFRecord: its frame's byte offset).
       contents: (source content digest, ref) of every record written, in shard order.
       kinds: ((codec.stored_kind, records), ...) sorted, when the encoding is not 'jpeg' (else ()).
       ends_crc: the first and last records' data checksums (Shard.ends_crc).
@@ -145,7 +145,7 @@ def _ordered_map(fn, items: Iterable, executor: Optional[concurrent.futures.Exec
 
 def write_shard(
     refs: Sequence[ImageRef],
-    stream: BinaryIO,
+    writer: record_format.RecordWriter,
     *,
     read_bytes: Callable[[str], bytes],
     preset: str,
@@ -156,12 +156,12 @@ def write_shard(
     on_progress: Optional[Callable[[int, int], None]] = None,
     features: Sequence[Feature] = (),
 ) -> Tuple[ShardStats, List[Rejected]]:
-    """Writes `refs` (already in hash order, repeats removed) as framed records to `stream`.
+    """Writes `refs` (already in hash order, repeats removed) as records through `writer` (a
+    record format's writer of one file), and closes it.
 
     Returns:
       The shard's statistics and the rejected inputs.
     """
-    writer = record_format.writer(stream)
     histogram = collections.Counter()
     kinds = collections.Counter()
     rejected: List[Rejected] = []
@@ -176,7 +176,7 @@ def write_shard(
                                executor, window)
     for item in encoded:
         if isinstance(item, array_encode.Block):
-            writer.write_framed(item.data, item.lengths)
+            writer.write_many(item.records)
             contents.extend(zip(item.contents, item.refs))
             histogram.update(ref.label_id for ref in item.refs)
             done += len(item.refs)
@@ -196,6 +196,7 @@ def write_shard(
                 kinds[result.kind] += 1
         if on_progress is not None:
             on_progress(done, len(rejected))
+    writer.close()
     stats = ShardStats(writer.count, writer.num_bytes, writer.sha256(), tuple(sorted(histogram.items())), passthrough,
                        writer.offsets, contents, tuple(sorted(kinds.items())), writer.crc32c(), writer.ends_crc())
     return stats, rejected
