@@ -107,9 +107,9 @@ def test_robots_txt_is_requested_once_per_origin_per_worker(tmp_path):
         assert len(agents) == 1 and next(iter(agents)).startswith("imagerecords/"), agents
 
 
-@pytest.mark.parametrize("status, records, said", [(404, 2, ""), (503, 0, "did not load (HTTP 503"),
-                                                    (0, 0, "did not load (timed out waiting for the answer")],
-                         ids=["404", "503", "timeout"])
+@pytest.mark.parametrize("status, records, said", [
+    pytest.param(404, 2, "", id="404"), pytest.param(503, 0, "did not load (HTTP 503", id="503"),
+    pytest.param(0, 0, "did not load (timed out waiting for the answer", id="timeout", marks=pytest.mark.slow)])
 def test_a_robots_txt_404_allows_and_a_503_or_a_timeout_disallows(tmp_path, status, records, said):
     from imagerecords.pipeline.errors import BudgetExceeded
 
