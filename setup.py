@@ -47,6 +47,8 @@ BUILD = [
     "deflate>=0.9.0",
     # Downloads of http(s) manifest rows (pipeline/read/download.py): pooled keep-alive connections, read1.
     "urllib3>=2.0",
+    # robots.txt of each URL's origin, read for the token imagerecords (pipeline/read/optouts.py).
+    "protego>=0.3",
 ]
 # imagerecords.torch: a PyTorch dataset and loader decoding with Pillow; no TensorFlow. The floor is
 # not run by CI (it runs constraints.txt's torch). gs:// needs google-cloud-storage too (in `gcp`).

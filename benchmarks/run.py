@@ -790,6 +790,7 @@ def main(argv=None) -> int:
                 from benchmarks import bench_web
 
                 bench_web.bench_web(res, corpus.files, corpus.root, work, r, run_watched, build_cmd)
+                bench_web.bench_web_optouts(res, corpus.files, corpus.root, work, r, run_watched, build_cmd)
             if "memory" not in skip:
                 bench_memory(res, work, sizes, r, a.memory_modes.split(","))
             if "append" not in skip:

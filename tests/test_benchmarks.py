@@ -35,6 +35,8 @@ GROUPS = {
                "reader_eval_vs_interleave"],
     "train": ["plain_img_s", "reader_img_s", "reader_input_wait_share", "plain_input_wait_share"],
     "web": ["files_img_s", "files_peak_rss", "urls_img_s", "urls_peak_rss"],
+    # measured with "web"; urls_opted_out_downloaded is checked apart (it must be 0)
+    "web_optouts": ["urls_img_s", "urls_peak_rss", "urls_checks_off_img_s", "ceiling_img_s", "urls_vs_ceiling"],
 }
 
 
@@ -58,7 +60,7 @@ def test_corpus_is_seeded_varied_and_cached(tmp_path):
 # memory and peer groups each start ~15 CLI builds (minutes on a loaded 2-core machine) and run in
 # the full benchmark. IMAGERECORDS_BENCH_ALL=1 smoke-tests every group.
 SMOKE_GROUPS = list(GROUPS) if os.environ.get("IMAGERECORDS_BENCH_ALL") == "1" else ["codec", "reader", "train", "encodings",
-                                                                                   "arrays", "web"]
+                                                                                   "arrays", "web", "web_optouts"]
 
 
 @pytest.mark.slow
@@ -88,6 +90,8 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
             assert figures[name]["value"] > 0 and figures[name]["min"] > 0, (group, name, figures[name])
             if "baseline" in figures[name]:
                 assert figures[name]["ratio"] > 0, (group, name)
+    if "web_optouts" in SMOKE_GROUPS:  # the server saw no opted-out body sent, no disallowed path asked for
+        assert data["groups"]["web_optouts"]["urls_opted_out_downloaded"]["value"] == 0
     # Ratios come from figures of the same run.
     if "build" in SMOKE_GROUPS:
         build = data["groups"]["build"]["shards_pass_img_s"]

@@ -269,6 +269,8 @@ def _expected_default_text(value):
         return "on" if value else "off"
     if isinstance(value, float) and value == int(value):
         return str(int(value))
+    if isinstance(value, tuple):  # a list flag: as it is typed, comma-separated
+        return ",".join(map(str, value))
     return str(value)
 
 

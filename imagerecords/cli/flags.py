@@ -11,7 +11,6 @@ import typing
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
-from imagerecords import __version__
 from imagerecords.format import record_format, schema
 from imagerecords.format import features as features_lib
 from imagerecords.pipeline import config as config_lib
@@ -19,6 +18,7 @@ from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.encode.image_codec import ImageOptions
 from imagerecords.pipeline.errors import UsageError
+from imagerecords.pipeline.read import download, optouts
 from imagerecords.pipeline.options import BuildOptions, runner_in
 
 __all__ = ["LauncherFlags", "Parsed", "beam_flag_names", "build_flag_names", "check_beam_args", "check_runner",
@@ -33,6 +33,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "near_duplicates": tuple(config_lib.NEAR_DUPLICATES),
     "label_type": tuple(config_lib.LABEL_TYPES),
     "image_encoding": tuple(codec.ENCODINGS),
+    "robots_txt": optouts.ROBOTS_CHOICES,
     "record_format": record_format.names(),  # the formats this package ships (a test may register more)
 }
 
@@ -128,7 +129,7 @@ def _tuple_of_str(text: str) -> Tuple[str, ...]:
 
 # What the code uses when a field is left empty, shown as its default in --help instead of the empty
 # text ("(default: )"): the User-Agent a download sends (pipeline/read/download.py's Downloader).
-_SHOWN_DEFAULTS = {"http_user_agent": f"imagerecords/{__version__}"}
+_SHOWN_DEFAULTS = {"http_user_agent": download.default_user_agent()}
 
 
 def _format_default(value: Any) -> str:

@@ -155,7 +155,8 @@ def _run(argv: Sequence[str]) -> Optional[Manifest]:
         print(outcome.handed_off)
         return None
     print_summary(outcome.manifest, options.config.output, outcome.seconds, engine=outcome.engine,
-                  ignored=outcome.ignored_columns, unit=unit, by_count=outcome.planned_by_count)
+                  ignored=outcome.ignored_columns, unit=unit, by_count=outcome.planned_by_count,
+                  failed_hosts=outcome.failed_hosts)
     return outcome.manifest
 
 
@@ -167,10 +168,11 @@ def finish(output: str, break_lock: bool = False) -> Manifest:
 
 def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, engine: str = "",
                   built: bool = True, ignored: Sequence[str] = (), unit: str = "images",
-                  by_count: bool = False) -> None:
+                  by_count: bool = False, failed_hosts: Sequence = ()) -> None:
     """Prints what was published; `built` False for `finish`, which only commits (no rate);
     `ignored`: the manifest columns nothing read, named so that none is dropped unseen; `unit`:
-    what the rate counts ('rows' for an arrays input); `by_count`: the shards were planned by count."""
+    what the rate counts ('rows' for an arrays input); `by_count`: the shards were planned by count;
+    `failed_hosts`: the hosts with the most failed and opted-out URLs (hosts.HostRow)."""
     stream = stream or sys.stdout  # looked up per call: a caller's redirect_stdout applies
     stream.write(f"imagerecords: wrote {output}\n")
     for split in manifest.splits:
@@ -179,6 +181,14 @@ def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, 
     stream.write(f"  rejected     {manifest.num_rejected:>9} (see {ERRORS})\n")
     if manifest.num_skipped:
         stream.write(f"  skipped      {manifest.num_skipped:>9} (not images of a class; see {ERRORS})\n")
+    if manifest.num_opted_out:
+        stream.write(f"  opted out    {manifest.num_opted_out:>9} URLs whose sites said no (robots.txt, X-Robots-Tag, "
+                     f"tdm-reservation); not downloaded (see {ERRORS})\n")
+    if failed_hosts:
+        from imagerecords.pipeline.publish import hosts
+
+        stream.write(f"  hosts with the most failed or opted-out URLs (top {hosts.TOP}):\n")
+        stream.writelines(f"    {line}\n" for line in hosts.lines(failed_hosts))
     if manifest.num_already_present > 0:
         stream.write(f"  unchanged    {manifest.num_already_present:>9} already in the dataset, not written again "
                      f"(see {DUPLICATES})\n")

@@ -221,6 +221,9 @@ class Manifest:
       num_already_present: an append's listed inputs whose keys the dataset already held with the
         same content, not written again (duplicates.jsonl rows whose members share one key; not
         duplicate groups). Written only when not 0, so other builds' manifests keep their bytes.
+      num_opted_out: URLs their sites opted out of (robots.txt, X-Robots-Tag, tdm-reservation), not
+        downloaded: errors.jsonl rows of stage opted_out, in neither num_rejected nor a budget.
+        Written only when not 0, so other builds' manifests keep their bytes.
       version: the folder (relative to the dataset folder) holding this build's shards and index
         files, named after its build id; None for datasets written before versions had folders
         (their files lie directly in the dataset folder).
@@ -262,6 +265,7 @@ class Manifest:
     num_leaking_groups: int = 0
     num_label_conflicts: int = 0
     num_already_present: int = 0
+    num_opted_out: int = 0
     version: Optional[str] = None
     previous_versions: Tuple[str, ...] = ()
     features: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -373,6 +377,7 @@ class Manifest:
             "num_leaking_groups": self.num_leaking_groups,
             "num_label_conflicts": self.num_label_conflicts,
             **({"num_already_present": self.num_already_present} if self.num_already_present else {}),
+            **({"num_opted_out": self.num_opted_out} if self.num_opted_out else {}),
             **({"version": self.version} if self.version else {}),
             **({"previous_versions": list(self.previous_versions)} if self.previous_versions else {}),
             **({"features": {k: dict(v) for k, v in sorted(self.features.items())}} if self.features else {}),
@@ -418,6 +423,7 @@ class Manifest:
                            num_leaking_groups=int(d.get("num_leaking_groups", 0)),
                            num_label_conflicts=int(d.get("num_label_conflicts", 0)),
                            num_already_present=int(d.get("num_already_present", 0)),
+                           num_opted_out=int(d.get("num_opted_out", 0)),
                            version=d.get("version") or None,
                            previous_versions=tuple(map(str, d.get("previous_versions") or ())),
                            features=dict(d.get("features") or {}),

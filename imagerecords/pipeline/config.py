@@ -17,7 +17,7 @@ from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.encode.image_codec import ImageOptions
 from imagerecords.pipeline.naming import setting
 from imagerecords.pipeline.plan.refs import MAX_NAME_LENGTH, ManifestColumns, split_name_problem
-from imagerecords.pipeline.read import download
+from imagerecords.pipeline.read import download, optouts
 
 WRITERS = ("shards", "beam")
 NEAR_DUPLICATES = ("report", "off")
@@ -226,13 +226,17 @@ class DownloadOptions(_Concern):
     http_retries: int = _HTTP.retries
     http_user_agent: str = ""
     http_headers: Optional[str] = None
+    disallowed_header_directives: Tuple[str, ...] = optouts.DEFAULT_DIRECTIVES
+    robots_txt: str = "obey"
 
     def http_settings(self) -> download.HttpSettings:
         """What a worker downloads with: these settings and the headers file's path (each worker
         reads the file; ManifestSource.check reads it first, in the launcher)."""
         return download.HttpSettings(workers=self.http_workers, per_host=self.http_per_host, timeout=self.http_timeout,
                                      deadline=self.http_deadline, retries=self.http_retries,
-                                     user_agent=self.http_user_agent, headers_file=self.http_headers)
+                                     user_agent=self.http_user_agent, headers_file=self.http_headers,
+                                     optouts=optouts.OptOutSettings(optouts.normalized(self.disallowed_header_directives),
+                                                                    self.robots_txt))
 
     def _problems(self) -> List[str]:
         problems = []
@@ -245,6 +249,13 @@ class DownloadOptions(_Concern):
                                 f"got {getattr(self, name)}")
         if not 0 <= self.http_retries <= download.MAX_RETRIES:
             problems.append(f"http_retries must be within 0..{download.MAX_RETRIES}, got {self.http_retries}")
+        if self.robots_txt not in optouts.ROBOTS_CHOICES:
+            problems.append(f"robots_txt {self.robots_txt!r:.40} is not one of {', '.join(optouts.ROBOTS_CHOICES)}")
+        directives = self.disallowed_header_directives
+        if isinstance(directives, str) or not all(isinstance(d, str) for d in directives):
+            problems.append(f"disallowed_header_directives must be a list of directives, got {directives!r:.80}")
+        else:
+            problems += [f"disallowed_header_directives: {p}" for p in map(optouts.directive_problem, directives) if p]
         return problems
 
 
@@ -355,7 +366,16 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         body is cut off then.
       http_retries: further tries of a URL after a broken connection, a timeout or HTTP 429/500/502/503/504, with
         exponential backoff and jitter (a Retry-After is honoured up to 60 s).
-      http_user_agent: the User-Agent of downloads (default imagerecords/VERSION; Beam has a --user_agent of its own).
+      http_user_agent: the User-Agent of downloads; the default names the tool, where its opt-out rules
+        are documented and its robots.txt token; give your own with a URL or e-mail a site owner can
+        reach (Beam has a --user_agent of its own).
+      disallowed_header_directives: X-Robots-Tag directives (for every agent, or addressed to
+        `imagerecords:`) that keep a URL out of the dataset before its body is read, img2dataset's set by
+        default; `tdm-reservation: 1` is obeyed with them; empty turns both off. Such URLs are
+        errors.jsonl rows of stage opted_out, outside every reject budget.
+      robots_txt: 'obey' (each origin's robots.txt, read once per worker process, decides for the
+        token imagerecords; one that answers 5xx or times out disallows its site for the build, a 4xx
+        allows it) or 'ignore'.
       http_headers: a file of request headers for downloads, one `Name: value` per line (a token);
         never logged, and written into no file of the output; its path travels to the workers, which
         read it (on a cluster: a path every worker reads, such as gs://...).

@@ -148,6 +148,7 @@ class Outcome:
         template), the line saying so and how to publish it later; else None.
       planned_by_count: the shards were planned by count, as no input size was known (URL rows,
         --skip_stat without a size column) and no num_shards was given.
+      failed_hosts: the hosts with the most URLs that failed or were opted out, by reason (hosts.HostRow).
     """
 
     manifest: Optional[Manifest]
@@ -156,6 +157,7 @@ class Outcome:
     ignored_columns: Tuple[str, ...] = ()
     handed_off: Optional[str] = None
     planned_by_count: bool = False
+    failed_hosts: Tuple = ()
 
 
 def _log_note(text: str) -> None:
@@ -277,7 +279,8 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
         os.remove(log_path)
     return Outcome(manifest, time.monotonic() - start, engine.description,
                    ignored_columns=tuple(checks.ignored_columns(config, input_info)),
-                   planned_by_count=config.num_shards is None and not input_info.sizes_known)
+                   planned_by_count=config.num_shards is None and not input_info.sizes_known,
+                   failed_hosts=results.failed_hosts)
 
 
 def _run_engine(engine: engines.Engine, options: BuildOptions, *, build_id: str, label_map, input_info,

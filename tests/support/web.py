@@ -9,6 +9,7 @@ import collections
 import gzip
 import http.server
 import io
+import select
 import socket
 import struct
 import threading
@@ -50,12 +51,32 @@ class Server:
     (Content-Length 4 GiB, 100 bytes sent), /dripheaders (the status line and
     headers one byte every 0.2 s, for a minute), /continue (`100 Continue` every 0.2 s, for a
     minute). `delay` slows every /img answer.
+
+    Opt-outs (each the image NAME, its body held back after the headers until the client closes the
+    connection or HOLD_S pass, so `body_sent[path]` counts the body bytes a client made it send):
+    /noai/NAME (X-Robots-Tag: noai), /ours/NAME (X-Robots-Tag: imagerecords: noimageai), /theirs/NAME
+    (X-Robots-Tag: otherbot: noai, for another crawler), /lines/NAME (two X-Robots-Tag lines, the second
+    `nofollow, noimageindex`), /tdm/NAME (tdm-reservation: 1), /held/NAME (no opt-out header; what
+    robots.txt rules name: /held/private/NAME, /held/otheragent/NAME). /robots.txt serves `robots`
+    (text) when given, else `robots_status` (0: no answer, until the client hangs up); its requests
+    are counted apart, in `robots_headers`.
     """
 
-    def __init__(self, images: Mapping[str, bytes], delay: float = 0.0, name: str = "127.0.0.1"):
+    HOLD_S = 0.2
+    _OPT_OUT_HEADERS = {"noai": [("X-Robots-Tag", "noai")], "ours": [("X-Robots-Tag", "imagerecords: noimageai")],
+                        "theirs": [("X-Robots-Tag", "otherbot: noai")],
+                        "lines": [("X-Robots-Tag", "otherbot: noindex"), ("X-Robots-Tag", "nofollow, noimageindex")],
+                        "tdm": [("tdm-reservation", "1")], "held": []}
+
+    def __init__(self, images: Mapping[str, bytes], delay: float = 0.0, name: str = "127.0.0.1",
+                 robots: Optional[str] = None, robots_status: int = 404):
         self.images = dict(images)
         self.delay = delay
         self.name = name
+        self.robots = robots
+        self.robots_status = robots_status
+        self.body_sent: Dict[str, int] = collections.Counter()
+        self.robots_headers: List[Dict[str, str]] = []  # one per /robots.txt request (not in `requests`)
         self.lock = threading.Lock()
         self.requests: Dict[str, int] = collections.Counter()
         self.headers: List[Dict[str, str]] = []
@@ -109,9 +130,12 @@ class Server:
                         owner._busy_since = time.monotonic()
                     owner.in_flight += 1
                     owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
-                    owner.requests[self.path] += 1
-                    owner.headers.append(dict(self.headers.items()))
-                    owner.headers_of[self.path].append(dict(self.headers.items()))
+                    if self.path == "/robots.txt":  # counted apart: the other counts are the downloads'
+                        owner.robots_headers.append(dict(self.headers.items()))
+                    else:
+                        owner.requests[self.path] += 1
+                        owner.headers.append(dict(self.headers.items()))
+                        owner.headers_of[self.path].append(dict(self.headers.items()))
                 self.counted = True
                 try:
                     owner._answer(self)
@@ -163,10 +187,46 @@ class Server:
             self._served_once.add(path)
             return True
 
+    def _held(self, h, path: str, body: bytes, headers) -> None:
+        """Headers, then the body only if the client still waits for it after HOLD_S (it closes the
+        connection when it refuses the URL): body_sent[path] counts what went out."""
+        self._leave(h)
+        h.send_response(200)
+        h.send_header("Content-Type", "image/jpeg")
+        h.send_header("Content-Length", str(len(body)))
+        for k, v in headers:
+            h.send_header(k, v)
+        h.end_headers()
+        h.wfile.flush()
+        ready, _, _ = select.select([h.connection], [], [], self.HOLD_S)
+        if ready:
+            try:
+                if h.connection.recv(1, socket.MSG_PEEK) == b"":
+                    h.close_connection = True
+                    return  # closed: the client read no body
+            except OSError:
+                h.close_connection = True
+                return
+        h.wfile.write(body)
+        with self.lock:
+            self.body_sent[path] += len(body)
+
     def _answer(self, h) -> None:
         path = h.path
         name = urllib.parse.unquote(path.rsplit("/", 1)[-1])
-        if path.startswith("/img/") and name in self.images:
+        kind = path.split("/")[1] if path.count("/") >= 2 else ""
+        if path == "/robots.txt":
+            if self.robots_status == 0:  # no answer at all: wait until the client gives up (or 30 s)
+                self._leave(h)
+                select.select([h.connection], [], [], 30)
+                h.close_connection = True
+            elif self.robots is not None:
+                self._send(h, 200, self.robots.encode("utf-8"), "text/plain")
+            else:
+                self._send(h, self.robots_status, b"no robots here", "text/plain")
+        elif kind in self._OPT_OUT_HEADERS and name in self.images:
+            self._held(h, path, self.images[name], self._OPT_OUT_HEADERS[kind])
+        elif path.startswith("/img/") and name in self.images:
             if self.delay:
                 time.sleep(self.delay)
             self._send(h, 200, self.images[name])

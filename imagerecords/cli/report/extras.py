@@ -9,6 +9,8 @@ from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple
 
 from imagerecords.format import features as feature_spec
 from imagerecords.format.manifest import DUPLICATES, ERRORS, Manifest
+from imagerecords.pipeline.plan.refs import OPTED_OUT
+from imagerecords.pipeline.publish import hosts as hosts_lib
 from imagerecords.pipeline.storage import join, open_if_exists
 
 _EXAMPLES_PER_REASON = 3
@@ -59,6 +61,8 @@ class Extras:
     Attributes:
       rejected: groups of rejected rows; None when errors.jsonl is absent.
       skipped: groups of skipped rows.
+      opted_out: groups of opted-out rows (URLs their sites opted out of).
+      hosts: the hosts with the most failed or opted-out URLs, by reason (hosts.HostRow).
       bad_error_lines: errors.jsonl lines that were not JSON objects.
       duplicates: duplicates.jsonl rows of identical content; None when the file is absent.
       near: duplicates.jsonl rows of near-duplicates ("kind": "near").
@@ -68,6 +72,8 @@ class Extras:
 
     rejected: Optional[List[ReasonGroup]] = None
     skipped: List[ReasonGroup] = dataclasses.field(default_factory=list)
+    opted_out: List[ReasonGroup] = dataclasses.field(default_factory=list)
+    hosts: Tuple[hosts_lib.HostRow, ...] = ()
     bad_error_lines: int = 0
     duplicates: Optional[List[dict]] = None
     near: List[dict] = dataclasses.field(default_factory=list)
@@ -81,7 +87,11 @@ def read_extras(output: str, manifest: Manifest) -> Extras:
     stream = open_if_exists(join(output, manifest.errors_file or ERRORS))
     if stream is not None:
         with stream:
-            extras.rejected, extras.skipped, extras.bad_error_lines = read_errors(stream)
+            counts = hosts_lib.HostCounts()
+            groups, extras.skipped, extras.bad_error_lines = read_errors(stream, counts)
+            extras.rejected = [g for g in groups if g.stage != OPTED_OUT]
+            extras.opted_out = [g for g in groups if g.stage == OPTED_OUT]
+            extras.hosts = counts.top()
     stream = open_if_exists(join(output, DUPLICATES))
     if stream is not None:
         with stream:
@@ -127,8 +137,10 @@ def _text(value: Any) -> str:
     return "" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 
-def read_errors(stream: BinaryIO) -> Tuple[List[ReasonGroup], List[ReasonGroup], int]:
-    """Groups errors.jsonl rows by stage and reason, streaming (the file can have millions of rows).
+def read_errors(stream: BinaryIO, hosts: Optional[hosts_lib.HostCounts] = None
+                ) -> Tuple[List[ReasonGroup], List[ReasonGroup], int]:
+    """Groups errors.jsonl rows by stage and reason, streaming (the file can have millions of rows);
+    `hosts`, when given, counts each URL row by host too.
 
     Returns:
       (rejected groups, skipped groups, lines that were not JSON objects); groups by count, largest first.
@@ -140,6 +152,8 @@ def read_errors(stream: BinaryIO) -> Tuple[List[ReasonGroup], List[ReasonGroup],
             bad += 1
             continue
         reason = str(row.get("reason", ""))
+        if hosts is not None:
+            hosts.add_row(row)
         key = (bool(row.get("skipped")), str(row.get("stage", "")), _QUOTED.sub("'…'", reason))
         group = groups.setdefault(key, ReasonGroup(key[1], key[2]))
         group.count += 1

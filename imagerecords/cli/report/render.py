@@ -90,7 +90,9 @@ def _splits(m: Manifest) -> List[str]:
             table(["split", "records", "shards", "bytes"], rows, numeric=(1, 2, 3), attrs=' id="split-table"'),
             f'<p>Rejected inputs: <b data-total="rejected">{m.num_rejected}</b>; skipped (not images of a class): '
             f'<b data-total="skipped">{m.num_skipped}</b> (manifest.json; reasons under '
-            f'<a href="#rejected">Rejected</a>).</p>']
+            f'<a href="#rejected">Rejected</a>).</p>'] + (
+            [f'<p>Opted out (URLs whose sites said no, not downloaded): <b data-total="opted_out">{m.num_opted_out}</b>.</p>']
+            if m.num_opted_out else [])
 
 
 def _features(extras: Extras) -> List[str]:
@@ -255,6 +257,14 @@ def _rejected(m: Manifest, extras: Extras) -> List[str]:
         return s + [f"<p class=warn>{_e(m.errors_file)} is missing.</p>"]
     s.extend(_reason_groups(m, "Rejected", extras.rejected, "rejected", m.num_rejected))
     s.extend(_reason_groups(m, "Skipped", extras.skipped, "skipped", m.num_skipped))
+    if extras.opted_out or m.num_opted_out:  # only then: other datasets' pages keep their bytes
+        s.extend(_reason_groups(m, "Opted out (URLs whose sites said no; not downloaded)", extras.opted_out,
+                                "opted_out", m.num_opted_out))
+    if extras.hosts:
+        s.append(f'<h3 id="hosts">Hosts with the most failed or opted-out URLs (top {len(extras.hosts)})</h3>')
+        s.append(table(["host", "URLs", "by reason"], [
+            [f"<code>{_e(host)}</code>", total, _e(", ".join(f"{kind} {count}" for kind, count in kinds))]
+            for host, total, kinds in extras.hosts], numeric=(1,), attrs=' class=hosts data-kind="hosts"'))
     if extras.bad_error_lines:
         s.append(f"<p class=warn>{extras.bad_error_lines} lines of {_e(m.errors_file)} are not JSON rows.</p>")
     return s

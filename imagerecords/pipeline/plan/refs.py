@@ -48,8 +48,10 @@ class ImageRef:
     row: int = -1
 
 
-# Where in the build an input was turned away (the `stage` of an errors.jsonl row).
-STAGES = ("list", "read", "download", "decode", "label", "duplicate", "write")
+# Where in the build an input was turned away (the `stage` of an errors.jsonl row). 'opted_out': a URL
+# its site opted out of (robots.txt, X-Robots-Tag, tdm-reservation); counted apart, in no reject budget.
+STAGES = ("list", "read", "download", "opted_out", "decode", "label", "duplicate", "write")
+OPTED_OUT = "opted_out"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +88,15 @@ class Rejected:
             text = getattr(self, name)
             if features_lib.surrogate_problem(text):
                 object.__setattr__(self, name, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+
+    @property
+    def opted_out(self) -> bool:
+        return self.stage == OPTED_OUT
+
+    @property
+    def counted(self) -> bool:
+        """Whether the row counts against a reject budget (num_rejected): not skipped, not opted out."""
+        return not self.skipped and not self.opted_out
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, ensure_ascii=False)

@@ -152,6 +152,9 @@ class BuildResults:
       num_rejected: errors.jsonl rows that count against a budget.
       num_download_failures: those of them whose URL could not be downloaded (stage 'download').
       num_skipped: errors.jsonl rows marked skipped (not images of a class).
+      num_opted_out: errors.jsonl rows of stage opted_out (URLs whose site opted out): in no budget.
+      failed_hosts: the hosts with the most URLs that failed or were opted out, by reason
+        (hosts.HostRow); shown by the summary, not written into the manifest.
       num_duplicate_groups: rows of duplicates.jsonl of files under two keys or more (-1: not looked for).
       num_leaking_groups: those spanning more than one split.
       num_label_conflicts: those whose members carry different labels.
@@ -181,6 +184,8 @@ class BuildResults:
     version_name: Optional[str] = None
     max_download_failures: float = PublishOptions.max_download_failures
     num_download_failures: int = 0
+    num_opted_out: int = 0
+    failed_hosts: Tuple[Tuple[str, int, Tuple[Tuple[str, int], ...]], ...] = ()
 
     def to_json(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -191,6 +196,10 @@ class BuildResults:
     def from_json(cls, d: Mapping[str, Any]) -> "BuildResults":
         d = dict(d)
         d["shards"] = tuple(dataset_files.ShardResult.from_json(s) for s in d["shards"])
+        if "failed_hosts" in d:
+            from imagerecords.pipeline.publish import hosts
+
+            d["failed_hosts"] = hosts.from_json(d["failed_hosts"])
         return cls(**d)
 
     @property
@@ -205,6 +214,9 @@ class BuildResults:
         total = self.num_written + self.num_rejected
         if total == 0 and self.base is not None:
             raise BudgetExceeded(f"nothing to append: every input is already in {output}; the dataset is unchanged")
+        if total == 0 and self.num_opted_out:
+            raise BudgetExceeded(f"every one of the {self.num_opted_out} URLs was opted out by its site (robots.txt, "
+                                 f"X-Robots-Tag, tdm-reservation; see {ERRORS}); nothing was published to {output}")
         if total == 0:
             raise BudgetExceeded(f"no image was found in the input ({self.num_skipped} entries skipped); "
                                  f"nothing was published to {output}; fix {setting('input')} and rerun the build with "
@@ -247,7 +259,8 @@ class BuildResults:
             shards=shards, num_rejected=self.num_rejected, num_skipped=self.num_skipped, versions=self.versions,
             created=created or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             num_duplicate_groups=self.num_duplicate_groups, num_leaking_groups=self.num_leaking_groups,
-            num_label_conflicts=self.num_label_conflicts, num_already_present=self.num_already_present),
+            num_label_conflicts=self.num_label_conflicts, num_already_present=self.num_already_present,
+            num_opted_out=self.num_opted_out),
             version=folder)
         if self.base is None:
             return own, {}

@@ -10,6 +10,7 @@ from imagerecords.pipeline import storage
 from imagerecords.pipeline.plan.near import NearGroup
 from imagerecords.pipeline.plan.refs import DuplicateGroup, LabelMap, Rejected
 from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import hosts
 from imagerecords.pipeline.write.dataset_files import ShardResult
 
 # Duplicates and results ---------------------------------------------------------------------------
@@ -43,12 +44,14 @@ def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected],
         storage.write_bytes(storage.join(staging, DUPLICATES), duplicates_jsonl(duplicates if find_duplicates else (),
                                                                                 near or ()))
     skipped = sum(1 for r in rejected if r.skipped)
+    opted_out = sum(1 for r in rejected if r.opted_out)
     downloads = sum(1 for r in rejected if r.stage == "download" and not r.skipped)
     # An append's rows of keys the dataset holds are counted apart: present, not duplicated.
     groups = [g for g in duplicates if not g.already_present]
     out = publish.BuildResults(labels=labels.to_json(), shards=tuple(sorted(results, key=lambda r: (r.split, r.index))),
-                               num_rejected=len(rejected) - skipped, num_skipped=skipped,
-                               num_download_failures=downloads,
+                               num_rejected=len(rejected) - skipped - opted_out, num_skipped=skipped,
+                               num_download_failures=downloads, num_opted_out=opted_out,
+                               failed_hosts=hosts.top_hosts(rejected),
                                num_duplicate_groups=len(groups) if find_duplicates else -1,
                                num_leaking_groups=sum(1 for g in groups if g.leaks),
                                num_label_conflicts=sum(1 for g in groups if g.conflicts),

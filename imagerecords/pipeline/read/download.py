@@ -25,7 +25,7 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from imagerecords.pipeline import processes, storage
 from imagerecords.pipeline.naming import setting
-from imagerecords.pipeline.read import deadlines, urls
+from imagerecords.pipeline.read import deadlines, optouts, urls
 
 MAX_REDIRECTS = 5
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -73,6 +73,13 @@ class Failed(OSError):
         return self.reason
 
 
+class OptedOut(Failed):
+    """A URL the site opted out of (optouts.py): not downloaded, not retried; its row's stage is 'opted_out'."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason, "OptedOut")
+
+
 @dataclasses.dataclass(frozen=True)
 class HttpSettings:
     """How a worker downloads (BuildConfig's http_* settings, user_agent and the headers file's lines).
@@ -87,7 +94,8 @@ class HttpSettings:
       deadline: seconds one URL may take in all, its retries and redirects included, waiting for a
         slot not (deadlines.py says what it covers).
       retries: further tries after a broken connection, a timeout or a status in RETRY_STATUSES.
-      user_agent: the User-Agent header.
+      user_agent: the User-Agent header ('' for default_user_agent()).
+      optouts: which opt-outs refuse a URL before its body is read (optouts.OptOutSettings).
       headers_file: the --http_headers file: its path travels (a token must not sit in the pickled
         Beam graph a runner stores), and each worker process reads it when it makes its Downloader.
     """
@@ -100,6 +108,7 @@ class HttpSettings:
     user_agent: str = ""
     headers_file: Optional[str] = None
     duty: float = 1.0
+    optouts: optouts.OptOutSettings = optouts.OptOutSettings()
 
     def __repr__(self) -> str:  # the headers file's name is not written or logged either
         return (f"HttpSettings(workers={self.workers}, per_host={self.per_host}, duty={self.duty:g}, "
@@ -125,6 +134,18 @@ def value_problem(value: str) -> Optional[str]:
         if ord(c) > 0xFF:
             return f"holds a character outside Latin-1 (U+{ord(c):04X}), which a header cannot carry"
     return None
+
+
+def default_user_agent() -> str:
+    """The User-Agent when --http_user_agent is not given: the tool, its version, and where a site
+    owner reads what it obeys (robots.txt token AGENT); docs/building.md, "Opt-outs"."""
+    from imagerecords import __version__
+
+    return f"{optouts.AGENT}/{__version__} (+{ABOUT}; robots.txt token: {optouts.AGENT})"
+
+
+# Where a site owner learns what the default User-Agent is and how to opt out (named in it).
+ABOUT = "imagerecords image dataset builder; opt-outs: docs/building.md#opt-outs"
 
 
 def check_user_agent(value: str) -> None:
@@ -254,11 +275,9 @@ class Downloader:
                  cancelled: Optional[Callable[[], bool]] = None):
         import urllib3
 
-        from imagerecords import __version__
-
         self._settings = settings
         self._max_bytes = max_bytes
-        headers = {"User-Agent": settings.user_agent or f"imagerecords/{__version__}", "Accept": "image/*,*/*;q=0.5"}
+        headers = {"User-Agent": settings.user_agent or default_user_agent(), "Accept": "image/*,*/*;q=0.5"}
         headers.update(_worker_headers(settings.headers_file) if settings.headers_file else ())
         self._headers = headers
         self._plain_headers = {k: v for k, v in headers.items() if k.lower() in _EVERYWHERE}
@@ -270,6 +289,8 @@ class Downloader:
         self._hosts: Dict[str, threading.BoundedSemaphore] = {}
         self._lock = threading.Lock()
         self._shared = shared if shared is not None and shared.per_host == settings.per_host else None
+        # Each origin's robots.txt, read once per worker process for the build: {origin: _RobotsEntry}.
+        self._robots: Dict[str, "_RobotsEntry"] = {}
 
     def _host(self, url: str):
         host = host_of(url)
@@ -289,24 +310,30 @@ class Downloader:
         self._watchdog.stop()
 
     def fetch(self, url: str) -> bytes:
-        """The body `url` serves, following redirects and retrying as the settings say; raises Failed."""
-        s = self._settings
-        clock = deadlines.Clock(s.deadline)
+        """The body `url` serves, following redirects and retrying as the settings say; raises Failed
+        (OptedOut for a URL a site opted out of)."""
+        clock = deadlines.Clock(self._settings.deadline)
         with clock.waiting(self._workers):
-            tries = 0
-            while True:
-                tries += 1
-                try:
-                    return self._follow(url, clock)
-                except _Retry as e:
-                    if tries > s.retries:
-                        raise Failed(f"{e.reason} (after {tries} tries)", e.error) from None
-                    wait = e.after if e.after is not None else min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (tries - 1))
-                    wait = min(wait, RETRY_AFTER_CAP_S) * (1 if e.after is not None else random.uniform(0.5, 1.5))
-                    if time.monotonic() + wait >= clock.end:
-                        raise Failed(f"{e.reason}; no time left in the {s.deadline:g} s deadline to try again "
-                                     f"(after {tries} tries)", e.error) from None
-                    self._watchdog.sleep(wait)
+            return self._retrying(lambda: self._follow(url, clock), clock)
+
+    def _retrying(self, attempt, clock: deadlines.Clock):
+        """attempt() again after each _Retry, with backoff (or Retry-After) while the tries and the
+        clock last; the last _Retry becomes a Failed."""
+        s = self._settings
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return attempt()
+            except _Retry as e:
+                if tries > s.retries:
+                    raise Failed(f"{e.reason} (after {tries} tries)", e.error) from None
+                wait = e.after if e.after is not None else min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (tries - 1))
+                wait = min(wait, RETRY_AFTER_CAP_S) * (1 if e.after is not None else random.uniform(0.5, 1.5))
+                if time.monotonic() + wait >= clock.end:
+                    raise Failed(f"{e.reason}; no time left in the {s.deadline:g} s deadline to try again "
+                                 f"(after {tries} tries)", e.error) from None
+                self._watchdog.sleep(wait)
 
     def _follow(self, url: str, clock: deadlines.Clock) -> bytes:
         try:
@@ -315,12 +342,110 @@ class Downloader:
             raise Failed(str(e), "BadUrl") from None
         row, trusted = url, True  # --http_headers go to the row's origin only; once a chain leaves it, never again
         for _ in range(MAX_REDIRECTS + 1):
+            self._check_robots(url)  # every hop, before it is requested: a redirect may lead into a disallowed path
             status, location, body = self._get(url, clock, self._headers if trusted else self._plain_headers)
             if location is None:
                 return body
             url = _redirect_target(status, url, location)
             trusted = trusted and _same_origin(row, url)
         raise Failed(f"too many redirects (more than {MAX_REDIRECTS})", "TooManyRedirects")
+
+    def _check_headers(self, headers) -> None:
+        """Raises OptedOut when a response's X-Robots-Tag or tdm-reservation headers refuse its URL."""
+        said = optouts.header_refusal(headers.getlist("X-Robots-Tag"), headers.getlist("tdm-reservation"),
+                                      self._settings.optouts)
+        if said is not None:
+            raise OptedOut(said)
+
+    def _check_robots(self, url: str) -> None:
+        """Raises OptedOut when the robots.txt of url's origin disallows it for our token (read on the
+        origin's first URL in this process, by one thread while the others of that origin wait)."""
+        if not self._settings.optouts.obey_robots:
+            return
+        try:
+            key = _origin_text(url)
+        except urls.BadUrl as e:
+            raise Failed(str(e), "BadUrl") from None
+        with self._lock:
+            entry = self._robots.setdefault(key, _RobotsEntry())
+        with entry.lock:
+            if entry.robots is None and entry.failed is None:
+                try:
+                    entry.robots = self._load_robots(key)
+                except Failed as e:  # no connection: every URL of the origin fails as this one does
+                    entry.failed = e
+        if entry.failed is not None:
+            raise Failed(entry.failed.reason, entry.failed.error)
+        said = entry.robots.refusal(url)
+        if said is not None:
+            raise OptedOut(said)
+
+    def _load_robots(self, origin: str) -> optouts.Robots:
+        """The origin's robots.txt (RFC 9309), with the retries and a deadline of its own: 2xx is parsed
+        (its first ROBOTS_MAX_BYTES); a 4xx (429 aside) or a redirect that cannot be followed allows
+        everything; 5xx, 429, and a server that connected but timed out or broke off disallow
+        everything for this build. Raises Failed when no connection could be made (a refused port, a
+        name that does not resolve, a connect timeout): the origin's URLs fail as downloads, as they
+        would have, and count against --max_download_failures (a dead host is not an opt-out)."""
+        clock = deadlines.Clock(self._settings.deadline)
+        answered: list = []  # set once a connection was made: failures after it are the site's
+        try:
+            return self._retrying(lambda: self._robots_once(origin, clock, answered), clock)
+        except Failed as e:
+            if not answered:
+                raise
+            return optouts.unavailable(origin, e.reason)
+
+    def _robots_once(self, origin: str, clock: deadlines.Clock, answered: list) -> optouts.Robots:
+        import urllib3
+        from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, ProtocolError, TimeoutError
+
+        def cut_off(got: Optional[int]) -> Failed:  # the server connected but did not finish in time
+            answered.append(True)
+            return Failed(f"cut off: it took longer than the {self._settings.deadline:g} s deadline", "Deadline")
+
+        url = origin + "/robots.txt"
+        headers = {**self._plain_headers, "Accept": "text/plain,*/*;q=0.5"}
+        for _ in range(MAX_REDIRECTS + 1):
+            left = clock.left()
+            if left <= 0:
+                raise cut_off(None)
+            timeout = urllib3.Timeout(connect=min(self._settings.timeout, left), read=min(self._settings.timeout, left))
+            with clock.waiting(self._host(url)), self._watchdog.watching(clock.end, cut_off):
+                try:
+                    response = self._pool.request("GET", url, preload_content=False, redirect=False,
+                                                  timeout=timeout, headers=headers)
+                except NewConnectionError as e:  # before ConnectTimeoutError: urllib3 makes it a subclass of that
+                    raise _connect_failure(e)
+                except ConnectTimeoutError as e:
+                    raise _Retry(f"timed out connecting ({type(e).__name__})", "Timeout")
+                except TimeoutError as e:
+                    answered.append(True)
+                    raise _Retry(f"timed out waiting for the answer ({type(e).__name__})", "Timeout")
+                except (ProtocolError, HTTPError) as e:
+                    answered.append(True)
+                    raise _Retry(f"connection failed ({_first_reason(e)})", "ConnectionError")
+                answered.append(True)
+                try:
+                    status = response.status
+                    location = response.headers.get("Location")
+                    if status in RETRY_STATUSES:
+                        raise _Retry(f"HTTP {status} ({_phrase(status)})", "HTTPError",
+                                     _retry_after(response.headers.get("Retry-After")))
+                    if 200 <= status < 300:
+                        body = response.read(optouts.ROBOTS_MAX_BYTES)
+                        return optouts.Robots(origin, body.decode("utf-8", "replace"))
+                except (TimeoutError, ProtocolError, HTTPError) as e:
+                    raise _Retry(f"connection failed while reading ({_first_reason(e)})", "ConnectionError")
+                finally:
+                    response.close()  # a robots.txt is read once: its connection is not worth keeping
+            if not (300 <= status < 400 and location):
+                return optouts.Robots(origin)  # 4xx and the rest: no robots.txt, everything allowed
+            try:
+                url = _redirect_target(status, url, location)
+            except Failed:
+                return optouts.Robots(origin)
+        return optouts.Robots(origin)  # too many redirects: as unavailable, allowed (RFC 9309 2.3.1.2)
 
     def _get(self, url: str, clock: deadlines.Clock,
              headers: Optional[Mapping[str, str]] = None) -> Tuple[int, Optional[str], bytes]:
@@ -352,6 +477,8 @@ class Downloader:
             call.got = 0
             try:
                 status = response.status
+                if 200 <= status < 400:  # an answer or a redirect: its opt-out headers, before any body byte
+                    self._check_headers(response.headers)
                 if 300 <= status < 400 and status != 304 and response.headers.get("Location"):
                     return status, response.headers["Location"], b""
                 if status in RETRY_STATUSES:
@@ -412,6 +539,21 @@ class Downloader:
         where = "before the response's headers were in" if got is None else f"after {got:,} bytes"
         return Failed(f"cut off {where}: the download took longer than its {self._settings.deadline:g} s deadline",
                       "Deadline")
+
+
+class _RobotsEntry:
+    """One origin's robots.txt in a Downloader: loaded once, under its own lock."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.robots: Optional[optouts.Robots] = None
+        self.failed: Optional[Failed] = None
+
+
+def _origin_text(url: str) -> str:
+    """'scheme://host:port' of a URL: what one robots.txt covers."""
+    o = urls.origin(url)
+    return f"{o.scheme}://{urls.host_key(url)}"
 
 
 class _Retry(Exception):

@@ -198,6 +198,7 @@ def build_manifest(
     num_leaking_groups: int = 0,
     num_label_conflicts: int = 0,
     num_already_present: int = 0,
+    num_opted_out: int = 0,
 ) -> Manifest:
     """Returns the manifest of a build from its shard results; splits and shards are sorted, so the
     same build always serializes to the same bytes (`created` aside)."""
@@ -216,7 +217,7 @@ def build_manifest(
                     num_rejected=num_rejected, num_skipped=num_skipped, versions=dict(versions), created=created,
                     num_duplicate_groups=num_duplicate_groups, num_leaking_groups=num_leaking_groups,
                     num_label_conflicts=num_label_conflicts, num_already_present=num_already_present,
-                    features=features, image_encoding=image_encoding, record_format=fmt,
+                    num_opted_out=num_opted_out, features=features, image_encoding=image_encoding, record_format=fmt,
                     features_only=bool(parameters.get("features_only")))
 
 

@@ -42,6 +42,8 @@ def encode_ref(
         return array_encode.encode_ref(ref, preset, labels, options)
     try:
         data = read_bytes(ref.uri)
+    except download.OptedOut as e:  # the site said no (robots.txt, X-Robots-Tag): not downloaded, not a failure
+        return Rejected(ref.uri, str(e), ref.key, ref.split, stage="opted_out", error=e.error)
     except download.Failed as e:  # a URL that gave no image bytes: its status, timeout, size...
         return Rejected(ref.uri, str(e), ref.key, ref.split, stage="download", error=e.error)
     except input_files.Refused as e:  # turned away by policy: no exception type to report
