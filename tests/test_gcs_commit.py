@@ -185,7 +185,7 @@ def test_a_gcs_append_makes_its_folder_whole_without_moving_bytes_through_the_la
         manifest = build(root, out, *args, "--append", "--version_name", "week2")
     requests = emulator.requests()[before:]
     shard_read = sum(r.size for r in requests if r.is_download and r.bucket == bucket and ".tfrecord-" in r.name
-                     and "/keys/" not in r.name)
+                     and "/keys/" not in r.name and "/hashes/" not in r.name)  # side files, read by design
     old_bytes = sum(s.num_bytes for split in first.splits for s in split.shards)
     print(f"gs:// append onto {old_bytes} shard bytes: {shard_read} shard bytes downloaded")
     assert shard_read == 0, f"the append read {shard_read} shard bytes through the launcher"

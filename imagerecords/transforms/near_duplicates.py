@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, List, Tuple
 
 import apache_beam as beam
@@ -13,6 +14,10 @@ __all__ = ["FindNearDuplicates"]
 
 def _pairs(item: Tuple[int, Iterable[Tuple[bool, near.Item]]]) -> Iterable[near.Pair]:
     return near.bucket_pairs(item[1])
+
+
+def _first(items: Iterable[near.Item]) -> near.Item:
+    return functools.reduce(near.first_of, items)
 
 
 def _groups(pairs: List[near.Pair]) -> List[near.NearGroup]:
@@ -31,6 +36,10 @@ class FindNearDuplicates(beam.PTransform):
     def expand(self, items):
         return (
             items
+            # one item per content digest: its copies are exact duplicates, reported as such
+            | "ByContent" >> beam.Map(lambda item: (near.content_key(item), item))
+            | "OnePerContent" >> beam.CombinePerKey(_first)
+            | "Items" >> beam.Values()
             | "Keyed" >> beam.FlatMap(near.keyed)
             # (bucket: band << 16 | value, (probe?, item))
             | "ByBucket" >> beam.GroupByKey()
