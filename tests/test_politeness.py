@@ -38,6 +38,7 @@ def test_the_binomial_tail_is_the_exact_one():
 @pytest.mark.parametrize("args,expected", [
     (["--direct_num_workers=3"], 3),
     (["--runner=DirectRunner", "--direct_num_workers=1"], 1),
+    (["--runner=PrismRunner", "--direct_num_workers=2"], 2),  # DirectRunner's engine: one machine, not unknown
     (["--runner=FlinkRunner", "--parallelism=6", "--sdk_worker_parallelism=2"], 6),
     (["--runner=FlinkRunner"], download.MAX_CONNECTIONS),  # the cluster's default is not known here
     (["--runner=DataflowRunner", "--max_num_workers=10", "--machine_type=n1-standard-4",

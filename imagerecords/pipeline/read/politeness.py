@@ -11,7 +11,8 @@ one bundle at a time). With D of them and a budget of N requests at once per hos
   below N). The requests per second to the host are then about D * duty / (a request's seconds).
 
 How many downloaders a Beam job runs at once is read from its runner's options (count):
-- DirectRunner: --direct_num_workers (each worker runs one bundle at a time, in any running mode).
+- DirectRunner, and PrismRunner (its engine since Beam 2.68, on this machine alone): --direct_num_workers
+  (each worker runs one bundle at a time, in any running mode), else this machine's CPUs.
 - FlinkRunner: --parallelism (each subtask runs one bundle at a time; --sdk_worker_parallelism only
   says how many processes serve them, not how many bundles run). Not given: UNKNOWN.
 - DataflowRunner: VMs x SDK processes per VM x threads per process: --max_num_workers (or
@@ -84,7 +85,7 @@ def count(options) -> Tuple[int, str]:
                                                       StandardOptions, WorkerOptions)
 
     runner = str(options.view_as(StandardOptions).runner or "DirectRunner").lower()
-    if "direct" in runner:
+    if "direct" in runner or "prism" in runner:  # Prism is DirectRunner's engine since Beam 2.68: one machine
         workers = options.view_as(DirectOptions).direct_num_workers
         return (workers if workers > 0 else os.cpu_count() or 1), "DirectRunner's --direct_num_workers"
     if "flink" in runner:
