@@ -20,6 +20,7 @@ import json
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from imagerecords.pipeline.encode.perceptual import NAME, distance
+from imagerecords.pipeline.plan.refs import GroupFlags
 
 # Hamming distance (of 64 bits) at or under which two images are near-duplicates. Measured on the
 # pictures of tests/support/near_corpus.py (40 copies per edit): resized (0.5x, 0.8x) copies are
@@ -121,7 +122,7 @@ def find_pairs(items: Sequence[Item]) -> List[Pair]:
 
 
 @dataclasses.dataclass(frozen=True)
-class NearGroup:
+class NearGroup(GroupFlags):
     """Images within THRESHOLD bits of one another, linked pair by pair (one duplicates.jsonl row of
     kind "near").
 
@@ -142,16 +143,6 @@ class NearGroup:
     @functools.cached_property
     def labels(self) -> Tuple[str, ...]:
         return tuple(sorted({m[3] for m in self.members}))
-
-    @property
-    def leaks(self) -> bool:
-        """True when the group crosses splits (an edited copy of a training image in validation)."""
-        return len(self.splits) > 1
-
-    @property
-    def conflicts(self) -> bool:
-        """True when the group's labels disagree."""
-        return len(self.labels) > 1
 
     def to_json(self) -> str:
         return json.dumps({"conflict": self.conflicts, "distance": self.distance, "kind": "near",

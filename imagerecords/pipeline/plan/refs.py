@@ -102,8 +102,22 @@ class Rejected:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, ensure_ascii=False)
 
 
+class GroupFlags:
+    """The flags a duplicates.jsonl row carries, from its `splits` and `labels` (exact and near groups)."""
+
+    @property
+    def leaks(self) -> bool:
+        """True when the group is in more than one split (train/validation leakage)."""
+        return len(self.splits) > 1
+
+    @property
+    def conflicts(self) -> bool:
+        """True when the group carries more than one label (a label conflict)."""
+        return len(self.labels) > 1
+
+
 @dataclasses.dataclass(frozen=True)
-class DuplicateGroup:
+class DuplicateGroup(GroupFlags):
     """Inputs under different keys whose files hold identical bytes (one row of duplicates.jsonl).
 
     Attributes:
@@ -128,16 +142,6 @@ class DuplicateGroup:
         """True for an append's row of a key the dataset already holds with this content (its stored
         record and its listing now): one key, so no duplicate, and not written again."""
         return len({member[0] for member in self.members}) == 1
-
-    @property
-    def leaks(self) -> bool:
-        """True when the same image is in more than one split (train/validation leakage)."""
-        return len(self.splits) > 1
-
-    @property
-    def conflicts(self) -> bool:
-        """True when the same image carries more than one label (a label conflict)."""
-        return len(self.labels) > 1
 
     def to_json(self) -> str:
         # Keys written in sorted order (the bytes sort_keys gave), without sorting every row again.
