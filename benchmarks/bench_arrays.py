@@ -94,7 +94,7 @@ def launcher(npz):
     from imagerecords.pipeline.engines import local
     from imagerecords.pipeline.options import BuildOptions
     from imagerecords.pipeline.plan import assign as assign_lib
-    from imagerecords.pipeline.plan import refs as refs_lib
+    from imagerecords.pipeline import refs as refs_lib
     from imagerecords.pipeline.read import array_files as arrays
 
     config = BuildOptions.make(npz, npz + ".unused-out").config

@@ -30,8 +30,8 @@ def plan_only(manifest: str) -> dict:
     from imagerecords.pipeline.config import BuildConfig
     from imagerecords.pipeline.engines import local
     from imagerecords.pipeline.plan import assign as assign_lib
-    from imagerecords.pipeline.plan import refs as refs_lib
-    from imagerecords.pipeline.plan.refs import Rejected
+    from imagerecords.pipeline import refs as refs_lib
+    from imagerecords.pipeline.refs import Rejected
     from imagerecords.pipeline.read import array_files as arrays
 
     with open(manifest, encoding="utf-8") as f:

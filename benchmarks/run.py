@@ -532,7 +532,7 @@ def _settle(root: str) -> None:
     """Waits until every file under `root` changed longer ago than --append's clock slack: a
     dataset's files are older than the build that stores them, and the benchmark must not time
     the re-read an append gives files changed (here: just linked) as its base build started."""
-    from imagerecords.pipeline.plan.appending import _CLOCK_SLACK_NS
+    from imagerecords.pipeline.publish.appending import _CLOCK_SLACK_NS
 
     newest = max(os.stat(os.path.join(d, f)).st_ctime_ns for d, _, files in os.walk(root) for f in files)
     while time.time_ns() < newest + _CLOCK_SLACK_NS + 10**8:

@@ -69,7 +69,7 @@ print(json.dumps({"load_s": seconds, "added_mb": (peak - base) / 1e6,
 def ref_bytes(uri_length: int = 60, ref=None) -> int:
     """Bytes of one ref as the shuffle carries it: the registered ImageRefCoder's encoding of `ref`
     (default: an ImageNet-like gs:// ref), plus its 64-bit shuffle hash (a varint, up to 10 bytes)."""
-    from imagerecords.pipeline.plan.refs import ImageRef
+    from imagerecords.pipeline.refs import ImageRef
     from imagerecords.transforms.coders import ImageRefCoder
 
     if ref is None:
@@ -288,8 +288,8 @@ def list_urls(path: str) -> Dict[str, object]:
     from imagerecords.pipeline.config import BuildConfig
     from imagerecords.pipeline.engines import local
     from imagerecords.pipeline.plan import assign as assign_lib
-    from imagerecords.pipeline.plan import refs as refs_lib
-    from imagerecords.pipeline.plan.refs import Rejected
+    from imagerecords.pipeline import refs as refs_lib
+    from imagerecords.pipeline.refs import Rejected
     from imagerecords.pipeline.read import array_files as arrays
 
     config = BuildConfig(input=path, output=tempfile.mkdtemp(prefix="imagerecords-urls-"), path_column="url")
@@ -519,7 +519,7 @@ def url_sums(sizes: List[int], sample: int, hosts: int, zipf: float, classes: in
     shuffle, shards by count, and the downloads' simulation; (the sample's figures, one row per size)."""
     import collections
 
-    from imagerecords.pipeline.plan import refs as refs_lib
+    from imagerecords.pipeline import refs as refs_lib
     from imagerecords.pipeline.plan import shard_plan as planning
     from imagerecords.pipeline.read import download, politeness
 

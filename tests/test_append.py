@@ -51,6 +51,7 @@ def _glob_counts(out, version):
     """{split: records} that a plain glob over one version folder reads (what TFDS, Model Garden or DALI see)."""
     import glob
 
+
     from imagerecords.format import records
 
     counts = {}
@@ -415,9 +416,9 @@ def test_a_keys_file_rewritten_with_its_row_count_kept_is_not_trusted(tmp_path):
 
 
 def test_keys_and_labels_with_unicode_line_separators_survive_the_keys_file():
-    from imagerecords.pipeline.write import dataset_files
+    from imagerecords.format import side_files
 
     rows = [("a\u2028b.jpg", "c\x85d", 12, b"\x01" * 16), ("e\u2029\x1cf.jpg", "g\rh", -1, b"\x02" * 16)]
-    data = dataset_files.format_keys(rows)
+    data = side_files.format_keys(rows)
     assert data.count(b"\n") == 2  # one line per row, whatever the names hold
-    assert dataset_files.parse_keys(data) == rows
+    assert side_files.parse_keys(data) == rows

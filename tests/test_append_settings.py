@@ -60,7 +60,7 @@ def _add_delta(root):
 
 @pytest.mark.slow
 def test_an_append_with_only_input_output_and_append_takes_the_datasets_settings(tmp_path):
-    from imagerecords.pipeline.plan.refs import assign_split
+    from imagerecords.pipeline.refs import assign_split
 
     root, out = tmp_path / "in", str(tmp_path / "out")
     example_images.write_tree(str(root), per_class=4, broken=False)
@@ -156,7 +156,7 @@ def test_the_command_and_the_library_record_which_settings_were_given():
 
 
 def test_rows_of_keys_already_present_are_counted_apart_from_duplicate_groups(tmp_path):
-    from imagerecords.pipeline.plan.refs import DuplicateGroup, LabelMap
+    from imagerecords.pipeline.refs import DuplicateGroup, LabelMap
     from imagerecords.pipeline.publish import results as results_lib
 
     present = DuplicateGroup("aa", (("k", "train", "v-1/images-train.tfrecord-00000-of-00001", "cat"),

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 from conftest import build
+from imagerecords.format import side_files
 from imagerecords.pipeline.engines import local
 from imagerecords.pipeline.options import BuildOptions
 from imagerecords.pipeline.plan import array_rows
 from imagerecords.pipeline.plan import assign as assign_lib
-from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.plan import shard_plan as planning
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import array_files as arrays
 from imagerecords.pipeline.write import dataset_files, fingerprint, shard_writer
 
@@ -206,8 +207,8 @@ def test_keys_file_is_json_dumps_per_row():
             for size in (-1, 0, 2**40)]
     expected = b"".join(json.dumps({"key": k, "label": label, "size": size, "digest": d.hex()}, sort_keys=True,
                                    ensure_ascii=False).encode("utf-8") + b"\n" for k, label, size, d in rows)
-    assert dataset_files.format_keys(rows) == expected
-    assert dataset_files.format_keys([]) == b""
+    assert side_files.format_keys(rows) == expected
+    assert side_files.format_keys([]) == b""
 
 
 def test_fingerprint_line_is_json_dumps(tmp_path):

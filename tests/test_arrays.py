@@ -101,7 +101,7 @@ def test_seed_parse_reads_every_array_bit_for_bit(float_build):
 
 
 def test_keys_are_stable_and_splits_hash_them(float_build):
-    from imagerecords.pipeline.plan import refs
+    from imagerecords.pipeline import refs
 
     arrays, out, manifest = float_build
     want = {s: sum(1 for i in range(N) if refs.assign_split([("train", 0.8), ("test", 0.2)], 0,

@@ -15,8 +15,8 @@ from imagerecords.format import record_format, records
 from imagerecords.pipeline.encode import arrays as array_encode
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.plan import assign as assign_lib
-from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.plan.refs import Rejected
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import Rejected
 from imagerecords.pipeline.read import array_files as arrays
 
 N = 300

@@ -22,6 +22,7 @@ import pytest
 from conftest import build
 from imagerecords.cli import inspection
 from imagerecords.format.manifest import MANIFEST, STAGING
+from imagerecords.pipeline import staging
 from imagerecords.pipeline.publish import commit as publish
 from tests.support.gcs import GcsEmulator
 
@@ -92,7 +93,7 @@ def test_a_staged_object_changed_after_its_writer_reported_it_is_refused(emulato
             assert time.monotonic() < deadline, "the build never reached its commit within 240 s"
             time.sleep(0.05)
         staged = [u for u in emulator.list(f"{out}/{STAGING}/") if ".tfrecord-00001-of-00002" in u
-                  and not u.endswith(publish.STAGED_RECORD) and "/index/" not in u and "/keys/" not in u]
+                  and not u.endswith(staging.STAGED_RECORD) and "/index/" not in u and "/keys/" not in u]
         assert len(staged) == 1, staged
         data = bytearray(emulator.download(staged[0]))
         data[len(data) // 2] ^= 0xFF  # the same size, one byte changed: only a checksum can tell

@@ -13,7 +13,7 @@ import pytest
 from conftest import build
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
 from imagerecords.pipeline import errors
-from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline import lock as output_lock
 from tests.support.gcs import GcsEmulator
 from test_failures import ARGS, kill_at, without_created  # ARGS[:-1]: without --no_progress, which build() adds
 

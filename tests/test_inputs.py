@@ -19,8 +19,8 @@ from PIL import Image
 from imagerecords.format import record_format
 from imagerecords.pipeline import example_images
 from imagerecords.pipeline.encode import image_codec as codec
-from imagerecords.pipeline.plan import refs
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline import refs
+from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import input_files
 from imagerecords.pipeline.write import stream as write_stream
 from imagerecords.transforms import ReadImages, ReadManifest

@@ -16,11 +16,11 @@ import pytest
 
 import imagerecords
 from imagerecords.cli import main as cli
+from imagerecords.pipeline import staging
 from imagerecords.pipeline import errors, session
 from imagerecords.pipeline.naming import flag_names
 from imagerecords.pipeline.options import BuildOptions
-from imagerecords.pipeline.publish import commit as publish
-from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline import lock as output_lock
 from tests.conftest import build, shard_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -230,10 +230,10 @@ def test_a_stopped_build_counts_its_staged_shards_in_words(tmp_path, staged, say
 
     out = tmp_path / "out"
     build_id = output_lock.new_build_id()
-    staging = publish.staging_dir(str(out), build_id)
-    os.makedirs(staging)
+    staged_dir = staging.staging_dir(str(out), build_id)
+    os.makedirs(staged_dir)
     for i in range(staged):
-        open(os.path.join(staging, f"s{i}{publish.STAGED_RECORD}"), "w").close()
+        open(os.path.join(staged_dir, f"s{i}{staging.STAGED_RECORD}"), "w").close()
     e = session._interrupted(errors.Stopped(signal.SIGTERM), "engine", BuildConfig(input="in", output=str(out)),
                              build_id)
     assert f"; {says}: rerun the same call with resume=True to reuse them" in str(e)

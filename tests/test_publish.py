@@ -12,11 +12,12 @@ import pytest
 
 from imagerecords.cli.exit_codes import exit_code
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, Shard, Split
+from imagerecords.pipeline import staging
 from imagerecords.pipeline import errors, storage
 from imagerecords.pipeline.naming import flag_names
 from imagerecords.pipeline.publish import staged_check
 from imagerecords.pipeline.publish import commit as publish
-from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline import lock as output_lock
 from imagerecords.pipeline.write import dataset_files
 from imagerecords.pipeline.write.dataset_files import ShardResult
 
@@ -307,7 +308,7 @@ def test_a_local_commit_reads_back_only_the_staged_files_written_since_their_wri
     in place; the commit reads back and hashes only a file whose identity changed since."""
     from conftest import build, shard_files
 
-    reads, real_read, real_check = [], staged_check.sha256_and_size, staged_check.check_staged
+    reads, real_read, real_check = [], staging.sha256_and_size, staged_check.check_staged
 
     def counted(path):
         reads.append(path)
@@ -323,7 +324,7 @@ def test_a_local_commit_reads_back_only_the_staged_files_written_since_their_wri
                 f.write(data)
         return real_check(output, manifest, staged, *args, **kwargs)
 
-    monkeypatch.setattr(staged_check, "sha256_and_size", counted)
+    monkeypatch.setattr(staging, "sha256_and_size", counted)
     monkeypatch.setattr(staged_check, "check_staged", after_a_late_write)
     out, root = tmp_path / "out", image_tree[0]
     if change == "one byte flipped":
@@ -407,7 +408,7 @@ def test_a_pipelines_commit_leaves_the_staging_of_other_pipelines_writing_into_t
         _stage(out, results, [b"job%d-0" % i, b"job%d-1" % i])
     for i, results in enumerate(builds):
         manifest = publish.commit_results(str(out), results, overwrite=True)
-        assert manifest.version == publish.version_folder(results.build_id)
+        assert manifest.version == staging.version_folder(results.build_id)
         left = sorted(os.listdir(out / STAGING)) if (out / STAGING).exists() else []
         assert left == [b.build_id for b in builds[i + 1:]]  # the later jobs' staging, whole
     assert not (out / STAGING).exists() and not (out / LOCK).exists()
@@ -441,9 +442,9 @@ def test_a_pipelines_writers_go_on_while_another_pipeline_commits_but_not_under_
     out = tmp_path / "out"
     out.mkdir()
     with output_lock.OutputLock(str(out), "other-job", command=output_lock.COMMIT):
-        assert publish.owns_output(str(out), "my-job")  # it touches its own staging only
+        assert staging.owns_output(str(out), "my-job")  # it touches its own staging only
     with output_lock.OutputLock(str(out), "a-build"):
-        assert not publish.owns_output(str(out), "my-job")  # a build owns the whole folder
+        assert not staging.owns_output(str(out), "my-job")  # a build owns the whole folder
 
 
 def test_a_pipelines_commit_removes_a_staging_area_untouched_for_hours_and_keeps_a_recent_one(tmp_path):

@@ -3,9 +3,9 @@
 import pytest
 
 from imagerecords.pipeline import config
-from imagerecords.pipeline.plan import refs
+from imagerecords.pipeline import refs
 from imagerecords.pipeline.plan import shard_plan as planning
-from imagerecords.pipeline.plan.refs import ManifestColumns
+from imagerecords.pipeline.refs import ManifestColumns
 
 
 def test_golden_shuffle_order():

@@ -13,13 +13,13 @@ import uuid
 import numpy as np
 import pytest
 
+from imagerecords.pipeline import staging
+
 from imagerecords.pipeline import sources, storage
 from imagerecords.pipeline.engines import local
 from imagerecords.pipeline.options import BuildOptions
 from imagerecords.pipeline.plan import array_rows
-from imagerecords.pipeline.plan.refs import LabelMap
-from imagerecords.pipeline.publish import staged_check
-from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.refs import LabelMap
 from imagerecords.pipeline.read import array_files as arrays
 from imagerecords.pipeline.write import shard_writer
 
@@ -65,16 +65,16 @@ def _stage_both_ways(tmp_path, monkeypatch, arrays_in, name, label_map=None, **o
     arrays.forget_if_changed(str(path))
     _, label_map, planned, _, _ = local._plan_rows(config, label_map)
     shards = {key: planned.take(key) for key in planned.keys()}
-    monkeypatch.setattr(publish, "owns_output", lambda output, build_id: True)  # no lock: no launcher here
+    monkeypatch.setattr(staging, "owns_output", lambda output, build_id: True)  # no lock: no launcher here
     staged = {}
     for way in ("refs", "rows"):
         build_id = f"{way}-{uuid.uuid4().hex[:6]}"
-        os.makedirs(publish.staging_dir(str(out), build_id))
+        os.makedirs(staging.staging_dir(str(out), build_id))
         writer = shard_writer.ShardWriter.of(config, build_id, sources.of(config.input))
         for key, shard in shards.items():
             members = shard.refs() if way == "refs" else shard
             result = writer.write(key, members, label_map, read_bytes=None)
-            folder = publish.staging_dir(str(out), build_id)
+            folder = staging.staging_dir(str(out), build_id)
             files = {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
                      for d, _, fs in os.walk(folder) for f in fs}
             staged.setdefault(way, {})[key] = (result, array_rows.RowContents.of(result.contents, shard), shard)
@@ -125,25 +125,25 @@ def test_a_resumed_row_shard_reuses_the_staged_one(tmp_path, monkeypatch):
     arrays.forget_if_changed(str(path))
     _, label_map, planned, _, _ = local._plan_rows(config, None)
     shards = {key: planned.take(key) for key in planned.keys()}
-    monkeypatch.setattr(publish, "owns_output", lambda output, build_id: True)
+    monkeypatch.setattr(staging, "owns_output", lambda output, build_id: True)
     first = "first-build"
-    os.makedirs(publish.staging_dir(out, first))
+    os.makedirs(staging.staging_dir(out, first))
     for key, shard in shards.items():
         shard_writer.ShardWriter.of(config, first, sources.of(config.input)).write(key, shard.refs(), label_map, read_bytes=None)
     second = "second-build"
-    os.makedirs(publish.staging_dir(out, second))
+    os.makedirs(staging.staging_dir(out, second))
     writer = shard_writer.ShardWriter(**{**shard_writer.ShardWriter.of(config, second, sources.of(config.input)).__dict__, "resume_from": (first,)})
-    reads, real_read = [], staged_check.sha256_and_size
-    monkeypatch.setattr(staged_check, "sha256_and_size", lambda path: reads.append(path) or real_read(path))
+    reads, real_read = [], staging.sha256_and_size
+    monkeypatch.setattr(staging, "sha256_and_size", lambda path: reads.append(path) or real_read(path))
     for key, shard in shards.items():
         staged = writer.write(key, shard, label_map, read_bytes=None)
         name = staged.result.shard.filename
-        moved = storage.join(publish.staging_dir(out, second), name)
+        moved = storage.join(staging.staging_dir(out, second), name)
         assert storage.exists(moved)
-        assert not storage.exists(storage.join(publish.staging_dir(out, first), name))  # moved, not rewritten
+        assert not storage.exists(storage.join(staging.staging_dir(out, first), name))  # moved, not rewritten
         assert array_rows.RowContents.of(staged.contents, shard).rows.tolist() == shard.rows.tolist()
         # Unchanged since its writer saw it: not read back; its new place's identity is recorded for the commit.
         assert staged.result.identity == storage.identity(moved)
-        record = json.loads(open(moved + publish.STAGED_RECORD, "rb").read())
+        record = json.loads(open(moved + staging.STAGED_RECORD, "rb").read())
         assert record["staged"]["result"]["identity"] == staged.result.identity and record["reused"]
     assert reads == []

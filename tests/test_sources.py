@@ -15,7 +15,7 @@ from conftest import build, read_examples
 from test_golden import digests
 from imagerecords.pipeline import sources
 from imagerecords.pipeline.errors import InputError
-from imagerecords.pipeline.plan.refs import ImageRef, Rejected
+from imagerecords.pipeline.refs import ImageRef, Rejected
 
 SHAPES = ("circle", "square", "stripe")
 BROKEN = 5  # drawn as bytes no decoder takes: rejected when its shard decodes it

@@ -5,8 +5,8 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import ImageRef, LabelMap
 from imagerecords.transforms import AssignLabels, GlobalShuffle, ReadImages, ReadManifest
 from imagerecords.transforms.common import REJECTED
 

@@ -69,8 +69,8 @@ def tree(image_tree, tmp_path_factory):
 ORPHAN = r"""
 import json, os, sys
 from imagerecords.pipeline.encode import image_codec as codec
-from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.plan.refs import ImageRef
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import ImageRef
 from imagerecords.pipeline.write import shard_writer
 from imagerecords.pipeline.write import stream as write_stream
 

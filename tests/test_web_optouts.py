@@ -159,7 +159,7 @@ def test_a_bad_opt_out_flag_is_exit_2_in_one_line(tmp_path, capsys, flags, said)
 
 
 def test_the_hosts_list_counts_failed_and_opted_out_urls_by_host_and_reason():
-    from imagerecords.pipeline.plan.refs import Rejected
+    from imagerecords.pipeline.refs import Rejected
     from imagerecords.pipeline.publish import hosts
 
     rows = [Rejected(f"http://dead.example:80/{i}.jpg", "HTTP 404 (Not Found)", stage="download", error="HTTPError")

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import build, read_examples
 from support.web import Server, jpeg
-from imagerecords.pipeline.read import download, urls
+from imagerecords.pipeline import urls
+from imagerecords.pipeline.read import download
 
 def _grey(size=(40, 30)):
     """A 1-channel JPEG the size of jpeg()'s: what an image feature (a mask) holds by default."""

@@ -325,7 +325,7 @@ def test_rows_with_paths_move_as_references_and_write_the_same_bytes(rows, cli_b
 
 @pytest.mark.slow
 def test_another_builds_lock_stops_the_pipeline_and_nothing_is_published(rows, tmp_path):
-    from imagerecords.pipeline.publish import lock as output_lock
+    from imagerecords.pipeline import lock as output_lock
 
     out = tmp_path / "ds"
     out.mkdir()
@@ -337,7 +337,7 @@ def test_another_builds_lock_stops_the_pipeline_and_nothing_is_published(rows, t
 
 
 def test_the_default_key_is_the_bytes_digest_or_the_path_as_given(rows):
-    from imagerecords.pipeline.plan.refs import ManifestColumns
+    from imagerecords.pipeline.refs import ManifestColumns
     from imagerecords.transforms.write_dataset import row_to_ref
 
     data = rows[0]["image"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import List, Optional, Tuple
 
+from imagerecords.format import side_files
+
 from imagerecords.format import access, files, schema
 from imagerecords.format import features as features_lib
 from imagerecords.format import manifest as manifest_lib
@@ -108,7 +110,7 @@ def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[s
             notes.append(f"{join(output, STAGING)}: leftover staging area of an unfinished or failed build "
                             "(remove it, or rebuild with --overwrite)")
         elif name == LOCK:
-            from imagerecords.pipeline.publish import lock as output_lock
+            from imagerecords.pipeline import lock as output_lock
 
             holder = output_lock.read_lock(output)
             state = "stale lock of" if holder and holder.is_dead_here() else "lock held by"
@@ -254,7 +256,7 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
 def _keys_notes(output: str, shard) -> List[str]:
     """A shard's keys file that is missing or not the one its build wrote: no reader uses it, but the
     next --append reads the shard instead (a note, not a problem)."""
-    path = dataset_files.keys_path(output, shard.filename)
+    path = side_files.keys_path(output, shard.filename)
     if path is None:
         return []
     try:
@@ -263,7 +265,7 @@ def _keys_notes(output: str, shard) -> List[str]:
         return [str(e)]
     except OSError:
         return [f"{path}: missing (the next --append reads {shard.filename} instead)"]
-    if not dataset_files.keys_file_is_the_builds(data, shard):
+    if not side_files.keys_file_is_the_builds(data, shard):
         return [f"{path}: sha256 differs from the manifest (the next --append reads {shard.filename} instead)"]
     return []
 

@@ -16,7 +16,7 @@ from imagerecords.pipeline import naming, storage
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.encode.image_codec import ImageOptions
 from imagerecords.pipeline.naming import setting
-from imagerecords.pipeline.plan.refs import MAX_NAME_LENGTH, ManifestColumns, split_name_problem
+from imagerecords.pipeline.refs import MAX_NAME_LENGTH, ManifestColumns, split_name_problem
 from imagerecords.pipeline.read import download, optouts
 
 WRITERS = ("shards", "beam")

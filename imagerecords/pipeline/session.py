@@ -14,13 +14,14 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional, Tuple
 
 from imagerecords.format.manifest import ERRORS, LOCK, MANIFEST, STAGING, Manifest
+from imagerecords.pipeline import staging
 from imagerecords.pipeline import checks, engines, errors, naming, phases, storage
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.naming import setting
 from imagerecords.pipeline.options import BuildOptions, Progress
-from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.publish import commit as publish
-from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline import lock as output_lock
 
 if TYPE_CHECKING:
     from imagerecords.pipeline.checks import InputInfo
@@ -36,17 +37,17 @@ def _claim_output(config: BuildConfig) -> int:
     keeps them to take their complete shards from. Returns the staged shards a resume can reuse."""
     # Another build's write probe is there for a moment (two builds started together): not content.
     names = [n for n in storage.list_names(config.output) if n != LOCK and not n.startswith(checks.PROBE_PREFIX)]
-    staged = publish.staged_builds(config.output)
+    staged = staging.staged_builds(config.output)
     published = storage.exists(storage.join(config.output, MANIFEST))
     if config.resume:
         if published and not config.overwrite and not config.append:
             raise errors.OutputError(f"{config.output} holds a published dataset; pass {setting('overwrite')} with {setting('resume')} to "
                                      "replace it")
-        return sum(1 for b in staged for p in storage.list_tree(publish.staging_dir(config.output, b))
-                   if p.endswith(publish.STAGED_RECORD))
+        return sum(1 for b in staged for p in storage.list_tree(staging.staging_dir(config.output, b))
+                   if p.endswith(staging.STAGED_RECORD))
     if config.overwrite or (config.append and published and staged and publish.holds_only_reasons(config.output)):
         if staged:  # with --append: only the reasons an earlier delta left, none of them published
-            publish.remove_staging(config.output)
+            staging.remove_staging(config.output)
         return 0
     if staged:
         if publish.holds_only_reasons(config.output):
@@ -185,7 +186,7 @@ def run(options: BuildOptions, *, notify: Optional[Callable[[str], None]] = None
       errors.BuildError: an expected failure, one line (errors.Interrupted for a signal).
     """
     if options.config.append:  # the settings not given are the dataset's, read before anything checks them
-        from imagerecords.pipeline.plan import appending
+        from imagerecords.pipeline.publish import appending
 
         options = dataclasses.replace(options, config=appending.with_dataset_settings(options.config,
                                                                                       options.settings_given))
@@ -196,7 +197,7 @@ def run(options: BuildOptions, *, notify: Optional[Callable[[str], None]] = None
         raise errors.UsageError(f"{setting('resume')} needs {setting('writer', 'shards')} (the Beam sink's shards have no fingerprints)")
     input_info = checks.check_input(config, ignore_split_column=options.ignore_split_column)
     if config.append:
-        from imagerecords.pipeline.plan import appending
+        from imagerecords.pipeline.publish import appending
 
         if options.detached or any(a.startswith("--template_location") for a in options.pipeline_options):
             raise errors.UsageError(f"{setting('append')} needs the build to end in this process (no {setting('detached')}, no template): "
@@ -369,10 +370,10 @@ def _verdict(config: BuildConfig, build_id: str) -> publish.BuildResults:
         if results.base is not None and results.num_written + results.num_rejected == 0:
             # An append with nothing new staged no reasons worth keeping: leave no staging area behind
             # for verify to call leftover and finish to call unfinished.
-            publish.remove_staging(config.output, build_id)
+            staging.remove_staging(config.output, build_id)
             if storage.is_local(config.output):
                 with contextlib.suppress(OSError):
-                    os.rmdir(publish.staging_root(config.output))  # only if no other build staged there
+                    os.rmdir(staging.staging_root(config.output))  # only if no other build staged there
         else:
             publish.discard_staged_shards(config.output, results)  # errors.jsonl stays, for the reasons
         raise
@@ -390,11 +391,11 @@ def _commit(config: BuildConfig, results: publish.BuildResults) -> Manifest:
 
 def _reused_count(output: str, build_id: str, results: publish.BuildResults) -> int:
     """Shards of this build that an earlier build wrote (their staged record says so)."""
-    staging = publish.staging_dir(output, build_id)
+    staged_dir = staging.staging_dir(output, build_id)
     count = 0
     for r in results.shards:
         try:
-            record = json.loads(storage.read_bytes(storage.join(staging, r.filename + publish.STAGED_RECORD)))
+            record = json.loads(storage.read_bytes(storage.join(staged_dir, r.filename + staging.STAGED_RECORD)))
         except (OSError, ValueError):
             continue
         count += record.get("reused", False)
@@ -414,8 +415,8 @@ def _interrupted(e: KeyboardInterrupt, stage: str, config: BuildConfig, build_id
     if stage == "done":
         return errors.Interrupted(f"{what} after the commit: {out} is published", signum)
     staged = 0
-    if publish.staged_builds(out):
-        staged = sum(1 for p in storage.list_tree(publish.staging_dir(out, build_id)) if p.endswith(publish.STAGED_RECORD))
+    if staging.staged_builds(out):
+        staged = sum(1 for p in storage.list_tree(staging.staging_dir(out, build_id)) if p.endswith(staging.STAGED_RECORD))
     held = "1 complete shard is" if staged == 1 else f"{staged} complete shards are"
     resume = (f"; {held} staged: {naming.rerun_with('resume')} "
               "to reuse them"
@@ -471,7 +472,7 @@ def finish(output: str, break_lock: bool = False, *, notify: Optional[Callable[[
     Raises:
       errors.BuildError: nothing to finish, over budget, or the lock is held.
     """
-    if storage.exists(storage.join(output, MANIFEST)) and not publish.staged_builds(output):
+    if storage.exists(storage.join(output, MANIFEST)) and not staging.staged_builds(output):
         raise errors.UnfinishedBuild(f"nothing to finish: {output} is published and has no staging area")
     with output_lock.OutputLock(output, output_lock.new_build_id(), command="finish", break_lock=break_lock,
                                 detached_job_done=lambda: publish.results_staged(output)) as lock:

@@ -9,7 +9,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from imagerecords.pipeline.errors import BuildError
-from imagerecords.pipeline.plan.refs import ImageRef, Rejected
+from imagerecords.pipeline.refs import ImageRef, Rejected
 from imagerecords.pipeline.read import array_files as arrays
 from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
 

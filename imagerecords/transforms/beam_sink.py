@@ -16,7 +16,7 @@ from imagerecords.format.manifest import Shard
 from imagerecords.format.record_format import shard_prefix
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.encode import image_codec as codec
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.write import stream as write_stream
 from imagerecords.pipeline.write.dataset_files import ShardResult
 from imagerecords.transforms.common import REJECTED
@@ -72,7 +72,7 @@ class WriteWithBeamSink(beam.PTransform):
     """Writes refs with beam.io.WriteToTFRecord, one write per split in `split_names`.
 
     Outputs: main (ShardResult, read back from the files) and REJECTED. `staging` is the build's
-    staging folder (publish.staging_dir); `source`, the sources.Source that reads the refs (None: files).
+    staging folder (pipeline.staging.staging_dir); `source`, the sources.Source that reads the refs (None: files).
     """
 
     def __init__(self, staging: str, name: str, labels, split_names: Sequence[str], num_shards: int,

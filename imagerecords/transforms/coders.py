@@ -12,7 +12,7 @@ from typing import Any, List, Tuple
 
 from apache_beam import coders
 
-from imagerecords.pipeline.plan.refs import ImageRef
+from imagerecords.pipeline.refs import ImageRef
 
 __all__ = ["ImageRefCoder", "RefList", "ShardGroup", "KeyedRef"]
 

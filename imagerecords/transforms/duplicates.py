@@ -6,8 +6,8 @@ from typing import Iterable, Tuple
 
 import apache_beam as beam
 
-from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.plan.refs import DuplicateGroup
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import DuplicateGroup
 
 __all__ = ["FindDuplicates"]
 

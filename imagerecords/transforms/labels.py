@@ -6,10 +6,10 @@ from typing import Iterable, Optional, Sequence, Tuple, Union
 
 import apache_beam as beam
 
-from imagerecords.pipeline.plan import appending
+from imagerecords.pipeline.publish import appending
 from imagerecords.pipeline.plan import assign as assign_lib
-from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.transforms.common import REJECTED
 
 __all__ = ["AssignLabels"]

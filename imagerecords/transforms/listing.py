@@ -11,8 +11,8 @@ from apache_beam.metrics import Metrics
 
 from imagerecords.format.paths import has_scheme
 from imagerecords.pipeline.plan import assign as assign_lib
-from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.plan.refs import ImageRef, ManifestColumns, Rejected, is_manifest
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import ImageRef, ManifestColumns, Rejected, is_manifest
 from imagerecords.pipeline.read import input_files
 from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
 

@@ -8,9 +8,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import apache_beam as beam
 
 from imagerecords.pipeline.plan import assign as assign_lib
-from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.plan import shard_plan as planning
-from imagerecords.pipeline.plan.refs import ImageRef
+from imagerecords.pipeline.refs import ImageRef
 from imagerecords.pipeline.plan.shard_plan import ShardPlan
 from imagerecords.transforms.coders import KeyedRef, ShardGroup, ShardKey
 

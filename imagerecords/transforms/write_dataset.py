@@ -15,10 +15,10 @@ from imagerecords.pipeline import storage
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.read import politeness
 from imagerecords.pipeline.plan import assign as assign_lib
-from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, ManifestColumns, Rejected
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import ImageRef, LabelMap, ManifestColumns, Rejected
 from imagerecords.pipeline.publish import commit as publish
-from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline import lock as output_lock
 from imagerecords.pipeline.read import download, input_files
 from imagerecords.pipeline.sources.manifests import ManifestSource, check_http
 from imagerecords.pipeline.write import stream as write_stream
@@ -51,7 +51,7 @@ def row_to_ref(row: Any, base: str, columns: ManifestColumns, max_file_bytes: Op
                stat: bool = True) -> Union[Tuple[ImageRef, Optional[bytes]], Rejected]:
     """One user row as (ImageRef, the image bytes it carried or None), or the Rejected row saying why not.
 
-    The row is checked as a manifest row is (imagerecords.pipeline.plan.refs.parse_manifest_row: label
+    The row is checked as a manifest row is (imagerecords.pipeline.refs.parse_manifest_row: label
     and key text, split, declared feature values), plus the types a Python row can get wrong.
     A row with "image" bytes gets the uri `bytes:<32 hex digits of its SHA-256>` and, without a
     "key", that digest as its key; a row with a "path" is keyed by the path as given, as a

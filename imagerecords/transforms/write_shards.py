@@ -12,8 +12,8 @@ from apache_beam.metrics import Metrics
 
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.config import BuildConfig, make_config
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap
-from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline.refs import ImageRef, LabelMap
+from imagerecords.pipeline import lock as output_lock
 from imagerecords.pipeline.write import shard_writer
 from imagerecords.pipeline.write.dataset_files import ShardResult
 from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, NEAR, REJECTED

@@ -9,7 +9,7 @@ from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple
 
 from imagerecords.format import features as feature_spec
 from imagerecords.format.manifest import DUPLICATES, ERRORS, Manifest
-from imagerecords.pipeline.plan.refs import OPTED_OUT
+from imagerecords.pipeline.refs import OPTED_OUT
 from imagerecords.pipeline.publish import hosts as hosts_lib
 from imagerecords.pipeline.storage import join, open_if_exists
 

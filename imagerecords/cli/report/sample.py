@@ -10,6 +10,8 @@ import io
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from imagerecords.format import side_files
+
 from imagerecords.format import features as feature_spec
 from imagerecords.format import record_format, schema
 from imagerecords.format.features import Feature
@@ -312,18 +314,17 @@ def thumbs_by_key(output: str, manifest: Manifest, keys: Set[str]) -> Dict[str, 
     """{key: its record's thumbnail} for the records of `keys`, found through each shard's keys file
     (record order) and read from the shards that hold them, each only up to its last wanted record;
     a key no keys file names has none."""
-    from imagerecords.pipeline.write import dataset_files
 
     wanted: Dict[str, Dict[int, str]] = {}
     for split in manifest.splits:
         for shard in split.shards:
-            path = dataset_files.keys_path(output, shard.filename)
+            path = side_files.keys_path(output, shard.filename)
             stream = open_if_exists(path) if path else None
             if stream is None:
                 continue
             with stream:
                 try:
-                    rows = dataset_files.parse_keys(stream.read())
+                    rows = side_files.parse_keys(stream.read())
                 except (ValueError, KeyError, TypeError, UnicodeDecodeError):
                     continue
             at = {i: key for i, (key, _, _, _) in enumerate(rows) if key in keys}

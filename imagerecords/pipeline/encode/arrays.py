@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from imagerecords.format import codecs, features, schema
 from imagerecords.pipeline.encode import image_codec as codec
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read.array_files import Column, opened, ref_row
 
 

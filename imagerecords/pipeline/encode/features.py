@@ -9,7 +9,7 @@ from typing import Callable, Dict, Optional, Sequence
 from imagerecords.format import codecs
 from imagerecords.format.features import Feature, ValueProblem
 from imagerecords.pipeline.encode import image_codec as codec
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap
+from imagerecords.pipeline.refs import ImageRef, LabelMap
 from imagerecords.pipeline.read import input_files
 
 # Pillow modes an image feature stores as they are, by channel count; 'P' is stored as its indices

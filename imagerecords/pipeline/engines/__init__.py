@@ -13,7 +13,7 @@ from imagerecords.pipeline import sources, storage
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.errors import UsageError
 from imagerecords.pipeline.naming import setting
-from imagerecords.pipeline.plan.refs import LabelMap
+from imagerecords.pipeline.refs import LabelMap
 from imagerecords.pipeline.sources import InputInfo
 
 

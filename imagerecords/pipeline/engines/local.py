@@ -39,11 +39,12 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Uni
 
 from imagerecords.pipeline import processes, sources
 from imagerecords.pipeline.config import BuildConfig
-from imagerecords.pipeline.plan import appending, array_rows, near
+from imagerecords.pipeline.plan import array_rows, near
+from imagerecords.pipeline.publish import appending
 from imagerecords.pipeline.plan import assign as assign_lib
-from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.plan import shard_plan as planning
-from imagerecords.pipeline.plan.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.publish import results as results_lib
 from imagerecords.pipeline.read import array_files as arrays

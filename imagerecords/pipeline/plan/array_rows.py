@@ -14,9 +14,9 @@ import hashlib
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.plan import shard_plan as planning
-from imagerecords.pipeline.plan.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import array_files as arrays
 
 # Keys spell the row in 9 digits: below this many rows their text order is their row order,

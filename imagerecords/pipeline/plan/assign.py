@@ -14,8 +14,8 @@ import functools
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from imagerecords.pipeline import storage
-from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, ManifestColumns, Rejected
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import ImageRef, LabelMap, ManifestColumns, Rejected
 from imagerecords.pipeline.read import download, input_files
 
 # Listing ------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import json
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from imagerecords.pipeline.encode.perceptual import NAME, distance
-from imagerecords.pipeline.plan.refs import GroupFlags
+from imagerecords.pipeline.refs import GroupFlags
 
 # Hamming distance (of 64 bits) at or under which two images are near-duplicates. Measured on the
 # pictures of tests/support/near_corpus.py (40 copies per edit): resized (0.5x, 0.8x) copies are

@@ -30,16 +30,17 @@ import logging
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from imagerecords.pipeline import phases, storage
+from imagerecords.pipeline import phases, staging, storage
 from imagerecords.pipeline.errors import BudgetExceeded, OutputError, UnfinishedBuild
 from imagerecords.pipeline.publish import staged_check
-from imagerecords.pipeline.publish import lock as output_lock
+from imagerecords.pipeline import lock as output_lock
 from imagerecords.pipeline.write import dataset_files
+from imagerecords.format import side_files
 from imagerecords.format import manifest as manifest_lib
-from imagerecords.format.manifest import (COLUMNS_FROM, DUPLICATES, ERRORS, FLAT_LAYOUT, MANIFEST, STAGING, VERSION_PREFIX,
+from imagerecords.format.manifest import (COLUMNS_FROM, DUPLICATES, ERRORS, FLAT_LAYOUT, MANIFEST, VERSION_PREFIX,
                                           SHARDS_SUFFIX, Manifest, dumps)
 from imagerecords.format.record_format import is_shard_name
-from imagerecords.format.paths import inside_problem, segment_problem
+from imagerecords.format.paths import inside_problem
 from imagerecords.pipeline.config import PublishOptions, version_name_problem
 from imagerecords.pipeline.naming import setting
 
@@ -47,7 +48,6 @@ log = logging.getLogger(__name__)
 
 RESULTS = "results.json"
 COMMIT = "commit.json"
-STAGED_RECORD = ".staged.json"  # beside each staged shard: its fingerprint and its writer's report
 
 
 def versions() -> Dict[str, str]:
@@ -68,46 +68,6 @@ def versions() -> Dict[str, str]:
     return out
 
 
-# Paths ----------------------------------------------------------------------------------------
-
-
-def staging_root(output: str) -> str:
-    """The folder holding every build's staging area (at most one live build: the lock's holder)."""
-    return storage.join(output, STAGING)
-
-
-def staging_dir(output: str, build_id: str) -> str:
-    """The staging area of one build: only that build's writers write into it."""
-    if segment_problem(build_id) or build_id.startswith("."):
-        raise ValueError(f"bad build id {build_id!r}")
-    return storage.join(output, STAGING, build_id)
-
-
-def version_folder(build_id: str) -> str:
-    """The folder (relative to the output) a published build's shards live in."""
-    return VERSION_PREFIX + build_id
-
-
-def staged_builds(output: str) -> List[str]:
-    """Build ids with a staging area in `output`, oldest first (build ids start with their UTC time)."""
-    root = staging_root(output)
-    prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
-    ids = {path[len(prefix):].replace(os.sep, "/").split("/", 1)[0] for path in storage.list_tree(root)}
-    return sorted(i for i in ids if i and not i.startswith("."))
-
-
-def remove_staging(output: str, build_id: Optional[str] = None) -> None:
-    """Removes one build's staging area, or (build_id None) every build's: a killed build's or a
-    committed one's."""
-    staging = staging_root(output) if build_id is None else staging_dir(output, build_id)
-    if storage.is_local(output):
-        import shutil
-
-        shutil.rmtree(staging, ignore_errors=True)
-        return
-    storage.delete_all(storage.list_tree(staging))
-
-
 # A pipeline's staging area untouched this long is a killed job's: a live one stages a shard every few
 # minutes. A pipeline's commit removes such areas; newer ones may be other pipelines' writing now.
 ABANDONED_STAGING_S = 6 * 3600
@@ -121,9 +81,9 @@ def _remove_abandoned_staging(output: str) -> None:
     import shutil
     import time
 
-    for build in staged_builds(output):
+    for build in staging.staged_builds(output):
         try:
-            folder = staging_dir(output, build)
+            folder = staging.staging_dir(output, build)
         except ValueError:
             continue  # not a build id (a folder someone else made there): not ours to remove
         newest = max((os.lstat(os.path.join(d, n)).st_mtime for d, _, names in os.walk(folder) for n in names),
@@ -240,7 +200,7 @@ class BuildResults:
         rerun = setting("append") if self.base is not None else setting("overwrite")
         raise BudgetExceeded(
             f"{what} ({100 * fraction:.2f}%), over the budget of {100 * limit:g}% ({setting(budget)}); reasons are in "
-            f"{storage.join(staging_dir(output, self.build_id), ERRORS)}; the dataset was not published; {remedy} "
+            f"{storage.join(staging.staging_dir(output, self.build_id), ERRORS)}; the dataset was not published; {remedy} "
             f"(or raise {setting(budget)}) and rerun the build with {rerun}")
 
     def manifest(self, created: Optional[str] = None) -> Manifest:
@@ -250,7 +210,7 @@ class BuildResults:
     def publication(self, created: Optional[str] = None) -> Tuple[Manifest, Dict[str, str]]:
         """The manifest that publishes this build, and {file it lists: the file it comes from} where
         the two differ (an append's: appending.merged_manifest)."""
-        folder = self.version_name or version_folder(self.build_id)
+        folder = self.version_name or staging.version_folder(self.build_id)
         shards = [dataclasses.replace(r, shard=dataclasses.replace(
             r.shard, filename=f"{folder}/{r.shard.filename}",
             index_file=f"{folder}/{r.shard.index_file}" if r.shard.index_file else None)) for r in self.shards]
@@ -264,26 +224,26 @@ class BuildResults:
             version=folder)
         if self.base is None:
             return own, {}
-        from imagerecords.pipeline.plan import appending
+        from imagerecords.pipeline.publish import appending
 
         manifest, sources = appending.merged_manifest(self.base, own, self.build_id)
         return manifest, {k: v for k, v in sources.items() if k != v}
 
 
 def _results_path(output: str, build_id: str) -> str:
-    return storage.join(staging_dir(output, build_id), RESULTS)
+    return storage.join(staging.staging_dir(output, build_id), RESULTS)
 
 
 def results_staged(output: str, build_id: Optional[str] = None) -> bool:
     """Whether a build's engine finished into its staging area (its results.json is there); with
     build_id None, whether any staged build did."""
-    ids = [build_id] if build_id else staged_builds(output)
+    ids = [build_id] if build_id else staging.staged_builds(output)
     return any(storage.exists(_results_path(output, i)) for i in ids)
 
 
 def read_results(output: str, build_id: Optional[str] = None) -> Optional[BuildResults]:
     """The results of `build_id`, or (None) of the newest staged build that has them."""
-    for i in [build_id] if build_id else reversed(staged_builds(output)):
+    for i in [build_id] if build_id else reversed(staging.staged_builds(output)):
         path = _results_path(output, i)
         if storage.exists(path):
             try:
@@ -304,18 +264,10 @@ def _untrusted(output: str, path: str, e: BaseException) -> OutputError:
                        "rerun `imagerecords build ... --overwrite`")
 
 
-def owns_output(output: str, build_id: str) -> bool:
-    """Whether `build_id` may still write into `output`: its lock names no other build, or only
-    another pipeline's commit (which touches its own staging alone). A writer whose launcher died
-    and whose lock another build took over must not touch anything."""
-    holder = output_lock.read_lock(output)
-    return holder is None or holder.build_id == build_id or holder.command == output_lock.COMMIT
-
-
 def holds_only_reasons(output: str) -> bool:
     """Whether `output`'s staging area holds nothing but what a build over its budget leaves there
     (errors.jsonl, and duplicates.jsonl when it looked)."""
-    root = staging_root(output)
+    root = staging.staging_root(output)
     prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
     left = {path[len(prefix):].replace(os.sep, "/").split("/", 1)[-1] for path in storage.list_tree(root)}
     return ERRORS in left and left <= {ERRORS, DUPLICATES}
@@ -323,10 +275,10 @@ def holds_only_reasons(output: str) -> bool:
 
 def discard_staged_shards(output: str, results: BuildResults) -> None:
     """Removes a failed build's staged shards and results; its errors.jsonl stays for the reasons."""
-    staging = staging_dir(output, results.build_id)
-    names = [n for r in results.shards for n in (r.filename, r.index_file, r.filename + STAGED_RECORD,
-                                                 *dataset_files.side_names(r.filename)) if n]
-    storage.delete_quietly([storage.join(staging, n) for n in names + [RESULTS]])
+    staged_dir = staging.staging_dir(output, results.build_id)
+    names = [n for r in results.shards for n in (r.filename, r.index_file, r.filename + staging.STAGED_RECORD,
+                                                 *side_files.side_names(r.filename)) if n]
+    storage.delete_quietly([storage.join(staged_dir, n) for n in names + [RESULTS]])
 
 
 # The commit ------------------------------------------------------------------------------------
@@ -448,8 +400,8 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     record = None
     published = _published(output)  # read once: the retention and the flat files both need it
     if results is None:
-        for staged_id in reversed(staged_builds(output)):
-            path = storage.join(staging_dir(output, staged_id), COMMIT)
+        for staged_id in reversed(staging.staged_builds(output)):
+            path = storage.join(staging.staging_dir(output, staged_id), COMMIT)
             if storage.exists(path):
                 try:
                     record = json.loads(storage.read_bytes(path))
@@ -464,10 +416,10 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
                             raise ValueError(f"its sources entry {final!r}: {origin!r} is not a listed file "
                                              "and a file inside the dataset")
                     # The record names the folders the commit moves into: its own build's only.
-                    if build_id != staged_id or (manifest.version != version_folder(staged_id)
+                    if build_id != staged_id or (manifest.version != staging.version_folder(staged_id)
                                                  and version_name_problem(manifest.version) is not None):
                         raise ValueError(f"it commits build {build_id!r} into {manifest.version!r}, not build "
-                                         f"{staged_id!r} into {version_folder(staged_id)!r} or a named version")
+                                         f"{staged_id!r} into {staging.version_folder(staged_id)!r} or a named version")
                 except (ValueError, KeyError, TypeError, AttributeError) as e:
                     raise _untrusted(output, path, e) from None
                 log.info("finishing the commit recorded in %s", path)
@@ -476,7 +428,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
             results = read_results(output)
             if results is None:
                 raise UnfinishedBuild(f"nothing to finish in {output}: no complete build is staged in "
-                                      f"{staging_root(output)} (its pipeline did not finish); rerun "
+                                      f"{staging.staging_root(output)} (its pipeline did not finish); rerun "
                                       "`imagerecords build ... --overwrite`")
             results.verdict(output)
     if record is None:
@@ -494,9 +446,9 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
                       for k, v in staged_check.reported_by_writers(results, manifest.version, "identity").items()}
         # A split of many shards goes into columns; its histograms into a side file, staged here
         # with the shards (the record below names it, so a redone commit moves it like a shard).
-        manifest, side_files = manifest.with_side_files(_columns_from())
-        for filename, content in side_files:
-            side_path = storage.join(staging_dir(output, build_id), filename[len(manifest.version) + 1:])
+        manifest, columns_files = manifest.with_side_files(_columns_from())
+        for filename, content in columns_files:
+            side_path = storage.join(staging.staging_dir(output, build_id), filename[len(manifest.version) + 1:])
             storage.write_bytes(side_path, content)
         # From here on the commit can be redone from this record.
         record = {"manifest": manifest.to_json(), "build_id": build_id}
@@ -506,16 +458,16 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
             record["identity"] = dict(sorted(identities.items()))
         if sources:
             record["sources"] = dict(sorted(sources.items()))
-        storage.write_bytes(storage.join(staging_dir(output, build_id), COMMIT), dumps(record))
-    staging = staging_dir(output, build_id)
+        storage.write_bytes(storage.join(staging.staging_dir(output, build_id), COMMIT), dumps(record))
+    staged_dir = staging.staging_dir(output, build_id)
     folder = manifest.version
     # One listing of staging, not one existence request per shard (each is a round trip on gs://);
     # on gs:// it carries every object's size and crc32c, which the check below compares.
-    on_gcs = staging.startswith("gs://")
-    metadata = storage.gcs_objects(staging) if on_gcs else {}
-    prefix = staging.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(staging) else os.sep)
+    on_gcs = staged_dir.startswith("gs://")
+    metadata = storage.gcs_objects(staged_dir) if on_gcs else {}
+    prefix = staged_dir.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(staged_dir) else os.sep)
     in_staging = {path[len(prefix):].replace(os.sep, "/")
-                  for path in (metadata if on_gcs else storage.list_tree(staging))}
+                  for path in (metadata if on_gcs else storage.list_tree(staged_dir))}
     own = folder + "/"
     listings: Dict[str, set] = {}
 
@@ -533,7 +485,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     for filename in (*manifest.shard_files(), *manifest.side_files):
         origin = sources.get(filename, filename)
         if origin.startswith(own) and origin[len(own):] in in_staging:
-            staged[filename] = storage.join(staging, origin[len(own):])
+            staged[filename] = storage.join(staged_dir, origin[len(own):])
         elif present(filename):
             continue  # a cut commit moved it
         elif not origin.startswith(own) and present(origin):
@@ -556,10 +508,10 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         origin_folder, _, origin_plain = origin.rpartition("/")
         if not filename.startswith(own) or not origin_folder:
             continue
-        for keys, origin_keys in zip(dataset_files.side_names(filename[len(own):]),
-                                     dataset_files.side_names(origin_plain)):
+        for keys, origin_keys in zip(side_files.side_names(filename[len(own):]),
+                                     side_files.side_names(origin_plain)):
             if origin.startswith(own) and origin_keys in in_staging:
-                staged[f"{own}{keys}"] = storage.join(staging, origin_keys)
+                staged[f"{own}{keys}"] = storage.join(staged_dir, origin_keys)
             elif not origin.startswith(own) and not present(f"{own}{keys}") and present(f"{origin_folder}/{origin_keys}"):
                 links[f"{own}{keys}"] = f"{origin_folder}/{origin_keys}"
     # 2. Into the version folder, which no published manifest names yet: readers see nothing change.
@@ -579,7 +531,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
                     output, copied, folder)
     # 3. Reports and TFDS's metadata, then the manifest: the switch to the new version.
     for report in (ERRORS, DUPLICATES):
-        staged_report, final_report = storage.join(staging, report), storage.join(output, report)
+        staged_report, final_report = storage.join(staged_dir, report), storage.join(output, report)
         if storage.exists(staged_report):
             storage.rename(staged_report, final_report)
         elif report == ERRORS and not storage.exists(final_report):
@@ -600,12 +552,12 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         storage.delete_quietly([storage.join(output, n) for n in flat])
         _remove_empty_folders(output, flat)
     if keep_other_staging:
-        remove_staging(output, build_id)
+        staging.remove_staging(output, build_id)
         _remove_abandoned_staging(output)
-        if not storage.list_tree(staging_root(output)):
-            remove_staging(output)  # the root, when no other build stages there
+        if not storage.list_tree(staging.staging_root(output)):
+            staging.remove_staging(output)  # the root, when no other build stages there
     else:
-        remove_staging(output)
+        staging.remove_staging(output)
     return manifest
 
 
@@ -626,7 +578,7 @@ def commit_results(output: str, results: BuildResults, *, keep_versions: int = 2
     with output_lock.OutputLock(output, results.build_id, command=command, wait_for_commits_s=COMMIT_WAIT_S):
         if not overwrite and _published(output) is not None:
             raise OutputError(f"{output} holds a published dataset; pass overwrite=True to replace it (nothing was "
-                              f"published; this build's shards stay in {staging_dir(output, results.build_id)})")
+                              f"published; this build's shards stay in {staging.staging_dir(output, results.build_id)})")
         try:
             results.verdict(output)
         except BudgetExceeded:
@@ -681,8 +633,8 @@ def _named_versions(output: str, published: Optional[Manifest]) -> set:
         prefix = root.rstrip("/").rstrip(os.sep) + ("/" if not storage.is_local(root) else os.sep)
         names = [p[len(prefix):].replace(os.sep, "/") for p in storage.list_tree(root)]
         if all((n.startswith(f"{published.name}-") and is_shard_name(n) and "/" not in n)
-               or (n.startswith((f"{dataset_files.INDEX_DIR}/", f"{dataset_files.KEYS_DIR}/",
-                                 f"{dataset_files.HASHES_DIR}/")) and n.count("/") == 1)
+               or (n.startswith((f"{dataset_files.INDEX_DIR}/", f"{side_files.KEYS_DIR}/",
+                                 f"{side_files.HASHES_DIR}/")) and n.count("/") == 1)
                or (n.endswith(SHARDS_SUFFIX) and "/" not in n)
                for n in names):
             out.add(v)

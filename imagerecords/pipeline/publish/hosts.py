@@ -7,8 +7,8 @@ import collections
 import re
 from typing import Dict, Iterable, List, Mapping, Tuple
 
-from imagerecords.pipeline.plan.refs import OPTED_OUT
-from imagerecords.pipeline.read import urls
+from imagerecords.pipeline.refs import OPTED_OUT
+from imagerecords.pipeline import urls
 
 TOP = 10  # hosts listed
 _STAGES = ("download", OPTED_OUT)

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from imagerecords.format.manifest import DUPLICATES, ERRORS
+from imagerecords.pipeline import staging
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.plan.near import NearGroup
-from imagerecords.pipeline.plan.refs import DuplicateGroup, LabelMap, Rejected
+from imagerecords.pipeline.refs import DuplicateGroup, LabelMap, Rejected
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.publish import hosts
 from imagerecords.pipeline.write.dataset_files import ShardResult
@@ -38,10 +39,10 @@ def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected],
     """Writes errors.jsonl, duplicates.jsonl (when looked for: identical files, or `near`, the
     near-duplicate groups, when not None) and, last, results.json into staging: the presence of
     results.json says every shard was written."""
-    staging = publish.staging_dir(output, build["build_id"])
-    storage.write_bytes(storage.join(staging, ERRORS), errors_jsonl(rejected))
+    staged_dir = staging.staging_dir(output, build["build_id"])
+    storage.write_bytes(storage.join(staged_dir, ERRORS), errors_jsonl(rejected))
     if find_duplicates or near is not None:
-        storage.write_bytes(storage.join(staging, DUPLICATES), duplicates_jsonl(duplicates if find_duplicates else (),
+        storage.write_bytes(storage.join(staged_dir, DUPLICATES), duplicates_jsonl(duplicates if find_duplicates else (),
                                                                                 near or ()))
     skipped = sum(1 for r in rejected if r.skipped)
     opted_out = sum(1 for r in rejected if r.opted_out)
@@ -56,5 +57,5 @@ def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected],
                                num_leaking_groups=sum(1 for g in groups if g.leaks),
                                num_label_conflicts=sum(1 for g in groups if g.conflicts),
                                num_already_present=len(duplicates) - len(groups), **build)
-    storage.write_bytes(storage.join(staging, publish.RESULTS), publish.dumps(out.to_json()))
+    storage.write_bytes(storage.join(staged_dir, publish.RESULTS), publish.dumps(out.to_json()))
     return out

@@ -5,28 +5,13 @@ read back), and an earlier version's shard an append links to is still the size 
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import os
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from imagerecords.format.manifest import Manifest
-from imagerecords.pipeline import storage
+from imagerecords.pipeline import staging, storage
 from imagerecords.pipeline.errors import OutputError
 from imagerecords.pipeline.naming import rerun_with, setting
-
-def sha256_and_size(path: str) -> Tuple[str, int]:
-    """The sha256 (hex) and length of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    size = 0
-    with storage.open_read(path) as f:
-        while True:
-            block = f.read(1 << 20)
-            if not block:
-                break
-            digest.update(block)
-            size += len(block)
-    return digest.hexdigest(), size
-
 
 def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
                  reported: Optional[Mapping[str, str]] = None,
@@ -74,7 +59,7 @@ def check_staged(output: str, manifest: Manifest, staged: Mapping[str, str],
         if seen is not None and seen == storage.identity(path) and num_bytes in (-1, int(seen.split(":")[2])):
             return None
         try:
-            got_sha, got_size = sha256_and_size(path)
+            got_sha, got_size = staging.sha256_and_size(path)
         except OSError as e:
             return f"{path} cannot be read ({storage.os_reason(e)})"
         if (num_bytes >= 0 and got_size != num_bytes) or got_sha != sha256:

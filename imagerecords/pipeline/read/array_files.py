@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 from imagerecords.format import features, schema
 from imagerecords.pipeline.errors import InputError, UsageError
 from imagerecords.pipeline.naming import setting
-from imagerecords.pipeline.plan.refs import MAX_INT_LABELS, ImageRef, Rejected, label_problem
+from imagerecords.pipeline.refs import MAX_INT_LABELS, ImageRef, Rejected, label_problem
 
 # A row's key and uri: "<file or folder name>:<row, 9 digits>" and "<path>#row=<row>". Spelled here
 # alone; the columnar writers (array_rows, row_writer) format many rows at once from these prefixes.

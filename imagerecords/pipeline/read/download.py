@@ -25,7 +25,8 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from imagerecords.pipeline import processes, storage
 from imagerecords.pipeline.naming import setting
-from imagerecords.pipeline.read import deadlines, optouts, urls
+from imagerecords.pipeline import urls
+from imagerecords.pipeline.read import deadlines, optouts
 
 MAX_REDIRECTS = 5
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})

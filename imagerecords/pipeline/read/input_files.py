@@ -11,8 +11,8 @@ import stat as stat_lib
 from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from imagerecords.format.paths import has_scheme
-from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.plan.refs import ImageRef, Rejected
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import ImageRef, Rejected
 
 __all__ = [
     "FileOps", "Probe", "Refused", "describe_os_error", "list_root", "probe", "read_limited",

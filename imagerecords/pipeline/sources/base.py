@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 from imagerecords.pipeline import storage
-from imagerecords.pipeline.plan.refs import ImageRef, Rejected
+from imagerecords.pipeline.refs import ImageRef, Rejected
 from imagerecords.pipeline.read import input_files
 
 Listed = Union[ImageRef, Rejected]

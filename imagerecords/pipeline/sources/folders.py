@@ -10,8 +10,8 @@ from imagerecords.format.paths import has_scheme
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.errors import InputError
 from imagerecords.pipeline.naming import setting
-from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.plan.refs import Rejected
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import Rejected
 from imagerecords.pipeline.read import input_files
 from imagerecords.pipeline.sources.base import InputInfo, Listed, Source
 from imagerecords.pipeline.sources.base import first_line as _first_line

@@ -15,7 +15,7 @@ from imagerecords.pipeline import storage
 from imagerecords.pipeline.errors import InputError, UsageError
 from imagerecords.pipeline.naming import setting
 from imagerecords.pipeline.plan import assign as assign_lib
-from imagerecords.pipeline.plan import refs as refs_lib
+from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.read import download, input_files, politeness
 from imagerecords.pipeline.sources.base import InputInfo, Listed, Source
 from imagerecords.pipeline.sources.base import first_line as _first_line

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from imagerecords.format import features as features_lib
 from imagerecords.format.manifest import MANIFEST, Manifest, Shard, Split, dumps
 from imagerecords.format import record_format
 from imagerecords.format.record_format import INDEX_DIR, INDEX_SUFFIX
-from imagerecords.format.paths import join
 
 DATASET_INFO = "dataset_info.json"
 FEATURES = "features.json"
@@ -22,14 +19,6 @@ FILEPATH_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
 # `*-of-*`) never reaches into a sub-folder, so it can never pick an index up as a shard, and
 # `OUT/index/{}.idx` with the shard's file name is the index path every reader wants
 # (INDEX_DIR and INDEX_SUFFIX live with the manifest, which derives a columnar split's index names).
-# Beside each shard, in a folder no shard glob reaches: one JSON line per record (key, class name,
-# source size and digest) so that --append learns the stored keys without reading the shards.
-KEYS_DIR = "keys"
-KEYS_SUFFIX = ".jsonl"
-# Beside the keys file: each record's perceptual hash (near.hashes_text), so that an append compares
-# its images with the whole dataset's without reading a shard.
-HASHES_DIR = "hashes"
-HASHES_SUFFIX = ".txt"
 # What TFDS reads to find a dataset: removed with manifest.json when a commit starts, so that
 # neither our readers nor TFDS see the previous dataset's metadata over the new shards.
 PUBLICATION_MARKS = (MANIFEST, DATASET_INFO, FEATURES)
@@ -91,90 +80,10 @@ class ShardResult:
                    text("index_identity"))
 
 
-def keys_name(shard_filename: str) -> str:
-    """The keys file of a shard, relative to its version folder ('/' separated on every filesystem)."""
-    return f"{KEYS_DIR}/{shard_filename}{KEYS_SUFFIX}"
-
-
-def hashes_name(shard_filename: str) -> str:
-    """The hashes file of a shard, relative to its version folder."""
-    return f"{HASHES_DIR}/{shard_filename}{HASHES_SUFFIX}"
-
-
-def side_names(shard_filename: str) -> Tuple[str, str]:
-    """The per-record side files a shard may have (keys, hashes), relative to its version folder."""
-    return keys_name(shard_filename), hashes_name(shard_filename)
-
-
-def hashes_path(output: str, shard_filename: str) -> Optional[str]:
-    """The hashes file of the shard a manifest names `shard_filename` (None: a shard without a folder)."""
-    folder, _, plain = shard_filename.rpartition("/")
-    return join(output, folder, hashes_name(plain)) if folder else None
-
-
-def keys_path(output: str, shard_filename: str) -> Optional[str]:
-    """The keys file of the shard a manifest names `shard_filename`, or None for a shard in the
-    dataset folder itself (written before keys files: it has none)."""
-    folder, _, plain = shard_filename.rpartition("/")
-    return join(output, folder, keys_name(plain)) if folder else None
-
-
-def keys_digest(data: bytes) -> str:
-    """A keys file's digest, as the manifest records it (Shard.keys_sha256)."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def keys_file_is_the_builds(data: bytes, shard: Shard) -> bool:
-    """Whether `data` is the keys file `shard`'s build wrote: its digest is the manifest's. A shard
-    whose build recorded none passes here (its row count is then all that can be checked)."""
-    return not shard.keys_sha256 or keys_digest(data) == shard.keys_sha256
-
-
-def keys_line(digest: str, key: str, label: str, size: str) -> str:
-    """One keys-file line from its values already spelled as JSON (key and label quoted); the
-    columnar writer (row_writer) passes %-format slots instead, to spell many rows at once."""
-    return f'{{"digest": "{digest}", "key": {key}, "label": {label}, "size": {size}}}'
-
-
 def contents_entry(digest: str, key: str, split: str, uri: str, label: str) -> str:
     """One entry of a staged shard record's "contents" (shard_writer.StagedShard.contents), its values
     spelled as JSON like keys_line's: ["digest hex",[key,split,uri,label name]]."""
     return f'["{digest}",[{key},{split},{uri},{label}]]'
-
-
-def format_keys(rows: Sequence[Tuple[str, str, int, bytes]]) -> bytes:
-    """The keys file of a shard: one line per record in shard order, {key, label, size, digest}
-    (digest: stream.content_digest of the source file's bytes, hex; size: -1 when not listed)."""
-    # json.dumps(sort_keys=True, ensure_ascii=False) of each row, spelled out: the encoder's set-up per
-    # call cost more than the line (a shard of 25,000 array rows).
-    text = json.encoder.encode_basestring
-    lines = []
-    for k, label, size, digest in rows:
-        if type(k) is not str or type(label) is not str or type(size) is not int:
-            lines.append(json.dumps({"key": k, "label": label, "size": size, "digest": digest.hex()}, sort_keys=True,
-                                    ensure_ascii=False))
-            continue
-        lines.append(keys_line(digest.hex(), text(k), text(label), repr(size)))
-    return ("\n".join(lines) + "\n").encode("utf-8") if lines else b""
-
-
-def parse_keys(data: bytes) -> List[Tuple[str, str, int, bytes]]:
-    """The rows of a keys file (format_keys).
-
-    Raises:
-      ValueError: a line that is not a keys row.
-    """
-    rows = []
-    # Split at "\n" only: str.splitlines also splits at U+2028, U+0085 and others, which a key may hold raw.
-    for line in data.decode("utf-8").split("\n"):
-        if not line:
-            continue
-        d = json.loads(line)
-        key, label, size, digest = d["key"], d["label"], d["size"], bytes.fromhex(d["digest"])
-        if not (isinstance(key, str) and isinstance(label, str) and isinstance(size, int) and len(digest) == 16):
-            raise ValueError(f"not a keys row: {line[:200]!r}")
-        rows.append((key, label, size, digest))
-    return rows
 
 
 def index_name(shard_filename: str) -> str:

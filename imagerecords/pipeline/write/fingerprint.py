@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.encode import image_codec as codec
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap
+from imagerecords.pipeline.refs import ImageRef, LabelMap
 
 
 def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, name: str, preset: str,

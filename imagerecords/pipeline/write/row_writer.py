@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, List, Optional, Tuple
 
+from imagerecords.format import side_files
+
 from imagerecords.format.record_format import RecordWriter
 from imagerecords.pipeline.encode import arrays as array_encode
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.plan import array_rows
-from imagerecords.pipeline.plan.refs import LabelMap, Rejected
+from imagerecords.pipeline.refs import LabelMap, Rejected
 from imagerecords.pipeline.read import array_files as arrays
 from imagerecords.pipeline.write import dataset_files, fingerprint
 
@@ -63,7 +65,7 @@ def _names(shard: array_rows.RowShard, labels: LabelMap) -> List[Optional[str]]:
 
 def written_lines(shard: array_rows.RowShard, positions, digests: bytes, labels: LabelMap, contents: bool = True
                   ) -> Tuple[bytes, str]:
-    """The keys file (dataset_files.format_keys) of the written rows and, with `contents`, the staged
+    """The keys file (side_files.format_keys) of the written rows and, with `contents`, the staged
     record's `contents` entries as shard_writer._staged_record_bytes spells a ref shard's
     (["digest hex",[key, split, uri, label name]] joined by commas; else ""). The rows are given by
     their `positions` in the shard and their 16-byte `digests`, back to back, in shard order."""
@@ -74,7 +76,7 @@ def written_lines(shard: array_rows.RowShard, positions, digests: bytes, labels:
     digest_of = [hexed[k:k + 32] for k in range(0, len(hexed), 32)]
     rows, codes = shard.rows[positions].tolist(), shard.codes[positions].tolist()
     key = _open(_utf8(arrays.key_prefix(shard.path))) + arrays.ROW_NUMBER
-    formats = [dataset_files.keys_line("%s", key + '"', name, str(shard.size)) for name in names]
+    formats = [side_files.keys_line("%s", key + '"', name, str(shard.size)) for name in names]
     keys = (_spell(formats, codes, "\n", digest_of, rows) + "\n").encode("utf-8")
     if not contents:
         return keys, ""

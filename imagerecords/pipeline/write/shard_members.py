@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
+from imagerecords.format import side_files
+
 from imagerecords.pipeline.plan import array_rows, near
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import array_files as arrays
-from imagerecords.pipeline.write import dataset_files, row_writer
+from imagerecords.pipeline.write import row_writer
 from imagerecords.pipeline.write import stream as write_stream
 
 
@@ -70,7 +72,7 @@ class RefMembers:
         """(keys file, staged contents, passthrough records, contents entries already spelled or None)."""
         stats = self._stats
         name = _label_name(labels)
-        keys = dataset_files.format_keys([(r.key, name(r), r.size, digest) for digest, r in stats.contents])
+        keys = side_files.format_keys([(r.key, name(r), r.size, digest) for digest, r in stats.contents])
         written = [(digest, (r.key, r.split, r.uri, name(r))) for digest, r in stats.contents] if contents else []
         return keys, written, stats.passthrough, None
 

@@ -17,16 +17,17 @@ import tempfile
 import uuid
 from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+from imagerecords.format import side_files
+
 from imagerecords.format import record_format, records
 from imagerecords.format.manifest import Shard
+from imagerecords.pipeline import staging
 from imagerecords.pipeline import phases, storage
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.plan import array_rows
 from imagerecords.pipeline.plan import near as near_lib
 from imagerecords.pipeline.plan import shard_plan as planning
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
-from imagerecords.pipeline.publish import staged_check
-from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import input_files
 from imagerecords.pipeline.write import dataset_files, shard_members
 from imagerecords.pipeline.write import fingerprint as fingerprint_lib
@@ -117,7 +118,7 @@ class ShardWriter:
     def of(cls, config, build_id: str, source=None) -> "ShardWriter":
         """The writer of `config` (a BuildConfig) for build `build_id`, reading its refs with
         `source` (a sources.Source; None: refs that name files)."""
-        earlier = tuple(b for b in reversed(publish.staged_builds(config.output)) if b != build_id) if config.resume \
+        earlier = tuple(b for b in reversed(staging.staged_builds(config.output)) if b != build_id) if config.resume \
             else ()
         fingerprint_lib.look_up_versions()
         return cls(output=config.output, build_id=build_id, name=config.name, preset=config.schema,
@@ -159,7 +160,7 @@ class ShardWriter:
             arrays.forget_if_changed(arrays_path, self.source)
         fmt = record_format.get(self.record_format)
         filename = planning.shard_name(self.name, split, index, num_shards, fmt.name)
-        staging = publish.staging_dir(self.output, self.build_id)
+        staged_dir = staging.staging_dir(self.output, self.build_id)
         fingerprint_refs, fingerprint_lines = members.fingerprint()
         fingerprint = fingerprint_lib.shard_fingerprint(shard, fingerprint_refs, name=self.name, preset=self.preset,
                                                         labels=labels, options=self.options,
@@ -174,7 +175,7 @@ class ShardWriter:
                 return reused
         # A unique temporary name per attempt: a retried or speculative bundle never writes into
         # another attempt's file, and the last rename wins with identical bytes.
-        tmp = storage.join(staging, f".{filename}.{uuid.uuid4().hex}.tmp")
+        tmp = storage.join(staged_dir, f".{filename}.{uuid.uuid4().hex}.tmp")
         to_write = members.to_write()
         duplicates = members.duplicates
 
@@ -190,10 +191,10 @@ class ShardWriter:
                                                 options=self.options, features=self.features, executor=executor,
                                                 window=window, on_progress=on_progress, perceptual=self.near)
             phases.reached("before_rename", filename=filename)
-            if not publish.owns_output(self.output, self.build_id):
+            if not staging.owns_output(self.output, self.build_id):
                 raise BuildAbandoned(f"build {self.build_id} no longer holds the lock of {self.output}: {filename} "
                                      "was not staged")
-            storage.rename(tmp, storage.join(staging, filename))
+            storage.rename(tmp, storage.join(staged_dir, filename))
         except BaseException:
             if storage.exists(tmp):
                 storage.delete(tmp)
@@ -208,25 +209,25 @@ class ShardWriter:
             index_data = fmt.index_bytes(stats.offsets, stats.num_bytes)
             index_sha256 = hashlib.sha256(index_data).hexdigest()
             index_crc32c = records.crc32c_of(index_data)
-            storage.write_bytes(storage.join(staging, index_file), index_data)
+            storage.write_bytes(storage.join(staged_dir, index_file), index_data)
         result = ShardResult(split, Shard(index, filename, stats.count, stats.num_bytes, stats.sha256, stats.labels,
                                           stats.passthrough, index_file, index_sha256, stats.kinds,
                                           ends_crc=stats.ends_crc),
-                             stats.crc32c, index_crc32c, storage.checked_identity(storage.join(staging, filename),
+                             stats.crc32c, index_crc32c, storage.checked_identity(storage.join(staged_dir, filename),
                                                                                   stats.crc32c),
-                             storage.checked_identity(storage.join(staging, index_file), index_crc32c)
+                             storage.checked_identity(storage.join(staged_dir, index_file), index_crc32c)
                              if index_file else None)
         keys, written, passthrough, spelled = members.staged(labels, self.contents)
         hashes, items = members.hashes(labels)
         out = StagedShard(result, duplicates + rejected, written, passthrough, items)
-        storage.write_bytes(storage.join(staging, dataset_files.keys_name(filename)), keys)
+        storage.write_bytes(storage.join(staged_dir, side_files.keys_name(filename)), keys)
         # Its digest goes to the manifest with the shard: --append trusts no other keys file.
         out.result = dataclasses.replace(out.result, shard=dataclasses.replace(
-            out.result.shard, keys_sha256=dataset_files.keys_digest(keys)))
+            out.result.shard, keys_sha256=side_files.keys_digest(keys)))
         if hashes:  # bound to the keys file by its digest, which the manifest records
-            storage.write_bytes(storage.join(staging, dataset_files.hashes_name(filename)),
+            storage.write_bytes(storage.join(staged_dir, side_files.hashes_name(filename)),
                                 near_lib.hashes_text(hashes, out.result.shard.keys_sha256))
-        storage.write_bytes(storage.join(staging, filename + publish.STAGED_RECORD), _staged_record_bytes(
+        storage.write_bytes(storage.join(staged_dir, filename + staging.STAGED_RECORD), _staged_record_bytes(
             fingerprint, out, spelled))
         phases.reached("mid_shards")
         return out
@@ -296,8 +297,8 @@ def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: 
     """Moves `filename` (and its index and record) from the staging area of one of the `earlier`
     builds into this build's when it staged it with the same fingerprint; returns what it recorded."""
     for other in earlier:
-        source = publish.staging_dir(output, other)
-        record_path = storage.join(source, filename + publish.STAGED_RECORD)
+        source = staging.staging_dir(output, other)
+        record_path = storage.join(source, filename + staging.STAGED_RECORD)
         if not storage.exists(record_path):  # asked first: a missing object's read fails late on gs://
             continue
         try:
@@ -320,13 +321,13 @@ def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: 
         if damage:  # truncated or changed since it was staged: written again, never carried to the commit
             log.warning("not reusing %s: %s; writing it again", storage.join(source, filename), damage)
             continue
-        target = publish.staging_dir(output, build_id)
-        for side in dataset_files.side_names(filename):
+        target = staging.staging_dir(output, build_id)
+        for side in side_files.side_names(filename):
             if storage.exists(storage.join(source, side)):  # without a keys file, --append reads the shard instead
                 moves.append(side)
         checked = {staged.result.shard.filename: staged.result.identity,
                    staged.result.shard.index_file: staged.result.index_identity}
-        for n in moves + [filename + publish.STAGED_RECORD]:
+        for n in moves + [filename + staging.STAGED_RECORD]:
             destination = storage.join(target, n)
             if storage.is_local(destination):
                 os.makedirs(os.path.dirname(destination), exist_ok=True)
@@ -341,7 +342,7 @@ def _reuse_staged(output: str, build_id: str, earlier: Sequence[str], filename: 
                                                   storage.join(target, staged.result.shard.index_file))
             if staged.result.shard.index_file else None)
         record["staged"]["result"] = staged.result.to_json()
-        storage.write_bytes(storage.join(target, filename + publish.STAGED_RECORD), _record_bytes(
+        storage.write_bytes(storage.join(target, filename + staging.STAGED_RECORD), _record_bytes(
             {"fingerprint": fingerprint, "staged": record["staged"], "reused": True}))
         return staged
     return None
@@ -358,7 +359,7 @@ def _staged_damage(folder: str, result: ShardResult) -> Optional[str]:
         if seen is not None and seen == storage.identity(storage.join(folder, name)):
             continue
         try:
-            got_sha, got_size = staged_check.sha256_and_size(storage.join(folder, name))
+            got_sha, got_size = staging.sha256_and_size(storage.join(folder, name))
         except OSError as e:
             return f"{name} cannot be read ({storage.os_reason(e)})"
         if (num_bytes >= 0 and got_size != num_bytes) or got_sha != sha256:

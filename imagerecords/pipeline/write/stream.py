@@ -14,7 +14,7 @@ from imagerecords.pipeline.encode import arrays as array_encode
 from imagerecords.pipeline.encode import features as feature_encoder
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.encode.encoded import Encoded
-from imagerecords.pipeline.plan.refs import ImageRef, LabelMap, Rejected
+from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import download, input_files
 
 

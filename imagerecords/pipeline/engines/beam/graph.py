@@ -7,12 +7,13 @@ from typing import Iterable, Mapping, Optional, Union
 import apache_beam as beam
 
 from imagerecords import transforms
+from imagerecords.pipeline import staging
 from imagerecords.pipeline import sources
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.read import politeness
-from imagerecords.pipeline.plan import appending
-from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.plan.refs import DuplicateGroup, ImageRef, Rejected
+from imagerecords.pipeline.publish import appending
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, Rejected
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.sources import InputInfo
 from imagerecords.transforms import (AssignLabels, FindDuplicates, FindNearDuplicates, GlobalShuffle, ListSource,
@@ -97,7 +98,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
     else:
         split_names = [n for n, _ in config.splits] if config.splits else list(config.split_names or ["train"])
         written = labelled["refs"] | "WriteWithBeamSink" >> WriteWithBeamSink(
-            publish.staging_dir(config.output, build_id), config.name, labelled["labels"], split_names,
+            staging.staging_dir(config.output, build_id), config.name, labelled["labels"], split_names,
             config.num_shards or config.min_shards, config.schema, config.image, source)
     rejected = (*rejected, labelled[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten()
     outcome = {"results": written["results"], "rejected": rejected, "labels": labelled["labels"]}

@@ -50,7 +50,7 @@ class BeamEngine:
         self._before = set(_descendants(os.getpid()))  # the caller's own processes, which stop() spares
         base = None
         if self.config.append:
-            from imagerecords.pipeline.plan import appending
+            from imagerecords.pipeline.publish import appending
 
             base = appending.load_base(self.config)  # read once per manifest: the launcher's checks read it
         p = beam.Pipeline(options=self.options)
@@ -193,7 +193,7 @@ def _descendants(root: int, skip=frozenset()) -> List[int]:
 
 
 def _alive(pid: int) -> bool:
-    from imagerecords.pipeline.publish.lock import is_zombie
+    from imagerecords.pipeline.lock import is_zombie
 
     try:
         os.kill(pid, 0)

@@ -17,7 +17,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from imagerecords.format import codecs
 from imagerecords.format import features as features_lib
 from imagerecords.format.paths import has_scheme, join
-from imagerecords.pipeline.read import urls
+from imagerecords.pipeline import urls
 
 
 @dataclasses.dataclass(frozen=True, slots=True)  # slots: less memory per ref, and a build holds one per image

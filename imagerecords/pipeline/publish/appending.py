@@ -7,14 +7,16 @@ import json
 import logging
 from typing import Any, Collection, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from imagerecords.format import side_files
+
 from imagerecords.format import record_format, schema
 from imagerecords.format import manifest as manifest_lib
 from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError
 from imagerecords.pipeline import errors, storage
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.naming import setting
-from imagerecords.pipeline.plan import refs as refs_lib
-from imagerecords.pipeline.plan.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
+from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import download
 
 log = logging.getLogger(__name__)
@@ -233,20 +235,19 @@ def _keys_file(output: str, shard) -> Optional[List[Tuple[str, str, int, bytes]]
     """The rows of a shard's keys file, or None when it has none (written before keys files), one
     whose sha256 is not the one the manifest records for it (a build that recorded none: whose row
     count is not the shard's); then its records are read instead."""
-    from imagerecords.pipeline.write import dataset_files
 
-    path = dataset_files.keys_path(output, shard.filename)
+    path = side_files.keys_path(output, shard.filename)
     data = storage.open_if_exists(path) if path else None
     if data is None:
         return None
     with data:
         content = data.read()
-    if not dataset_files.keys_file_is_the_builds(content, shard):
+    if not side_files.keys_file_is_the_builds(content, shard):
         log.warning("%s is not the keys file its build wrote (sha256 differs from the manifest's); reading %s "
                     "instead", path, shard.filename)
         return None
     try:
-        rows = dataset_files.parse_keys(content)
+        rows = side_files.parse_keys(content)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None
     return rows if len(rows) == shard.count else None
@@ -289,12 +290,11 @@ def near_items(output: str, manifest: Manifest) -> List["near.Item"]:
     each shard's keys and hashes files; a shard without both (built with --near_duplicates off,
     before hashes were kept, or whose files are not its build's) adds none, and is not compared."""
     from imagerecords.pipeline.plan import near
-    from imagerecords.pipeline.write import dataset_files
 
     out: List[near.Item] = []
     for split in manifest.splits:
         for shard in split.shards:
-            path = dataset_files.hashes_path(output, shard.filename)
+            path = side_files.hashes_path(output, shard.filename)
             data = storage.open_if_exists(path) if path else None
             if data is None:
                 continue
