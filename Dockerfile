@@ -15,8 +15,8 @@ COPY configs ./configs
 # module does not import.
 RUN pip install --no-cache-dir -c constraints.txt '.[gcp]' \
     && pip check \
-    && python -c "import imagerecords.cli.launcher, imagerecords.pipeline.engines.beam; print('imagerecords OK')"
+    && python -c "import imagerecords.cli.launcher, imagerecords.builder.engines.beam; print('imagerecords OK')"
 
 # The SDK harness boot program stays the entry point (inherited from the base image).
 # For warm Flink worker pools, run the sidecar with the command
-#   python -m imagerecords.pipeline.engines.beam.worker_pool --port 50000 --warm   (docs/flink.md)
+#   python -m imagerecords.builder.engines.beam.worker_pool --port 50000 --warm   (docs/flink.md)

@@ -91,8 +91,8 @@ def launcher(npz):
     (engines.local.list_inputs, assign_lib.assign, plan) against array_rows' NumPy columns."""
     import pickle
 
-    from imagerecords.pipeline.engines import local
-    from imagerecords.pipeline.options import BuildOptions
+    from imagerecords.builder.engines import local
+    from imagerecords.builder.options import BuildOptions
     from imagerecords.pipeline.plan import assign as assign_lib
     from imagerecords.pipeline import refs as refs_lib
     from imagerecords.pipeline.read import array_files as arrays

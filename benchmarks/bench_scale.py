@@ -28,7 +28,7 @@ def plan_only(manifest: str) -> dict:
     """Lists, assigns and plans `manifest` with the local engine's own functions; returns the figures."""
     from imagerecords.pipeline import sources
     from imagerecords.pipeline.config import BuildConfig
-    from imagerecords.pipeline.engines import local
+    from imagerecords.builder.engines import local
     from imagerecords.pipeline.plan import assign as assign_lib
     from imagerecords.pipeline import refs as refs_lib
     from imagerecords.pipeline.refs import Rejected

@@ -286,7 +286,7 @@ def list_urls(path: str) -> Dict[str, object]:
 
     from imagerecords.pipeline import sources
     from imagerecords.pipeline.config import BuildConfig
-    from imagerecords.pipeline.engines import local
+    from imagerecords.builder.engines import local
     from imagerecords.pipeline.plan import assign as assign_lib
     from imagerecords.pipeline import refs as refs_lib
     from imagerecords.pipeline.refs import Rejected

@@ -16,11 +16,11 @@ __all__ = ["BuildOptions", "Error", "Progress", "build", "build_arrays", "finish
 
 # name: (module, attribute); the module is imported when the name is first used.
 _LAZY = {
-    "build": ("imagerecords.pipeline.session", "build"),
-    "finish": ("imagerecords.pipeline.session", "finish"),
-    "build_arrays": ("imagerecords.pipeline.memory_arrays", "build_arrays"),
-    "BuildOptions": ("imagerecords.pipeline.options", "BuildOptions"),
-    "Progress": ("imagerecords.pipeline.options", "Progress"),
+    "build": ("imagerecords.builder.session", "build"),
+    "finish": ("imagerecords.builder.session", "finish"),
+    "build_arrays": ("imagerecords.builder.memory_arrays", "build_arrays"),
+    "BuildOptions": ("imagerecords.builder.options", "BuildOptions"),
+    "Progress": ("imagerecords.builder.options", "Progress"),
     "Error": ("imagerecords.format.errors", "Error"),
     "run": ("imagerecords.cli.launcher", "run"),
 }

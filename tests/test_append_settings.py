@@ -145,7 +145,7 @@ def test_the_library_appends_with_the_datasets_settings(tmp_path):
 
 def test_the_command_and_the_library_record_which_settings_were_given():
     from imagerecords.cli import flags
-    from imagerecords.pipeline.options import BuildOptions
+    from imagerecords.builder.options import BuildOptions
 
     given = flags.parse_args(["--input", "a", "--output", "b", "--append", "--max_side", "5"]).options.settings_given
     assert {"append", "max_side"} <= given and not given & {"splits", "write_index", "image_encoding", "seed"}

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import build
 from imagerecords.format import side_files
-from imagerecords.pipeline.engines import local
-from imagerecords.pipeline.options import BuildOptions
+from imagerecords.builder.engines import local
+from imagerecords.builder.options import BuildOptions
 from imagerecords.pipeline.plan import array_rows
 from imagerecords.pipeline.plan import assign as assign_lib
 from imagerecords.pipeline import refs as refs_lib

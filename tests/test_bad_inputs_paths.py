@@ -176,7 +176,7 @@ def staged(tree, tmp_path, monkeypatch):
     """OUT with a complete build staged and not committed (its launcher stopped before the commit),
     and a victim file beside OUT."""
     from imagerecords.pipeline import errors
-    from imagerecords.pipeline import session
+    from imagerecords.builder import session
 
     out = tmp_path / "out"
 

@@ -1,4 +1,4 @@
-"""Pre-flight checks (imagerecords.pipeline.checks) on real files in tmp_path.
+"""Pre-flight checks (imagerecords.builder.checks) on real files in tmp_path.
 
 Fixtures are made by the tests: tiny files stand in for images (the checks read no more than the
 first bytes of files directly under a folder root, and those only to tell images apart), CSV
@@ -16,7 +16,7 @@ import pytest
 from conftest import skip_unless_ci
 from imagerecords.pipeline.config import BuildConfig, parse_splits
 from imagerecords.pipeline.errors import InputError, OutputError, UsageError
-from imagerecords.pipeline import checks as preflight
+from imagerecords.builder import checks as preflight
 from imagerecords.cli.exit_codes import exit_code
 from imagerecords.pipeline.naming import flag_names
 

@@ -43,7 +43,7 @@ def test_dataflow_classic_template_stages_package_and_graph(image_tree, fake_gcs
     assert options["machine_type"] == "n2-standard-8" and options["max_num_workers"] == 4
     with tarfile.open(fileobj=io.BytesIO(package)) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    assert {"setup.py", "imagerecords/pipeline/engines/beam/graph.py", "imagerecords/pipeline/publish/commit.py", "imagerecords/transforms/write_shards.py"} <= names
+    assert {"setup.py", "imagerecords/builder/engines/beam/graph.py", "imagerecords/pipeline/publish/commit.py", "imagerecords/transforms/write_shards.py"} <= names
     pipeline = beam_runner_api_pb2.Pipeline.FromString(graph)
     stages = {t.unique_name for t in pipeline.components.transforms.values()}
     # The job ends in the commit (WriteDataset's step): run from the template, it publishes itself.

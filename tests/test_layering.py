@@ -65,11 +65,11 @@ MODULES = _modules()
 
 def test_the_walk_sees_the_layout():
     names = {m for m, _ in MODULES}
-    for expected in ("imagerecords.pipeline.session", "imagerecords.pipeline.checks", "imagerecords.pipeline.options",
+    for expected in ("imagerecords.builder.session", "imagerecords.builder.checks", "imagerecords.builder.options",
                      "imagerecords.cli.launcher", "imagerecords.reader", "imagerecords.format.records"):
         assert expected in names
     # The walk finds a function-level import (the check would pass vacuously otherwise).
-    assert "imagerecords.pipeline.session" in imported("imagerecords.cli.launcher",
+    assert "imagerecords.builder.session" in imported("imagerecords.cli.launcher",
                                                        os.path.join(PACKAGE_DIR, "cli", "launcher.py"))
 
 

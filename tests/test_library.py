@@ -17,9 +17,10 @@ import pytest
 import imagerecords
 from imagerecords.cli import main as cli
 from imagerecords.pipeline import staging
-from imagerecords.pipeline import errors, session
+from imagerecords.builder import session
+from imagerecords.pipeline import errors
 from imagerecords.pipeline.naming import flag_names
-from imagerecords.pipeline.options import BuildOptions
+from imagerecords.builder.options import BuildOptions
 from imagerecords.pipeline import lock as output_lock
 from tests.conftest import build, shard_files
 
@@ -171,7 +172,7 @@ def test_another_builds_write_probe_is_not_a_file_of_the_folder(image_tree, tmp_
     """Two builds started together into a new folder: the one that took the lock listed the other's
     write probe (there between its create and its remove) as a file, refused the folder as not empty,
     and removed the folder it had made, under the other's feet: both failed (exit 4)."""
-    from imagerecords.pipeline import checks
+    from imagerecords.builder import checks
 
     root, _ = image_tree
     out = tmp_path / "out"
@@ -261,7 +262,7 @@ def test_stopping_a_beam_build_spares_the_callers_own_processes():
     the caller was already running (a TensorBoard, a data server) nor theirs."""
     import time
 
-    from imagerecords.pipeline.engines.beam import runner
+    from imagerecords.builder.engines.beam import runner
 
     code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)"
     bystander = subprocess.Popen([sys.executable, "-c", code])

@@ -15,7 +15,7 @@ from conftest import (build, identical_rows, manifest_without_time, published_ve
                       tree_with_twins)
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING
 from imagerecords.cli import main as cli
-from imagerecords.pipeline.engines import uses_local_engine
+from imagerecords.builder.engines import uses_local_engine
 from imagerecords.pipeline.sources import manifests
 
 SPLITS = "train=0.7,validation=0.3"
@@ -165,7 +165,7 @@ def test_one_file_listed_under_two_labels_is_a_label_conflict_on_every_engine(im
 
 
 def test_the_content_index_groups_each_digest_once_whatever_the_order():
-    from imagerecords.pipeline.engines.local import _Contents
+    from imagerecords.builder.engines.local import _Contents
 
     index = _Contents()
     members = [(b"a" * 16, ("a1", "train", "/a", "cat")), (b"b" * 16, ("b1", "train", "/b", "cat")),
@@ -354,7 +354,7 @@ def test_manifest_parts_hold_every_line_once_in_order(tmp_path, csv, ending):
 # a collection (a destructor that waits), and no gc.collect() of this process then collects anything.
 _GC_SCRIPT = r"""
 import gc, os, sys, threading
-from imagerecords.pipeline.engines import local
+from imagerecords.builder.engines import local
 
 class Garbage:
     # In a reference cycle; its destructor notes the pid it ran in (a tf.data iterator left in a
@@ -441,7 +441,7 @@ def test_forked_workers_never_run_the_destructors_of_what_they_inherit(tmp_path)
 def test_the_worker_count_follows_the_input_size_unless_asked(image_tree, tmp_path, capsys, monkeypatch):
     """Below PROCESS_MIN_IMAGES images the shards are written by threads in this process (forked
     workers would cost more than they save); --local_workers N asks for processes whatever the size."""
-    from imagerecords.pipeline.engines import local
+    from imagerecords.builder.engines import local
 
     root = image_tree[0]
     build(root, tmp_path / "small", "--max_reject_fraction", 0.1)

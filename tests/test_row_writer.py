@@ -16,8 +16,8 @@ import pytest
 from imagerecords.pipeline import staging
 
 from imagerecords.pipeline import sources, storage
-from imagerecords.pipeline.engines import local
-from imagerecords.pipeline.options import BuildOptions
+from imagerecords.builder.engines import local
+from imagerecords.builder.options import BuildOptions
 from imagerecords.pipeline.plan import array_rows
 from imagerecords.pipeline.refs import LabelMap
 from imagerecords.pipeline.read import array_files as arrays

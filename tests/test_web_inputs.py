@@ -74,14 +74,14 @@ def test_every_url_ends_as_its_served_bytes_or_one_row_naming_what_happened(serv
 
 
 def test_the_launcher_downloads_nothing_and_the_rows_plan_by_count(server, tmp_path):
-    from imagerecords.pipeline import checks
+    from imagerecords.builder import checks
     from imagerecords.pipeline.config import BuildConfig
 
     rows = [(server.url(f"/img/p{i:02d}.jpg"), "cat") for i in range(GOOD)]
     path = _manifest(tmp_path, rows)
     config = BuildConfig(input=str(path), output=str(tmp_path / "out"), path_column="url")
     info = checks.check_input(config)
-    from imagerecords.pipeline.engines import local
+    from imagerecords.builder.engines import local
 
     listed = [r for _, r in local.list_inputs(config, info)]
     assert [r.size for r in listed] == [-1] * GOOD  # not stat-ed: no request made by the listing

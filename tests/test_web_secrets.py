@@ -279,7 +279,7 @@ def test_the_pickled_graph_holds_no_token_of_the_headers_file(tmp_path):
     import apache_beam as beam
 
     from imagerecords.pipeline.config import BuildConfig
-    from imagerecords.pipeline.engines.beam.graph import build_pipeline
+    from imagerecords.builder.engines.beam.graph import build_pipeline
     from imagerecords.pipeline.sources.manifests import ManifestSource
     from imagerecords.transforms import WriteDataset
 

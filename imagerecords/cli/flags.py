@@ -19,7 +19,7 @@ from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.encode.image_codec import ImageOptions
 from imagerecords.pipeline.errors import UsageError
 from imagerecords.pipeline.read import download, optouts
-from imagerecords.pipeline.options import BuildOptions, runner_in
+from imagerecords.builder.options import BuildOptions, runner_in
 
 __all__ = ["LauncherFlags", "Parsed", "beam_flag_names", "build_flag_names", "check_beam_args", "check_runner",
            "parse_args", "parser", "runner_of"]
@@ -330,7 +330,7 @@ def check_runner(args: Sequence[str]) -> None:
     """Raises UsageError when --runner (the last one given) cannot run here (engines.beam.names.runner_problem)."""
     if not any(a == "--runner" or a.startswith("--runner=") for a in args):
         return
-    from imagerecords.pipeline.engines.beam.names import runner_problem
+    from imagerecords.builder.engines.beam.names import runner_problem
 
     runner = getattr(_beam_parser().parse_known_args(list(args))[0], "runner", None)
     problem = runner_problem(runner) if isinstance(runner, str) else None

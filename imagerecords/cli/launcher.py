@@ -11,8 +11,8 @@ import time
 from typing import Iterator, Optional, Sequence, TextIO
 
 from imagerecords.format.manifest import DUPLICATES, ERRORS, Manifest
-from imagerecords.pipeline import session
-from imagerecords.pipeline.options import Progress
+from imagerecords.builder import session
+from imagerecords.builder.options import Progress
 from imagerecords.pipeline.plan.shard_plan import UNSIZED_IMAGE_BYTES
 
 LOG_DIR = os.path.join(tempfile.gettempdir(), "imagerecords-logs")

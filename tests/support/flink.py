@@ -271,7 +271,7 @@ class WorkerPool:
         env.update(self.env)
         with open(self.workdir / "pool.out", "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "imagerecords.pipeline.engines.beam.worker_pool", "--host", self.host,
+                [sys.executable, "-m", "imagerecords.builder.engines.beam.worker_pool", "--host", self.host,
                  "--port", str(self.port), *(["--warm"] if self.warm else [])],
                 cwd=self.workdir, env=env,
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

@@ -95,7 +95,7 @@ class BuildOptions:
         if given is not None and given != self.runner:
             raise ValueError(f"runner {self.runner!r} disagrees with --runner {given} in pipeline_options")
         if self.runner is not None:
-            from imagerecords.pipeline.engines.beam.names import runner_problem
+            from imagerecords.builder.engines.beam.names import runner_problem
 
             problem = runner_problem(self.runner)
             if problem:

@@ -43,8 +43,8 @@ def build_arrays(arrays: Mapping[str, Any], output: str, *, splits: Optional[Map
 
     import numpy as np
 
-    from imagerecords.pipeline import session
-    from imagerecords.pipeline.options import BuildOptions
+    from imagerecords.builder import session
+    from imagerecords.builder.options import BuildOptions
 
     if "://" in output:
         raise UsageError(f"build_arrays writes a local folder; got {output} (use `imagerecords build` with a "

@@ -1,6 +1,6 @@
 """Beam's SDK worker pool, for the sidecar beside each Flink TaskManager (docs/flink.md).
 
-    python -m imagerecords.pipeline.engines.beam.worker_pool [--host ADDRESS] [--port 50000] [--warm]
+    python -m imagerecords.builder.engines.beam.worker_pool [--host ADDRESS] [--port 50000] [--warm]
 
 Without --warm it is Beam's own pool (what the SDK image's boot program runs with --worker_pool):
 each SDK worker a TaskManager asks for is a fresh `python` process, which imports Beam and the
@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m imagerecords.pipeline.engines.beam.worker_pool",
+    parser = argparse.ArgumentParser(prog="python -m imagerecords.builder.engines.beam.worker_pool",
                                      description="Serve Beam SDK workers to the Flink TaskManager beside this pool.")
     parser.add_argument("--host", default="[::]", help="address to listen on (default: every address, as Beam's pool)")
     parser.add_argument("--port", type=int, default=50000,

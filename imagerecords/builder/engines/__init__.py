@@ -63,13 +63,13 @@ def choose(config: BuildConfig, runner: Optional[str], pipeline_options: Sequenc
       UsageError: --local_workers for a Beam build, or a detached submit that cannot run detached.
     """
     if uses_local_engine(config, runner, detached):
-        from imagerecords.pipeline.engines.local import LocalEngine
+        from imagerecords.builder.engines.local import LocalEngine
 
         return LocalEngine(config, local_workers)
     if local_workers is not None:
         raise UsageError(f"{setting('local_workers')} is for the local engine (local paths, no Beam options); on Beam use the "
                          "runner's options (--direct_num_workers, ...)")
-    from imagerecords.pipeline.engines.beam.runner import BeamEngine
+    from imagerecords.builder.engines.beam.runner import BeamEngine
 
     beam_args = list(pipeline_options)
     if runner is not None and not any(a == "--runner" or a.startswith("--runner=") for a in beam_args):

@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optio
 
 from imagerecords.format.manifest import ERRORS, LOCK, MANIFEST, STAGING, Manifest
 from imagerecords.pipeline import staging
-from imagerecords.pipeline import checks, engines, errors, naming, phases, storage
+from imagerecords.builder import checks, engines
+from imagerecords.pipeline import errors, naming, phases, storage
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.naming import setting
-from imagerecords.pipeline.options import BuildOptions, Progress
+from imagerecords.builder.options import BuildOptions, Progress
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline import lock as output_lock
 
 if TYPE_CHECKING:
-    from imagerecords.pipeline.checks import InputInfo
+    from imagerecords.builder.checks import InputInfo
 
 __all__ = ["Outcome", "build", "finish", "run", "versions"]
 

@@ -545,7 +545,7 @@ def _against(config: BuildConfig, base, refs: List[Tuple[int, ImageRef]], reject
 
 
 class LocalEngine:
-    """The local engine as the launcher runs it (see imagerecords.pipeline.engines.Engine)."""
+    """The local engine as the launcher runs it (see imagerecords.builder.engines.Engine)."""
 
     reports_progress = True
 

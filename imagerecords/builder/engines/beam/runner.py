@@ -45,7 +45,7 @@ class BeamEngine:
             progress_dir: Optional[str] = None) -> None:
         import apache_beam as beam
 
-        from imagerecords.pipeline.engines.beam.graph import build_pipeline
+        from imagerecords.builder.engines.beam.graph import build_pipeline
 
         self._before = set(_descendants(os.getpid()))  # the caller's own processes, which stop() spares
         base = None
