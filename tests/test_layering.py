@@ -1,7 +1,8 @@
 """The import rules of the layout (README, "Layout"), read from every module's source with ast: the
 build library and the format never import the command; the reader side imports only the format;
 no two modules import each other, directly or through others, imports inside functions counted
-(the circles left are listed in KNOWN_CIRCLES, which may only shrink)."""
+(the circles left are listed in KNOWN_CIRCLES, which may only shrink); no two packages do either;
+and inside each package, imports point down its LAYERS."""
 
 import ast
 import os
@@ -402,6 +403,77 @@ def test_the_packages_an_import_runs_are_edges(tmp_path):
                               "inner/leaf.py": "def f():\n    pass\n",
                               "inner/other.py": "def g():\n    from pkg.a import f\n"})
     assert circles(import_graph(pkg)) == [{"pkg.a", "pkg.inner", "pkg.inner.other"}]
+
+
+def package_graph(graph, package):
+    """The imports among `package`'s direct children (its modules and sub-packages, each sub-package
+    standing for everything inside it), from a module graph: {child name: the children it imports}."""
+    def child(name):
+        return name[len(package) + 1:].split(".")[0] if name.startswith(package + ".") else None
+
+    out = {}
+    for m, targets in graph.items():
+        a = child(m)
+        if a is None:
+            continue
+        out.setdefault(a, set()).update(b for b in map(child, targets) if b not in (None, a))
+    return out
+
+
+def _packages(graph):
+    return sorted({m for m in graph for other in graph if other.startswith(m + ".")})
+
+
+# The layers of each package, lowest first: a child imports only children of its own layer or below
+# (README, "Layout"). A module added to a package must be placed here; a layer's children import one
+# another without a circle (test_no_circle_among_packages).
+LAYERS = {
+    "imagerecords": [{"format"}, {"reader", "torch", "grain", "pipeline"}, {"transforms"}, {"builder"}, {"cli"},
+                     {"__main__"}],
+    # the ground floor (the builder's vocabulary, OUT's files, how a message names a setting), then the
+    # data flow's stages in the order a record meets them, the settings after the stages they configure
+    "imagerecords.pipeline": [{"errors", "naming", "storage", "processes", "phases", "urls", "refs", "lock",
+                               "staging", "example_images"},
+                              {"read"}, {"encode"}, {"config"}, {"plan"}, {"sources", "write"}, {"publish"}],
+    "imagerecords.builder": [{"checks", "engines"}, {"options"}, {"session"}, {"memory_arrays"}],
+}
+
+
+def back_arrows(graph, layers):
+    """`importer -> imported` for each import of a child from a layer above its own, and the children
+    no layer names."""
+    rank = {name: i for i, layer in enumerate(layers) for name in layer}
+    unplaced = sorted(set(graph) - set(rank))
+    arrows = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                    if a in rank and b in rank and rank[b] > rank[a])
+    return arrows, unplaced
+
+
+def test_no_circle_among_packages():
+    # Stricter than no circle among modules: a -> b.x and b.y -> a is a circle of the packages a and b.
+    graph = import_graph()
+    found = {package: circles(package_graph(graph, package)) for package in _packages(graph)}
+    assert {p: c for p, c in found.items() if c} == {}
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_imports_point_down_the_layers(package):
+    arrows, unplaced = back_arrows(package_graph(import_graph(), package), LAYERS[package])
+    assert unplaced == [], f"place these children of {package} in a layer of LAYERS"
+    assert arrows == [], f"imports up the layers of {package}"
+
+
+def test_a_planted_package_circle_is_caught(tmp_path):
+    # No module circle (a.x -> b.y -> a.z), yet the packages a and b import each other; and the layers
+    # [{b}, {a}] call b.y's import of a.z an import up.
+    pkg = _package(tmp_path, {"a/__init__.py": "", "a/x.py": "import pkg.b.y\n", "a/z.py": "Z = 1\n",
+                              "b/__init__.py": "", "b/y.py": "from pkg.a.z import Z\n"})
+    graph = import_graph(pkg)
+    assert circles(graph) == []
+    assert package_graph(graph, "pkg") == {"a": {"b"}, "b": {"a"}}
+    assert circles(package_graph(graph, "pkg")) == [{"a", "b"}]
+    assert back_arrows(package_graph(graph, "pkg"), [{"b"}, {"a"}]) == (["b -> a"], [])
+    assert back_arrows(package_graph(graph, "pkg"), [{"b"}]) == ([], ["a"])
 
 
 def test_the_known_circles_are_kept_exact(tmp_path):

@@ -1,2 +1,3 @@
-"""The build library: the settings and the session (checks, lock, engine, verdict, commit) here; the
-inputs in sources/ and read/, then plan/, encode/, write/ (one shard's files), publish/ and engines/."""
+"""The build's stages, lowest first: the ground floor (errors, naming, storage, refs, urls, lock,
+staging), then read/, encode/, config, plan/, sources/ and write/, publish/. The lifecycle that runs
+them is builder/, above transforms/."""
