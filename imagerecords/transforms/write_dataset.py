@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -16,20 +16,15 @@ from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.read import politeness
 from imagerecords.pipeline.plan import assign as assign_lib
 from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline.refs import ImageRef, LabelMap, ManifestColumns, Rejected
+from imagerecords.pipeline.refs import ImageRef, ManifestColumns, Rejected
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline import lock as output_lock
 from imagerecords.pipeline.read import download, input_files
 from imagerecords.pipeline.sources.manifests import ManifestSource, check_http
 from imagerecords.pipeline.write import stream as write_stream
-from imagerecords.transforms.coders import ShardKey
-from imagerecords.transforms.common import CONTENTS, METRICS_NAMESPACE, NEAR, REJECTED
-from imagerecords.transforms.duplicates import FindDuplicates
-from imagerecords.transforms.near_duplicates import FindNearDuplicates
-from imagerecords.transforms.labels import AssignLabels
-from imagerecords.transforms.results import RecordResults
-from imagerecords.transforms.shuffle import GlobalShuffle
-from imagerecords.transforms.write_shards import WriteShards, options_config
+from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
+from imagerecords.transforms.dataset_graph import write_dataset
+from imagerecords.transforms.write_shards import options_config
 
 __all__ = ["WriteDataset", "row_to_ref", "BYTES_SCHEME"]
 
@@ -144,26 +139,6 @@ def _new_build_id(_) -> str:
     return output_lock.new_build_id()
 
 
-def _carried_shard(pair: Tuple[ImageRef, bytes], labels: LabelMap, plans, splits, split_seed: int, seed: int
-                   ) -> Iterable[Tuple[ShardKey, Tuple[str, bytes]]]:
-    ref, data = pair
-    out = assign_lib.assign(ref, labels, splits, split_seed)  # the split AssignLabels gives the same ref
-    if isinstance(out, Rejected) or out.split not in plans:
-        return
-    plan = plans[out.split]
-    yield (out.split, plan.shard_of(refs_lib.shuffle_hash(seed, out.key)), plan.num_shards), (out.uri, data)
-
-
-def _with_bytes(item) -> Tuple[ShardKey, List[ImageRef], Dict[str, bytes]]:
-    shard, grouped = item
-    refs = next(iter(grouped["refs"]), [])
-    return shard, refs, dict(grouped["bytes"])
-
-
-def _commit(_, results: publish.BuildResults, *, output: str, keep_versions: int, overwrite: bool):
-    return publish.commit_results(output, results, keep_versions=keep_versions, overwrite=overwrite)
-
-
 class WriteDataset(beam.PTransform):
     """Writes a PCollection of the pipeline's own rows as a published imagerecords dataset, with
     the manifest, errors.jsonl, reject budget, duplicate report and atomic, versioned publish of
@@ -237,47 +212,14 @@ class WriteDataset(beam.PTransform):
         self._base = os.getcwd()  # relative paths are read where the pipeline was made
 
     def expand(self, rows):
-        from imagerecords.pipeline.read.array_files import label_type
-
         config: BuildConfig = self._config
         checked = rows | "CheckRows" >> beam.ParDo(_CheckRowFn(
             self._base, config.manifest_columns(), config.image.max_file_bytes, not config.skip_stat)
         ).with_outputs(REJECTED, _CARRIED, main="refs")
         build_ids = rows.pipeline | "Once" >> beam.Create([None]) | "BuildId" >> beam.Map(_new_build_id)
-        labelled = checked.refs | "AssignLabels" >> AssignLabels(
-            self._label_map, label_type(config), config.label_offset, config.splits, config.split_seed, config.features)
-        shuffled = labelled["refs"] | "GlobalShuffle" >> GlobalShuffle(
-            config.seed, config.num_shards, config.target_shard_mb, config.min_shards)
-        # (ShardKey, [ImageRef sorted by hash]); the carried bytes join their shard here
-        carried = checked[_CARRIED] | "CarriedShard" >> beam.FlatMap(
-            _carried_shard, beam.pvalue.AsSingleton(labelled["labels"]), beam.pvalue.AsDict(shuffled["plans"]),
-            config.splits, config.split_seed, config.seed)
-        # (ShardKey, (uri, bytes))
-        joined = ({"refs": shuffled["shards"], "bytes": carried}
-                  | "JoinBytes" >> beam.CoGroupByKey()
-                  | "WithBytes" >> beam.Map(_with_bytes))
-        # (ShardKey, [ImageRef], {uri: bytes})
         # Rows read as a manifest's: paths, FileSystems URIs, and http(s) URLs downloaded by the writers.
-        written = joined | "WriteShards" >> WriteShards(config.output, labelled["labels"], config=config,
-                                                        build_ids=build_ids,
-                                                        source=politeness.divide(ManifestSource().bind(config),
-                                                                                  rows.pipeline.options))
-        rejected = ((checked[REJECTED], labelled[REJECTED], written[REJECTED])
-                    | "AllRejected" >> beam.Flatten())
-        outcome = {"results": written["results"], "rejected": rejected, "labels": labelled["labels"],
-                   "build_id": build_ids}
-        if not config.skip_duplicate_check:
-            outcome["duplicates"] = written[CONTENTS] | "FindDuplicates" >> FindDuplicates()
-        if config.near_duplicates == "report":
-            outcome["near"] = written[NEAR] | "FindNearDuplicates" >> FindNearDuplicates()
-        results = outcome | "RecordResults" >> RecordResults(
-            config.output, build_id="", name=config.name, schema=config.schema, seed=config.seed,
-            parameters=config.to_json(), versions=publish.versions(),
-            max_reject_fraction=config.max_reject_fraction, max_download_failures=config.max_download_failures,
-            version_name=config.version_name)
-        # a single BuildResults, staged; the commit publishes it
-        return (rows.pipeline
-                | "Last" >> beam.Create([None])
-                | "Commit" >> beam.Map(_commit, beam.pvalue.AsSingleton(results), output=config.output,
-                                       keep_versions=config.keep_versions, overwrite=config.overwrite))
+        source = politeness.divide(ManifestSource().bind(config), rows.pipeline.options)
+        return write_dataset(rows.pipeline, checked.refs, [checked[REJECTED]], config, source=source,
+                             label_map=self._label_map, versions=publish.versions(), build_ids=build_ids,
+                             carried=checked[_CARRIED], commit=True)
 

@@ -1,4 +1,6 @@
-"""The build graph: build_pipeline(p, config, ...) wires the stages; it computes, the launcher decides."""
+"""The command's build graph: build_pipeline(p, config, ...) lists the input (and with --append checks it
+against the published dataset) in front of the one build graph, transforms.dataset_graph; it computes,
+the launcher decides."""
 
 from __future__ import annotations
 
@@ -7,18 +9,16 @@ from typing import Iterable, Mapping, Optional, Union
 import apache_beam as beam
 
 from imagerecords import transforms
-from imagerecords.pipeline import staging
 from imagerecords.pipeline import sources
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.read import politeness
 from imagerecords.pipeline.publish import appending
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, Rejected
-from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.sources import InputInfo
-from imagerecords.transforms import (AssignLabels, FindDuplicates, FindNearDuplicates, GlobalShuffle, ListSource,
-                                     RecordResults, WriteShards, WriteWithBeamSink)
-from imagerecords.transforms.common import CONTENTS, NEAR, REJECTED
+from imagerecords.transforms import ListSource
+from imagerecords.transforms.common import REJECTED
+from imagerecords.transforms.dataset_graph import write_dataset
 
 
 # The tag of the refs whose keys the published dataset already holds with the same content.
@@ -85,49 +85,5 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
             REJECTED, _KNOWN, main="refs")
         refs, known = checked.refs, checked[_KNOWN]  # known: DuplicateGroup per key the dataset holds unchanged
         rejected.append(checked[REJECTED])
-    labelled = refs | "AssignLabels" >> AssignLabels(
-        label_map, source.label_type(config), config.label_offset, config.splits, config.split_seed, config.features,
-        base_labels=base.labels if base is not None else None)
-    # ImageRef with split and label_id set
-    if config.writer == "shards":
-        shuffled = labelled["refs"] | "GlobalShuffle" >> GlobalShuffle(
-            config.seed, config.num_shards, config.target_shard_mb, config.min_shards)
-        # ((split, shard index, num shards), [ImageRef sorted by hash])
-        written = shuffled["shards"] | "WriteShards" >> WriteShards(
-            config.output, labelled["labels"], build_id=build_id, config=config, source=source)
-    else:
-        split_names = [n for n, _ in config.splits] if config.splits else list(config.split_names or ["train"])
-        written = labelled["refs"] | "WriteWithBeamSink" >> WriteWithBeamSink(
-            staging.staging_dir(config.output, build_id), config.name, labelled["labels"], split_names,
-            config.num_shards or config.min_shards, config.schema, config.image, source)
-    rejected = (*rejected, labelled[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten()
-    outcome = {"results": written["results"], "rejected": rejected, "labels": labelled["labels"]}
-    if config.writer == "shards" and (not config.skip_duplicate_check or known is not None):
-        found = written[CONTENTS] | "FindDuplicates" >> FindDuplicates()
-        # DuplicateGroup per content shared by two or more keys
-        outcome["duplicates"] = found if known is None else (found, known) | "WithKnown" >> beam.Flatten()
-    if config.writer == "shards" and config.near_duplicates == "report":
-        hashed = written[NEAR]
-        if base is not None:  # the dataset's records, from its hashes files: compared with this build's
-            # Hashes travel as hex: the coder Create infers for ints is signed 64-bit, and hashes are unsigned.
-            dataset = [(f"{h:016x}", *rest) for h, *rest in appending.near_items(config.output, base.manifest)]
-            hashed = (hashed, p | "DatasetHashes" >> beam.Create(dataset)
-                      | "Unhex" >> beam.Map(lambda item: (int(item[0], 16), *item[1:]))) | "WithDataset" >> beam.Flatten()
-        outcome["near"] = hashed | "FindNearDuplicates" >> FindNearDuplicates()
-    results = outcome | "RecordResults" >> RecordResults(
-        config.output, build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
-        parameters=config.to_json(), versions=versions, max_reject_fraction=config.max_reject_fraction,
-        max_download_failures=config.max_download_failures, version_name=config.version_name,
-        base=base.manifest.to_json() if base is not None else None)
-    if commit:
-        # the same last step as WriteDataset's: the published Manifest
-        return (p | "Last" >> beam.Create([None])
-                | "Commit" >> beam.Map(_commit, beam.pvalue.AsSingleton(results), output=config.output,
-                                       keep_versions=config.keep_versions, overwrite=config.overwrite))
-    return results
-
-
-def _commit(_, results: publish.BuildResults, *, output: str, keep_versions: int, overwrite: bool):
-    return publish.commit_results(output, results, keep_versions=keep_versions, overwrite=overwrite, own_job=True)
-
-
+    return write_dataset(p, refs, rejected, config, source=source, label_map=label_map, versions=versions,
+                         build_id=build_id, base=base, known=known, commit=commit, own_job=True)
