@@ -17,6 +17,7 @@ from imagerecords.pipeline import errors, storage
 from imagerecords.pipeline.naming import flag_names
 from imagerecords.pipeline.publish import staged_check
 from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import lifecycle
 from imagerecords.pipeline import lock as output_lock
 from imagerecords.pipeline.write import dataset_files
 from imagerecords.pipeline.write.dataset_files import ShardResult
@@ -407,7 +408,7 @@ def test_a_pipelines_commit_leaves_the_staging_of_other_pipelines_writing_into_t
     for i, results in enumerate(builds):
         _stage(out, results, [b"job%d-0" % i, b"job%d-1" % i])
     for i, results in enumerate(builds):
-        manifest = publish.commit_results(str(out), results, overwrite=True)
+        manifest = lifecycle.conclude(str(out), results, lifecycle.PIPELINE, overwrite=True)
         assert manifest.version == staging.version_folder(results.build_id)
         left = sorted(os.listdir(out / STAGING)) if (out / STAGING).exists() else []
         assert left == [b.build_id for b in builds[i + 1:]]  # the later jobs' staging, whole
@@ -460,7 +461,7 @@ def test_a_pipelines_commit_removes_a_staging_area_untouched_for_hours_and_keeps
     odd.mkdir()
     (odd / "notes.txt").write_text("mine")
     os.utime(odd / "notes.txt", (old, old))
-    publish.commit_results(str(out), mine)
+    lifecycle.conclude(str(out), mine, lifecycle.PIPELINE)
     assert sorted(os.listdir(out / STAGING)) == sorted([recent.build_id, odd.name])  # the killed job's went
 
 

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optio
 from imagerecords.format.manifest import ERRORS, LOCK, MANIFEST, STAGING, Manifest
 from imagerecords.pipeline import staging
 from imagerecords.builder import checks, engines
-from imagerecords.pipeline import errors, naming, phases, storage
+from imagerecords.pipeline import errors, naming, storage
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.naming import setting
 from imagerecords.builder.options import BuildOptions, Progress
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import lifecycle
 from imagerecords.pipeline import lock as output_lock
 
 if TYPE_CHECKING:
@@ -251,8 +252,8 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
     log_path = os.path.join(log_dir, f"{build_id}.log") if log_dir else None
     start = time.monotonic()
     stage = _Stage()
-    with _signals_as_interrupts(), output_lock.OutputLock(config.output, build_id,
-                                                      break_lock=options.break_lock) as lock:
+    with _signals_as_interrupts(), lifecycle.hold(config.output, build_id, lifecycle.COMMAND,
+                                                  break_lock=options.break_lock) as lock:
         try:
             if lock.took_over:
                 notify(f"note: {lock.take_over_note()}")
@@ -267,13 +268,15 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
             if handed_off:
                 return Outcome(None, time.monotonic() - start, engine.description, handed_off=handed_off)
             stage.now = "verdict"
-            results = _verdict(config, build_id)
-            if config.resume:
-                notify(f"resumed: {_reused_count(config.output, build_id, results)} of {len(results.shards)} "
-                       "shards reused")
-            phases.reached("before_commit")
-            stage.now = "commit"
-            manifest = _commit(config, results)
+            results = _staged_results(config, build_id)
+
+            def committing() -> None:
+                if config.resume:
+                    notify(f"resumed: {_reused_count(config.output, build_id, results)} of {len(results.shards)} "
+                           "shards reused")
+                stage.now = "commit"
+
+            manifest = _conclude(config, results, committing)
             stage.now = "done"
         except KeyboardInterrupt as e:
             raise _interrupted(e, stage.now, config, build_id) from None
@@ -360,30 +363,18 @@ class _Stage:
     now = "lock"
 
 
-def _verdict(config: BuildConfig, build_id: str) -> publish.BuildResults:
+def _staged_results(config: BuildConfig, build_id: str) -> publish.BuildResults:
     results = publish.read_results(config.output, build_id)
     if results is None:
         raise errors.PipelineFailed(f"the pipeline ended without writing its results to {STAGING}; nothing was "
                                     "published")
-    try:
-        results.verdict(config.output)
-    except errors.BudgetExceeded:
-        if results.base is not None and results.num_written + results.num_rejected == 0:
-            # An append with nothing new staged no reasons worth keeping: leave no staging area behind
-            # for verify to call leftover and finish to call unfinished.
-            staging.remove_staging(config.output, build_id)
-            if storage.is_local(config.output):
-                with contextlib.suppress(OSError):
-                    os.rmdir(staging.staging_root(config.output))  # only if no other build staged there
-        else:
-            publish.discard_staged_shards(config.output, results)  # errors.jsonl stays, for the reasons
-        raise
     return results
 
 
-def _commit(config: BuildConfig, results: publish.BuildResults) -> Manifest:
+def _conclude(config: BuildConfig, results: publish.BuildResults, on_commit: Callable[[], None]) -> Manifest:
     try:
-        return publish.commit(config.output, results, keep_versions=config.keep_versions)
+        return lifecycle.conclude(config.output, results, lifecycle.COMMAND, keep_versions=config.keep_versions,
+                                  on_commit=on_commit)
     except OSError as e:
         if storage.is_no_space(e):
             raise _failure(e, config, None) from None
@@ -475,8 +466,4 @@ def finish(output: str, break_lock: bool = False, *, notify: Optional[Callable[[
     """
     if storage.exists(storage.join(output, MANIFEST)) and not staging.staged_builds(output):
         raise errors.UnfinishedBuild(f"nothing to finish: {output} is published and has no staging area")
-    with output_lock.OutputLock(output, output_lock.new_build_id(), command="finish", break_lock=break_lock,
-                                detached_job_done=lambda: publish.results_staged(output)) as lock:
-        if lock.took_over:
-            (notify or _log_note)(f"note: {lock.take_over_note()}")
-        return publish.commit(output)
+    return lifecycle.conclude(output, None, lifecycle.FINISH, break_lock=break_lock, notify=notify or _log_note)

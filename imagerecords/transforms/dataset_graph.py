@@ -16,6 +16,7 @@ from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.plan import assign as assign_lib
 from imagerecords.pipeline.publish import appending
 from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import lifecycle
 from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.transforms.beam_sink import WriteWithBeamSink
 from imagerecords.transforms.common import CONTENTS, NEAR, REJECTED
@@ -48,8 +49,8 @@ def write_dataset(p: beam.Pipeline, refs, rejected: Sequence[Any], config: Build
       carried: (ImageRef, bytes) of rows that carried their image, joined to their shard (WriteDataset).
       base: with --append, the published dataset: its class ids grown, its hashes compared.
       known: DuplicateGroups of the keys `base` holds unchanged, or None.
-      commit: end with the commit (publish.commit_results on a worker); `own_job`: the commit takes
-        the lock its launcher took (a detached or templated command's job).
+      commit: end with the commit on a worker (lifecycle.conclude: PIPELINE, or with `own_job` JOB, the
+        lock its launcher took: a detached or templated command's job).
 
     Returns:
       The single BuildResults staged, or with `commit` the published Manifest.
@@ -125,4 +126,5 @@ def _with_bytes(item):
 
 
 def _commit(_, results: publish.BuildResults, *, output: str, keep_versions: int, overwrite: bool, own_job: bool):
-    return publish.commit_results(output, results, keep_versions=keep_versions, overwrite=overwrite, own_job=own_job)
+    return lifecycle.conclude(output, results, lifecycle.JOB if own_job else lifecycle.PIPELINE,
+                              keep_versions=keep_versions, overwrite=overwrite)

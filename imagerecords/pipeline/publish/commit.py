@@ -23,6 +23,7 @@ naming them; never a mix. Each step can be redone, so a commit cut short is fini
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -33,7 +34,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from imagerecords.pipeline import phases, staging, storage
 from imagerecords.pipeline.errors import BudgetExceeded, OutputError, UnfinishedBuild
 from imagerecords.pipeline.publish import staged_check
-from imagerecords.pipeline import lock as output_lock
 from imagerecords.pipeline.write import dataset_files
 from imagerecords.format import side_files
 from imagerecords.format import manifest as manifest_lib
@@ -273,6 +273,23 @@ def holds_only_reasons(output: str) -> bool:
     return ERRORS in left and left <= {ERRORS, DUPLICATES}
 
 
+def verdict(output: str, results: BuildResults) -> None:
+    """The budget verdict on a staged build (BuildResults.verdict); a failed one leaves only the
+    reasons: errors.jsonl stays, the shards go, and an append with nothing new leaves no staging
+    area for `verify` to call leftover and `finish` to call unfinished."""
+    try:
+        results.verdict(output)
+    except BudgetExceeded:
+        if results.base is not None and results.num_written + results.num_rejected == 0:
+            staging.remove_staging(output, results.build_id)
+            if storage.is_local(output):
+                with contextlib.suppress(OSError):
+                    os.rmdir(staging.staging_root(output))  # only if no other build staged there
+        else:
+            discard_staged_shards(output, results)
+        raise
+
+
 def discard_staged_shards(output: str, results: BuildResults) -> None:
     """Removes a failed build's staged shards and results; its errors.jsonl stays for the reasons."""
     staged_dir = staging.staging_dir(output, results.build_id)
@@ -295,7 +312,7 @@ def _versions_in(output: str) -> List[str]:
     return [name for name in storage.list_folder(output)[1] if name.startswith(VERSION_PREFIX)]
 
 
-def _published(output: str) -> Optional[Manifest]:
+def published(output: str) -> Optional[Manifest]:
     """The manifest `output` publishes now, or None (none, or unreadable: a warning says so)."""
     path = storage.join(output, MANIFEST)
     if not storage.exists(path):
@@ -397,68 +414,102 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     """
     if keep_versions < 1:
         raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
-    record = None
-    published = _published(output)  # read once: the retention and the flat files both need it
-    if results is None:
-        for staged_id in reversed(staging.staged_builds(output)):
-            path = storage.join(staging.staging_dir(output, staged_id), COMMIT)
-            if storage.exists(path):
-                try:
-                    record = json.loads(storage.read_bytes(path))
-                    manifest = Manifest.from_json(record["manifest"], COMMIT)
-                    build_id = record["build_id"]
-                    reported = _reported_map(record.get("crc32c") or {}, "crc32c")
-                    identities = _reported_map(record.get("identity") or {}, "identity")
-                    sources = _reported_map(record.get("sources") or {}, "sources")
-                    listed = set(manifest.shard_files())
-                    for final, origin in sources.items():
-                        if final not in listed or inside_problem(origin) is not None:
-                            raise ValueError(f"its sources entry {final!r}: {origin!r} is not a listed file "
-                                             "and a file inside the dataset")
-                    # The record names the folders the commit moves into: its own build's only.
-                    if build_id != staged_id or (manifest.version != staging.version_folder(staged_id)
-                                                 and version_name_problem(manifest.version) is not None):
-                        raise ValueError(f"it commits build {build_id!r} into {manifest.version!r}, not build "
-                                         f"{staged_id!r} into {staging.version_folder(staged_id)!r} or a named version")
-                except (ValueError, KeyError, TypeError, AttributeError) as e:
-                    raise _untrusted(output, path, e) from None
-                log.info("finishing the commit recorded in %s", path)
-                break
-        if record is None:
+    before = published(output)  # read once: the retention and the flat files both need it
+    record = None if results is not None else _recorded(output)
+    if record is None:
+        if results is None:
             results = read_results(output)
             if results is None:
                 raise UnfinishedBuild(f"nothing to finish in {output}: no complete build is staged in "
                                       f"{staging.staging_root(output)} (its pipeline did not finish); rerun "
                                       "`imagerecords build ... --overwrite`")
-            results.verdict(output)
-    if record is None:
-        if results.version_name:
-            check_version_free(output, results.version_name)
-        manifest, sources = results.publication()
-        manifest = dataclasses.replace(manifest, previous_versions=_kept_versions(published, keep_versions - 1))
-        manifest = dataclasses.replace(manifest, listed_folders=_listed_folders(manifest, published))
-        build_id = results.build_id
-        # The writers name their files as staged; an append lists them under the whole folder's numbering.
-        renamed = {origin: final for final, origin in sources.items()}
-        crc32c = staged_check.reported_by_writers(results, manifest.version, "crc32c")
-        reported = {renamed.get(k, k): v for k, v in crc32c.items()}
-        identities = {renamed.get(k, k): v
-                      for k, v in staged_check.reported_by_writers(results, manifest.version, "identity").items()}
-        # A split of many shards goes into columns; its histograms into a side file, staged here
-        # with the shards (the record below names it, so a redone commit moves it like a shard).
-        manifest, columns_files = manifest.with_side_files(_columns_from())
-        for filename, content in columns_files:
-            side_path = storage.join(staging.staging_dir(output, build_id), filename[len(manifest.version) + 1:])
-            storage.write_bytes(side_path, content)
-        # From here on the commit can be redone from this record.
-        record = {"manifest": manifest.to_json(), "build_id": build_id}
-        if reported:
-            record["crc32c"] = dict(sorted(reported.items()))
-        if identities:
-            record["identity"] = dict(sorted(identities.items()))
-        if sources:
-            record["sources"] = dict(sorted(sources.items()))
-        storage.write_bytes(storage.join(staging.staging_dir(output, build_id), COMMIT), dumps(record))
+            verdict(output, results)
+        record = _record(output, results, before, keep_versions)
+    manifest, build_id = record.manifest, record.build_id
+    _move(output, record)
+    flat = _switch(output, manifest, build_id, before)
+    _retain(output, manifest, build_id, before, flat, keep_other_staging)
+    return manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class _CommitRecord:
+    """What a commit publishes, written to staging before its first move so that a cut commit is
+    redone from it: the manifest, the build, and what the writers reported of each staged file."""
+
+    manifest: Manifest
+    build_id: str
+    reported: Dict[str, str]
+    identities: Dict[str, str]
+    sources: Dict[str, str]
+
+
+def _recorded(output: str) -> Optional[_CommitRecord]:
+    """The commit recorded in staging by a commit that was cut short (the newest), or None."""
+    for staged_id in reversed(staging.staged_builds(output)):
+        path = storage.join(staging.staging_dir(output, staged_id), COMMIT)
+        if storage.exists(path):
+            try:
+                record = json.loads(storage.read_bytes(path))
+                manifest = Manifest.from_json(record["manifest"], COMMIT)
+                build_id = record["build_id"]
+                reported = _reported_map(record.get("crc32c") or {}, "crc32c")
+                identities = _reported_map(record.get("identity") or {}, "identity")
+                sources = _reported_map(record.get("sources") or {}, "sources")
+                listed = set(manifest.shard_files())
+                for final, origin in sources.items():
+                    if final not in listed or inside_problem(origin) is not None:
+                        raise ValueError(f"its sources entry {final!r}: {origin!r} is not a listed file "
+                                         "and a file inside the dataset")
+                # The record names the folders the commit moves into: its own build's only.
+                if build_id != staged_id or (manifest.version != staging.version_folder(staged_id)
+                                             and version_name_problem(manifest.version) is not None):
+                    raise ValueError(f"it commits build {build_id!r} into {manifest.version!r}, not build "
+                                     f"{staged_id!r} into {staging.version_folder(staged_id)!r} or a named version")
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise _untrusted(output, path, e) from None
+            log.info("finishing the commit recorded in %s", path)
+            return _CommitRecord(manifest, build_id, reported, identities, sources)
+    return None
+
+
+def _record(output: str, results: BuildResults, published: Optional[Manifest], keep_versions: int) -> _CommitRecord:
+    """Step 1: the manifest this commit publishes, recorded in staging (from here on the commit can be redone)."""
+    if results.version_name:
+        check_version_free(output, results.version_name)
+    manifest, sources = results.publication()
+    manifest = dataclasses.replace(manifest, previous_versions=_kept_versions(published, keep_versions - 1))
+    manifest = dataclasses.replace(manifest, listed_folders=_listed_folders(manifest, published))
+    build_id = results.build_id
+    # The writers name their files as staged; an append lists them under the whole folder's numbering.
+    renamed = {origin: final for final, origin in sources.items()}
+    crc32c = staged_check.reported_by_writers(results, manifest.version, "crc32c")
+    reported = {renamed.get(k, k): v for k, v in crc32c.items()}
+    identities = {renamed.get(k, k): v
+                  for k, v in staged_check.reported_by_writers(results, manifest.version, "identity").items()}
+    # A split of many shards goes into columns; its histograms into a side file, staged here
+    # with the shards (the record below names it, so a redone commit moves it like a shard).
+    manifest, columns_files = manifest.with_side_files(_columns_from())
+    for filename, content in columns_files:
+        side_path = storage.join(staging.staging_dir(output, build_id), filename[len(manifest.version) + 1:])
+        storage.write_bytes(side_path, content)
+    # From here on the commit can be redone from this record.
+    record = {"manifest": manifest.to_json(), "build_id": build_id}
+    if reported:
+        record["crc32c"] = dict(sorted(reported.items()))
+    if identities:
+        record["identity"] = dict(sorted(identities.items()))
+    if sources:
+        record["sources"] = dict(sorted(sources.items()))
+    storage.write_bytes(storage.join(staging.staging_dir(output, build_id), COMMIT), dumps(record))
+    return _CommitRecord(manifest, build_id, reported, identities, sources)
+
+
+def _move(output: str, record: _CommitRecord) -> None:
+    """Step 2: every staged file checked against what its writer reported, then moved into the
+    version folder (an append's earlier files linked in); no published manifest names it yet."""
+    manifest, build_id, sources = record.manifest, record.build_id, record.sources
+    reported, identities = record.reported, record.identities
     staged_dir = staging.staging_dir(output, build_id)
     folder = manifest.version
     # One listing of staging, not one existence request per shard (each is a round trip on gs://);
@@ -495,7 +546,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
                                   "rerun `imagerecords build ... --overwrite`")
     if on_gcs and len(staged) < len(manifest.shard_files()) + len(manifest.side_files):  # a redone commit moved some
         metadata.update(storage.gcs_objects(storage.join(output, folder)))
-    # 1. Every file is what its writer wrote: a late writer of another build cannot slip one in. The
+    # First, every file is what its writer wrote: a late writer of another build cannot slip one in. The
     # earlier versions' files were checked when they were published; here only their sizes (local).
     earlier = {f for f, origin in sources.items() if not origin.startswith(own)}
     staged_check.check_staged(output, manifest, staged, reported, metadata, identities, earlier=earlier)
@@ -514,7 +565,7 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
                 staged[f"{own}{keys}"] = storage.join(staged_dir, origin_keys)
             elif not origin.startswith(own) and not present(f"{own}{keys}") and present(f"{origin_folder}/{origin_keys}"):
                 links[f"{own}{keys}"] = f"{origin_folder}/{origin_keys}"
-    # 2. Into the version folder, which no published manifest names yet: readers see nothing change.
+    # Then into the version folder, which no published manifest names yet: readers see nothing change.
     for i, (filename, path) in enumerate(sorted(staged.items())):
         final = storage.join(output, filename)
         _make_parent(final)
@@ -529,7 +580,12 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
     if copied:
         log.warning("%s has no hard links: %d files of the earlier versions were copied into %s to make it whole",
                     output, copied, folder)
-    # 3. Reports and TFDS's metadata, then the manifest: the switch to the new version.
+
+
+def _switch(output: str, manifest: Manifest, build_id: str, published: Optional[Manifest]) -> List[str]:
+    """Step 3: the reports and TFDS's metadata, then manifest.json: readers switch to the new
+    version. Returns the flat files of a dataset written before version folders."""
+    staged_dir = staging.staging_dir(output, build_id)
     for report in (ERRORS, DUPLICATES):
         staged_report, final_report = storage.join(staged_dir, report), storage.join(output, report)
         if storage.exists(staged_report):
@@ -542,8 +598,15 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
         storage.write_bytes(storage.join(output, filename), content)
     flat = _flat_files(output, manifest.name, published)
     storage.write_bytes(storage.join(output, MANIFEST), manifest.dumps())
-    # 4. Retention: the versions this manifest keeps stay; every other version folder goes (older
-    # ones, and any a cut commit left unpublished), and the flat files unless they are kept.
+    return flat
+
+
+def _retain(output: str, manifest: Manifest, build_id: str, published: Optional[Manifest], flat: List[str],
+            keep_other_staging: bool) -> None:
+    """Step 4: the versions the manifest keeps stay; the rest, and the staging, go."""
+    folder = manifest.version
+    # Every version folder the manifest does not keep goes (older ones, and any a cut commit left
+    # unpublished), and the flat files unless they are kept.
     kept = set(manifest.previous_versions).union(*manifest.listed_folders.values())
     for old in sorted(set(_versions_in(output)) | _named_versions(output, published)):
         if old != folder and old not in kept:
@@ -558,38 +621,6 @@ def commit(output: str, results: Optional[BuildResults] = None, keep_versions: i
             staging.remove_staging(output)  # the root, when no other build stages there
     else:
         staging.remove_staging(output)
-    return manifest
-
-
-def commit_results(output: str, results: BuildResults, *, keep_versions: int = 2, overwrite: bool = False,
-                   own_job: bool = False) -> Manifest:
-    """The launcher's last steps for a build with no launcher (a pipeline ending in WriteDataset, a
-    detached or templated command's job): take the output's lock (`own_job`: the one its launcher
-    took under the same build id; else waiting out other pipelines' commits), refuse to replace a published dataset without `overwrite`, apply
-    the reject budget, commit, release the lock. A commit cut short is finished by `imagerecords finish`.
-
-    Raises:
-      LockHeld: another build or `finish` holds the output.
-      OutputError: a dataset is published there and `overwrite` is off, or a staged file changed.
-      BudgetExceeded: too many rows were rejected (the staged shards are removed, errors.jsonl stays).
-    """
-    phases.reached("before_commit")
-    command = output_lock.JOB_COMMIT if own_job else output_lock.COMMIT
-    with output_lock.OutputLock(output, results.build_id, command=command, wait_for_commits_s=COMMIT_WAIT_S):
-        if not overwrite and _published(output) is not None:
-            raise OutputError(f"{output} holds a published dataset; pass overwrite=True to replace it (nothing was "
-                              f"published; this build's shards stay in {staging.staging_dir(output, results.build_id)})")
-        try:
-            results.verdict(output)
-        except BudgetExceeded:
-            discard_staged_shards(output, results)  # errors.jsonl stays, for the reasons
-            raise
-        return commit(output, results, keep_versions=keep_versions, keep_other_staging=not own_job)
-
-
-# How long a pipeline's commit waits while another pipeline's commit holds the lock (a commit of a
-# large gs:// dataset renames and checks for minutes).
-COMMIT_WAIT_S = 900.0
 
 
 def _columns_from() -> int:

@@ -64,7 +64,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
       input_info: what the launcher's checks learned of the input (a CSV manifest's header line).
       base: with --append, the published dataset (appending.load_base): refs of keys it holds are
         dropped, its class ids grown, and its manifest recorded for the commit to merge.
-      commit: end with the commit, as WriteDataset does (publish.commit_results on a worker, taking
+      commit: end with the commit, as WriteDataset does (lifecycle.conclude on a worker, taking
         the lock its launcher took): a job that runs on without its launcher (a detached submit, a
         Dataflow template) publishes itself.
 
