@@ -49,6 +49,9 @@ BUILD = [
     "urllib3>=2.0",
     # robots.txt of each URL's origin, read for the token imagerecords (pipeline/read/optouts.py).
     "protego>=0.3",
+    # --record_format array_record (format/array_record_format.py), on every engine's workers; Grain's
+    # floor. No Windows wheels. CI builds with constraints.txt's; pins of its files assume that one.
+    'array-record>=0.8.1; sys_platform != "win32"',
 ]
 # imagerecords.torch: a PyTorch dataset and loader decoding with Pillow; no TensorFlow. The floor is
 # not run by CI (it runs constraints.txt's torch). gs:// needs google-cloud-storage too (in `gcp`).

@@ -4,6 +4,7 @@ builds from there (as Dataflow's --setup_file workers do); the Dockerfile lints,
 constraints and matches the pinned Beam version."""
 
 import ast
+import glob
 import os
 import re
 import runpy
@@ -17,7 +18,7 @@ import setuptools
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from conftest import build, shard_files, skip_unless_ci
+from conftest import build, published_version, shard_files, skip_unless_ci
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,7 +56,8 @@ def test_reader_requires_ranges_only_and_nothing_of_the_builder(monkeypatch):
     # TensorFlow only through the opt-in extra (several distributions provide the module).
     assert [str(r) for r in map(Requirement, kwargs["extras_require"]["tensorflow"])] == ["tensorflow>=2.16"]
     build = {canonicalize_name(Requirement(r).name) for r in kwargs["extras_require"]["build"]}
-    assert {"apache-beam", "pillow", "pyyaml"} <= build and "tensorflow" not in build
+    # array-record: --record_format array_record on any engine's workers (the Dockerfile's image too).
+    assert {"apache-beam", "pillow", "pyyaml", "array-record"} <= build and "tensorflow" not in build
     gcp = [Requirement(r) for r in kwargs["extras_require"]["gcp"]]
     assert any(r.name == "apache-beam" and "gcp" in r.extras for r in gcp)
 
@@ -176,5 +178,16 @@ def test_wheel_installs_in_a_fresh_venv_and_builds_the_same_bytes(image_tree, tm
     build(root, source_out, "--num_shards", 2, "--max_reject_fraction", 0.05)
     assert [os.path.basename(p) for p in shard_files(installed_out)] == [os.path.basename(p) for p in shard_files(source_out)]
     for a, b in zip(shard_files(installed_out), shard_files(source_out)):
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            assert fa.read() == fb.read(), a
+    # The builder extra alone writes ArrayRecord too (no Grain): what --setup_file workers have.
+    ar = ["--record_format", "array_record"]
+    subprocess.run([str(env_dir / "bin" / "imagerecords"), *args[:4], str(tmp_path / "installed-ar"), *args[5:], *ar],
+                   cwd=tmp_path, check=True, env=user_env)
+    build(root, tmp_path / "source-ar", "--num_shards", 2, "--max_reject_fraction", 0.05, *ar)
+    installed_ar, source_ar = (sorted(glob.glob(str(tmp_path / out / published_version(tmp_path / out) / "*.array_record-*")))
+                               for out in ("installed-ar", "source-ar"))
+    assert [os.path.basename(p) for p in installed_ar] == [os.path.basename(p) for p in source_ar] and len(source_ar) >= 2
+    for a, b in zip(installed_ar, source_ar):
         with open(a, "rb") as fa, open(b, "rb") as fb:
             assert fa.read() == fb.read(), a

@@ -3,6 +3,7 @@
 to the command's build of the same rows as files; killed mid-write the old dataset stays; bad rows
 are rejected rows with their reason. The images are made by Pillow in the test (seeded noise)."""
 
+import glob
 import hashlib
 import io
 import json
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import build, shard_files
+from conftest import build, published_version, shard_files
 from imagerecords.format.manifest import LOCK, STAGING
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,8 +85,12 @@ DIRECT = ["--runner=DirectRunner", "--direct_num_workers=1", "--direct_running_m
 OPTIONS = {"features": FEATURES, "name": "pets"}
 
 
-def _digests(out):
-    return {os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest() for p in shard_files(out)}
+AR_SHARDS = "*.array_record-*"
+
+
+def _digests(out, pattern=None):
+    paths = sorted(glob.glob(os.path.join(str(out), published_version(out), pattern))) if pattern else shard_files(out)
+    return {os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest() for p in paths}
 
 
 def _read_back(out):
@@ -158,6 +163,30 @@ def test_prism_publishes_the_same_bytes(rows, cli_build, tmp_path, prism_binary)
     assert code == 0, err[-3000:]
     _check_every_value(out, rows)
     assert _digests(out) == _digests(cli_build)
+
+
+@pytest.mark.slow
+def test_array_record_is_the_commands_direct_runner_bytes(rows, cli_build, tmp_path):
+    """WriteDataset(record_format="array_record") writes the ArrayRecord shards the command's DirectRunner
+    build of the same rows as files writes."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from imagerecords.transforms import WriteDataset
+
+    folder, rows = cli_build.parent, rows[:40]  # the command's input (<key>.jpg); 40 rows keep it quick
+    with open(tmp_path / "m.jsonl", "w") as f:
+        f.writelines(json.dumps({"path": str(folder / f"{r['key']}.jpg"), **{k: r[k] for k in ("key", "label", "box")}})
+                     + "\n" for r in rows)
+    command = build(tmp_path / "m.jsonl", tmp_path / "cli", "--config", folder / "f.yaml", "--name", "pets",
+                    "--num_shards", 4, "--record_format", "array_record", workers=1)
+    out = tmp_path / "ds"  # in this process: the subprocess tests above prove a plain p.run() publishes
+    with beam.Pipeline(options=PipelineOptions(DIRECT)) as p:
+        _ = p | beam.Create(rows, reshuffle=False) | WriteDataset(str(out), num_shards=4, record_format="array_record",
+                                                                   **OPTIONS)
+    assert command.record_format == json.loads((out / "manifest.json").read_text())["record_format"] == "array_record"
+    got, want = _digests(out, AR_SHARDS), _digests(tmp_path / "cli", AR_SHARDS)
+    assert got == want and len(got) == 4
 
 
 @pytest.mark.slow
