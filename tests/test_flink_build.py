@@ -243,29 +243,6 @@ def test_arrays_build_on_flink_is_byte_identical_to_direct_runner(cluster, tmp_p
 
 
 @pytest.mark.slow
-def test_an_array_record_build_on_flink_writes_the_local_engines_bytes(cluster, tmp_path):
-    """Issue 40: the golden ArrayRecord folder build (tests/golden/array_record.json pins the local
-    engine's) written by the cluster's SDK workers gives every file the local engine writes."""
-    from imagerecords.cli.launcher import run
-    from test_golden import _write_input, differences, digests
-    from test_golden_array_record import COMMON
-
-    cluster.restart_worker_pools(warm=True)
-    _write_input(str(tmp_path))
-    got = {}
-    for engine, args in (("local", []), ("flink", cluster.pipeline_args())):
-        work = tmp_path / engine  # each build's own folder, masked in its files as the golden tests mask theirs
-        work.mkdir()
-        manifest = run(["--input", str(tmp_path / "images"), "--output", str(work / "out"), "--no_progress",
-                        *map(str, COMMON), *args])
-        assert manifest.record_format == "array_record" and manifest.num_examples == 24, engine
-        got[engine] = digests(str(work / "out"), str(work))
-    assert len([path for path in got["flink"] if path.startswith("v-<build>/images-")]) == 4  # the shards
-    changed = differences(got["local"], got["flink"])
-    assert not changed, "local engine (expected) against Flink (got):\n  " + "\n  ".join(changed)
-
-
-@pytest.mark.slow
 def test_taskmanager_lost_mid_build(cluster, image_tree, direct, tmp_path):
     """Kills TaskManager 1 and its worker pool while a shard writer beside it is paused after its first
     shard (IMAGERECORDS_TEST_PAUSE=mid_shards, on that pool only). The other TaskManager has one slot

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from conftest import build, manifest_without_time, shard_files, skip_unless_flink_cluster_runs
+from conftest import build, manifest_without_time, skip_unless_flink_cluster_runs
+from imagerecords.format.manifest import Manifest
 from test_flink_build import ARGS, JOB_TIMEOUT  # the same builds and limits as the cluster tests
 from tests.support import flink
 
@@ -68,8 +69,11 @@ def _build_watched(args, work):
 
 
 def test_two_builds_through_one_kept_up_job_server_match_the_local_engine(cluster, image_tree, tmp_path):
-    reference = tmp_path / "local"
-    build(image_tree[0], reference, *ARGS)
+    # The second build writes ArrayRecord (issue 40): the format's bytes on Flink, at no extra job's cost.
+    formats = ([], ["--record_format", "array_record"])
+    references = [tmp_path / f"local-{i}" for i in range(2)]
+    for reference, extra in zip(references, formats):
+        build(image_tree[0], reference, *ARGS, *extra)
     known = {job["jid"] for job in cluster.jobs()}
     with cluster.job_server() as server:
         args = cluster.pipeline_args(job_endpoint=server.endpoint)
@@ -84,8 +88,8 @@ def test_two_builds_through_one_kept_up_job_server_match_the_local_engine(cluste
             for i in range(2):
                 out = tmp_path / f"flink-{i}"
                 before = _workers_started(cluster)
-                seen = _build_watched(["--input", image_tree[0], "--output", out, "--no_progress", *ARGS, *args],
-                                      tmp_path)
+                seen = _build_watched(["--input", image_tree[0], "--output", out, "--no_progress", *ARGS, *formats[i],
+                                       *args], tmp_path)
                 # The launcher submitted to the server that was up: it started no JVM (no job server) of its own.
                 assert seen == {}, seen
                 assert server.proc.poll() is None, server.log_tail()
@@ -98,10 +102,16 @@ def test_two_builds_through_one_kept_up_job_server_match_the_local_engine(cluste
     jobs = [job for job in cluster.jobs() if job["jid"] not in known]
     assert sorted(job["state"] for job in jobs) == ["FINISHED"] * 2, jobs
     assert not os.path.exists(f"/proc/{server_pid}"), "the job server outlived its context"
-    names = [os.path.basename(p) for p in shard_files(reference)]
-    assert len(names) == 4
-    for out in outs:
-        assert [os.path.basename(p) for p in shard_files(out)] == names
-        for a, b in zip(shard_files(out), shard_files(reference)):
+    for out, reference, suffix in zip(outs, references, (".tfrecord-", ".array_record-")):
+        names = [os.path.basename(p) for p in _shards(reference)]
+        assert len(names) == 4 and all(suffix in n for n in names), names
+        assert [os.path.basename(p) for p in _shards(out)] == names
+        for a, b in zip(_shards(out), _shards(reference)):
             assert filecmp.cmp(a, b, shallow=False), b
         assert manifest_without_time(out) == manifest_without_time(reference)
+
+
+def _shards(output):
+    """A published dataset's shard files, of either record format, from its manifest."""
+    manifest = Manifest.loads((output / "manifest.json").read_bytes())
+    return [str(output / f) for f in manifest.shard_files()]
