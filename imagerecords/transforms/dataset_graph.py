@@ -17,6 +17,7 @@ from imagerecords.pipeline.plan import assign as assign_lib
 from imagerecords.pipeline.publish import appending
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.publish import lifecycle
+from imagerecords.pipeline.publish import results as results_lib
 from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.transforms.beam_sink import WriteWithBeamSink
 from imagerecords.transforms.common import CONTENTS, NEAR, REJECTED
@@ -97,11 +98,8 @@ def write_dataset(p: beam.Pipeline, refs, rejected: Sequence[Any], config: Build
             hashed = (hashed, p | "DatasetHashes" >> beam.Create(dataset)
                       | "Unhex" >> beam.Map(lambda item: (int(item[0], 16), *item[1:]))) | "WithDataset" >> beam.Flatten()
         outcome["near"] = hashed | "FindNearDuplicates" >> FindNearDuplicates()
-    results = outcome | "RecordResults" >> RecordResults(
-        config.output, build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
-        parameters=config.to_json(), versions=versions, max_reject_fraction=config.max_reject_fraction,
-        max_download_failures=config.max_download_failures, version_name=config.version_name,
-        base=base.manifest.to_json() if base is not None else None)
+    results = outcome | "RecordResults" >> RecordResults(config.output, results_lib.header(
+        config, build_id=build_id, versions=versions, base=base.manifest.to_json() if base is not None else None))
     if not commit:
         return results
     # a single BuildResults, staged; the commit publishes it

@@ -6,7 +6,7 @@ reject budget and commits. A results.json in staging therefore means every shard
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import apache_beam as beam
 
@@ -32,23 +32,16 @@ class RecordResults(beam.PTransform):
     Output: a single BuildResults.
 
     Args:
-      base: with --append, the published manifest (JSON) this build adds to; the commit merges it.
-      max_download_failures: the budget of URLs that could not be downloaded; None: the default.
+      output: the dataset folder.
+      header: the build's own fields of results.json (publish.results.header).
     """
 
-    def __init__(self, output: str, *, build_id: str, name: str, schema: str, seed: int,
-                 parameters: Mapping[str, Any], versions: Mapping[str, str], max_reject_fraction: float,
-                 version_name: Optional[str] = None, base: Optional[Mapping[str, Any]] = None,
-                 max_download_failures: Optional[float] = None):
+    def __init__(self, output: str, header: Mapping[str, Any]):
         super().__init__()
         if not output:
             raise ValueError("RecordResults: output folder is empty")
         self._output = output
-        self._build = dict(build_id=build_id, name=name, schema=schema, seed=seed, parameters=dict(parameters),
-                           versions=dict(versions), max_reject_fraction=max_reject_fraction,
-                           version_name=version_name, **({"base": dict(base)} if base is not None else {}),
-                           **({"max_download_failures": max_download_failures}
-                              if max_download_failures is not None else {}))
+        self._build = dict(header)
 
     def expand(self, inputs):
         results = inputs["results"] | "CollectShards" >> beam.combiners.ToList()

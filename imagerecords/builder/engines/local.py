@@ -518,11 +518,8 @@ def _build(config: BuildConfig, writer: shard_writer.ShardWriter, process_pool, 
     results_written = results_lib.record_results(
         results, rejected, label_map, groups, output=config.output,
         find_duplicates=not config.skip_duplicate_check or config.append, near=near_groups,
-        build=dict(build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
-                   parameters=config.to_json(), versions=dict(versions),
-                   max_reject_fraction=config.max_reject_fraction,
-                   max_download_failures=config.max_download_failures, version_name=config.version_name,
-                   **({"base": base.manifest.to_json()} if base is not None else {})))
+        build=results_lib.header(config, build_id=build_id, versions=versions,
+                                 base=base.manifest.to_json() if base is not None else None))
     return results_written, workers
 
 

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 from imagerecords.format.manifest import DUPLICATES, ERRORS
 from imagerecords.pipeline import staging
 from imagerecords.pipeline import storage
+from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.plan.near import NearGroup
 from imagerecords.pipeline.refs import DuplicateGroup, LabelMap, Rejected
 from imagerecords.pipeline.publish import commit as publish
@@ -31,6 +32,17 @@ def duplicates_jsonl(groups: Sequence[DuplicateGroup], near: Sequence[NearGroup]
         yield (g.to_json() + "\n").encode("utf-8")
     for n in sorted(near, key=lambda g: (not g.leaks, not g.conflicts, g.members)):
         yield (n.to_json() + "\n").encode("utf-8")
+
+
+def header(config: BuildConfig, *, build_id: str, versions: Mapping[str, str],
+           base: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """What results.json says of the build besides its shards and rows (BuildResults' fields): its
+    id ('' when it is named as the job runs), the settings the manifest records, the budgets;
+    `base`, an append's published manifest (JSON). Spelled here for every engine."""
+    return dict(build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
+                parameters=config.to_json(), versions=dict(versions), max_reject_fraction=config.max_reject_fraction,
+                max_download_failures=config.max_download_failures, version_name=config.version_name,
+                **({"base": dict(base)} if base is not None else {}))
 
 
 def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected], labels: LabelMap,
