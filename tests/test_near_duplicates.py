@@ -23,6 +23,7 @@ from support import near_corpus
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.encode.perceptual import distance, phash
 from imagerecords.pipeline.plan import near
+from imagerecords.pipeline.publish import results as results_lib
 
 
 def _near_rows(output):
@@ -62,6 +63,8 @@ def test_the_report_finds_edited_copies_and_no_distinct_pair(corpus, local_build
     assert [tuple(sorted(m["key"] for m in r["members"])) for r in conflicting] == [tuple(sorted(corpus["pairs"][0]))]
     assert conflicting[0]["labels"] == ["lake", "road"]
     assert all(r["distance"] <= near.THRESHOLD for r in rows)
+    # What the summary counts (the identical files' rows are not near groups)
+    assert results_lib.near_groups_in(str(local_build)) == (len(rows), len(rows))
 
 
 def test_hashes_files_lie_beside_the_keys_files(local_build):

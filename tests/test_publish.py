@@ -11,7 +11,7 @@ import time
 import pytest
 
 from imagerecords.cli.exit_codes import exit_code
-from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, Manifest, ManifestError, Shard, Split
+from imagerecords.format.manifest import DUPLICATES, LOCK, MANIFEST, STAGING, Manifest, ManifestError, Shard, Split
 from imagerecords.pipeline import staging
 from imagerecords.pipeline import errors, storage
 from imagerecords.pipeline.naming import flag_names
@@ -487,3 +487,21 @@ def test_the_verdict_holds_dead_links_to_their_own_budget_and_an_append_to_the_d
     with pytest.raises(errors.BudgetExceeded, match=r"^5 of 45 inputs \(with the dataset's 40 records\) could not be "
                                                    r"downloaded .* and rerun the build with --append$"):
         verdict(retry, num_rejected=5, num_download_failures=5, base=base)
+
+
+def test_finish_prints_the_failed_hosts_and_the_near_duplicate_groups_it_published(tmp_path, capsys):
+    # A build whose launcher did not commit (a detached job's): its results name the failed hosts, and the
+    # duplicates.jsonl it staged holds a near-duplicate group across splits; `imagerecords finish` says both.
+    from imagerecords.cli import main as cli
+
+    out = tmp_path / "out"
+    results = dataclasses.replace(_results(), failed_hosts=(("dead.example:80", 3, (("HTTP 404", 2), ("Timeout", 1))),))
+    _stage(out, results, [b"new0", b"new1"])
+    near = {"conflict": False, "distance": 3, "kind": "near", "labels": ["a"], "leak": True, "members": [],
+            "splits": ["train", "validation"]}
+    (out / STAGING / results.build_id / DUPLICATES).write_text(json.dumps(near) + "\n" + json.dumps({"leak": True}) + "\n")
+    assert cli.main(["finish", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "hosts with the most failed or opted-out URLs" in printed
+    assert "dead.example:80" in printed and "(HTTP 404 2, Timeout 1)" in printed
+    assert "near-duplicates      1 groups of resized, recompressed or cropped copies, 1 across splits" in printed

@@ -8,12 +8,15 @@ import os
 import sys
 import tempfile
 import time
-from typing import Iterator, Optional, Sequence, TextIO
+from typing import Iterator, Optional, Sequence, TextIO, Tuple
 
 from imagerecords.format.manifest import DUPLICATES, ERRORS, Manifest
 from imagerecords.builder import session
 from imagerecords.builder.options import Progress
+from imagerecords.pipeline import errors
 from imagerecords.pipeline.plan.shard_plan import UNSIZED_IMAGE_BYTES
+from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import results as results_lib
 
 LOG_DIR = os.path.join(tempfile.gettempdir(), "imagerecords-logs")
 
@@ -156,23 +159,30 @@ def _run(argv: Sequence[str]) -> Optional[Manifest]:
         return None
     print_summary(outcome.manifest, options.config.output, outcome.seconds, engine=outcome.engine,
                   ignored=outcome.ignored_columns, unit=unit, by_count=outcome.planned_by_count,
-                  failed_hosts=outcome.failed_hosts)
+                  failed_hosts=outcome.failed_hosts, near=results_lib.near_groups_in(options.config.output))
     return outcome.manifest
 
 
-def finish(output: str, break_lock: bool = False) -> Manifest:
-    """`imagerecords finish`: session.finish, with its notes on stderr."""
-    return session.finish(output, break_lock,
-                          notify=lambda text: print(f"imagerecords finish: {text}", file=sys.stderr))
+def finish(output: str, break_lock: bool = False) -> Tuple[Manifest, Sequence]:
+    """`imagerecords finish`: session.finish, with its notes on stderr; returns the published manifest
+    and the hosts with the most failed or opted-out URLs (from the staged results, if readable)."""
+    try:
+        staged = publish.read_results(output)
+    except errors.BuildError:
+        staged = None  # finish says why in its own words
+    manifest = session.finish(output, break_lock,
+                              notify=lambda text: print(f"imagerecords finish: {text}", file=sys.stderr))
+    return manifest, staged.failed_hosts if staged is not None else ()
 
 
 def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, engine: str = "",
                   built: bool = True, ignored: Sequence[str] = (), unit: str = "images",
-                  by_count: bool = False, failed_hosts: Sequence = ()) -> None:
+                  by_count: bool = False, failed_hosts: Sequence = (), near: Tuple[int, int] = (0, 0)) -> None:
     """Prints what was published; `built` False for `finish`, which only commits (no rate);
     `ignored`: the manifest columns nothing read, named so that none is dropped unseen; `unit`:
     what the rate counts ('rows' for an arrays input); `by_count`: the shards were planned by count;
-    `failed_hosts`: the hosts with the most failed and opted-out URLs (hosts.HostRow)."""
+    `failed_hosts`: the hosts with the most failed and opted-out URLs (hosts.HostRow); `near`: the
+    near-duplicate groups in duplicates.jsonl, and those of them across splits."""
     stream = stream or sys.stdout  # looked up per call: a caller's redirect_stdout applies
     stream.write(f"imagerecords: wrote {output}\n")
     for split in manifest.splits:
@@ -195,6 +205,10 @@ def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, 
     if manifest.num_duplicate_groups > 0:
         leaks = f", {manifest.num_leaking_groups} across splits" if manifest.num_leaking_groups else ""
         stream.write(f"  duplicates   {manifest.num_duplicate_groups:>9} groups of identical files{leaks} "
+                     f"(see {DUPLICATES})\n")
+    if near[0]:
+        leaks = f", {near[1]} across splits" if near[1] else ""
+        stream.write(f"  near-duplicates {near[0]:>6} groups of resized, recompressed or cropped copies{leaks} "
                      f"(see {DUPLICATES})\n")
     if manifest.num_label_conflicts > 0:
         stream.write(f"  label conflicts {manifest.num_label_conflicts:>6} groups of identical files with different "

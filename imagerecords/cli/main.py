@@ -119,11 +119,13 @@ def _command(command: str, rest: Sequence[str]) -> int:
         return 0
     if command == "finish":
         from imagerecords.cli.launcher import finish, print_summary
+        from imagerecords.pipeline.publish.results import near_groups_in
 
         args = _one_folder(command, rest)
         start = time.monotonic()
-        manifest = finish(args.output, args.break_lock)
-        print_summary(manifest, args.output, time.monotonic() - start, built=False)
+        manifest, failed_hosts = finish(args.output, args.break_lock)
+        print_summary(manifest, args.output, time.monotonic() - start, built=False, failed_hosts=failed_hosts,
+                      near=near_groups_in(args.output))
         return 0
     if command == "verify":
         from imagerecords.cli import inspection

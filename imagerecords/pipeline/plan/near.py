@@ -121,6 +121,9 @@ def find_pairs(items: Sequence[Item]) -> List[Pair]:
     return out
 
 
+KIND = "near"  # a near-duplicate group's "kind" in duplicates.jsonl (identical files' rows have none)
+
+
 @dataclasses.dataclass(frozen=True)
 class NearGroup(GroupFlags):
     """Images within THRESHOLD bits of one another, linked pair by pair (one duplicates.jsonl row of
@@ -145,7 +148,7 @@ class NearGroup(GroupFlags):
         return tuple(sorted({m[3] for m in self.members}))
 
     def to_json(self) -> str:
-        return json.dumps({"conflict": self.conflicts, "distance": self.distance, "kind": "near",
+        return json.dumps({"conflict": self.conflicts, "distance": self.distance, "kind": KIND,
                            "labels": list(self.labels), "leak": self.leaks,
                            "members": [{"key": k, "label": label, "phash": f"{h:016x}", "split": s, "uri": u}
                                        for (k, s, u, label), h in zip(self.members, self.hashes)],
