@@ -36,7 +36,7 @@ def plan_only(manifest: str) -> dict:
 
     with open(manifest, encoding="utf-8") as f:
         header = f.readline().rstrip("\r\n")
-    config = BuildConfig(input=manifest, output=tempfile.mkdtemp(prefix="imagerecords-plan-"))
+    config = BuildConfig.of(input=manifest, output=tempfile.mkdtemp(prefix="imagerecords-plan-"))
     base = _rss_mb()
     t0 = time.perf_counter()
     refs, rejected = [], 0
@@ -51,10 +51,10 @@ def plan_only(manifest: str) -> dict:
             refs.append(pair)
     pool.shutdown()
     t1 = time.perf_counter()
-    labels = refs_lib.vocabulary(sorted({r.label for _, r in refs}), arrays.label_type(config), config.label_offset)
+    labels = refs_lib.vocabulary(sorted({r.label for _, r in refs}), arrays.label_type(config), config.labels.label_offset)
     kept = 0
     for h, ref in refs:  # in place, as the engine assigns
-        out = assign_lib.assign(ref, labels, None, config.split_seed)
+        out = assign_lib.assign(ref, labels, None, config.split.split_seed)
         if not isinstance(out, Rejected):
             refs[kept] = (h, out)
             kept += 1

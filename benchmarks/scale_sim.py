@@ -119,7 +119,7 @@ def build_manifest(folder: str, images: int, num_shards: int, image_bytes: int, 
     shards = shard_results(images, num_shards, image_bytes, classes, one_label=one_label)
     made = time.perf_counter()
     names = [f"c{i:05d}" for i in range(max(classes, 1))]
-    config = BuildConfig(input="gs://bucket/in.csv", output=folder)
+    config = BuildConfig.of(input="gs://bucket/in.csv", output=folder)
     results = publish.BuildResults(
         build_id="20260101-000000-sim", name="images", schema="tfds", seed=0, parameters=config.to_json(),
         versions={"imagerecords": "sim"}, max_reject_fraction=0.01,
@@ -292,7 +292,7 @@ def list_urls(path: str) -> Dict[str, object]:
     from imagerecords.pipeline.refs import Rejected
     from imagerecords.pipeline.read import array_files as arrays
 
-    config = BuildConfig(input=path, output=tempfile.mkdtemp(prefix="imagerecords-urls-"), path_column="url")
+    config = BuildConfig.of(input=path, output=tempfile.mkdtemp(prefix="imagerecords-urls-"), path_column="url")
     calls = {"stat": 0, "connect": 0}
     real_size, real_connect, real_create = assign_lib.looked_up_size, socket.socket.connect, socket.create_connection
 
@@ -314,8 +314,8 @@ def list_urls(path: str) -> Dict[str, object]:
         assign_lib.looked_up_size, socket.socket.connect, socket.create_connection = real_size, real_connect, real_create
     shutil.rmtree(config.output, ignore_errors=True)
     refs = [(h, r) for h, r in listed if not isinstance(r, Rejected)]
-    labels = refs_lib.vocabulary(sorted({r.label for _, r in refs}), arrays.label_type(config), config.label_offset)
-    assigned = [(h, assign_lib.assign(r, labels, None, config.split_seed)) for h, r in refs]
+    labels = refs_lib.vocabulary(sorted({r.label for _, r in refs}), arrays.label_type(config), config.labels.label_offset)
+    assigned = [(h, assign_lib.assign(r, labels, None, config.split.split_seed)) for h, r in refs]
     return {"refs": [(h, r) for h, r in assigned if not isinstance(r, Rejected)], "rows": len(listed),
             "rejected": len(listed) - len(assigned) + sum(isinstance(r, Rejected) for _, r in assigned),
             "list_s": listed_s, "rows_per_s": len(listed) / listed_s, "sizes_known": info.sizes_known,
@@ -634,15 +634,15 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     from imagerecords.pipeline.config import BuildConfig
 
-    defaults = BuildConfig(input="in.csv", output="out")
+    defaults = BuildConfig.of(input="in.csv", output="out")
     sizes = [int(float(x)) for x in a.images.split(",")]
-    target_mb = a.target_shard_mb or defaults.target_shard_mb
+    target_mb = a.target_shard_mb or defaults.shards.target_shard_mb
     if a.urls:
         return _main_urls(a, sizes, target_mb, defaults)
-    rows = simulate(sizes, a.image_bytes, a.classes, target_mb, defaults.min_shards, a.request_ms,
+    rows = simulate(sizes, a.image_bytes, a.classes, target_mb, defaults.shards.min_shards, a.request_ms,
                     a.parallel_requests, a.max_label_pairs, columns_from=a.columns_from)
     print(f"{a.image_bytes:,} B per image, {a.classes} classes, shards of "
-          f"{a.target_shard_mb or defaults.target_shard_mb:g} MB, {rows[0]['ref_bytes']} B per ref, "
+          f"{a.target_shard_mb or defaults.shards.target_shard_mb:g} MB, {rows[0]['ref_bytes']} B per ref, "
           f"object-store requests of {a.request_ms:g} ms (assumed)")
     print(table(rows))
     if a.json:
@@ -653,10 +653,10 @@ def main(argv=None) -> int:
 
 def _main_urls(a, sizes: List[int], target_mb: float, defaults) -> int:
     sample, rows = url_sums(sizes, a.sample_rows, a.hosts, a.zipf, a.classes, a.image_bytes, target_mb,
-                            defaults.min_shards, a.latency_ms, a.latency_sigma, a.workers, a.writers_per_worker,
+                            defaults.shards.min_shards, a.latency_ms, a.latency_sigma, a.workers, a.writers_per_worker,
                             defaults.threads, a.fail_fraction, per_host=a.http_per_host)
     # The commit and a reader see shards, not URLs: the file mode's manifest steps at the count-planned shards.
-    committed = simulate(sizes, a.image_bytes, a.classes, target_mb, defaults.min_shards, a.request_ms,
+    committed = simulate(sizes, a.image_bytes, a.classes, target_mb, defaults.shards.min_shards, a.request_ms,
                          a.parallel_requests, a.max_label_pairs, columns_from=a.columns_from, sized=False,
                          per_ref=sample["ref_bytes"])
     for row, commit in zip(rows, committed):

@@ -123,10 +123,10 @@ def _ref_path_shards(config, label_map):
         (rejected.append(r) if isinstance(r, Rejected) else refs.append((h, r)))
     if label_map is None:
         label_map = refs_lib.vocabulary(sorted({r.label for _, r in refs}), arrays.label_type(config),
-                                        config.label_offset)
+                                        config.labels.label_offset)
     kept = []
     for h, r in refs:
-        out = assign_lib.assign(r, label_map, tuple(config.splits) if config.splits else None, config.split_seed)
+        out = assign_lib.assign(r, label_map, tuple(config.split.splits) if config.split.splits else None, config.split.split_seed)
         (rejected.append(out) if isinstance(out, Rejected) else kept.append((h, out)))
     shards = local.plan(config, kept)
     return {k: assign_lib.shard_order(shards.take(k)) for k in shards.keys()}, shards.plans, rejected, label_map

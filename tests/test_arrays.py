@@ -306,7 +306,7 @@ def test_resume_fingerprint_changes_when_the_arrays_are_rewritten(tmp_path):
     from imagerecords.pipeline.write import shard_writer
 
     np.savez(tmp_path / "d.npz", **_arrays(seed=1))
-    config = BuildConfig(input=str(tmp_path / "d.npz"), output=str(tmp_path / "out"))
+    config = BuildConfig.of(input=str(tmp_path / "d.npz"), output=str(tmp_path / "out"))
     before = shard_writer.ShardWriter.of(config, "b1", sources.of(config.input)).source
     size = os.path.getsize(tmp_path / "d.npz")
     deadline = time_lib.monotonic() + 10
@@ -331,7 +331,7 @@ def test_a_same_size_npy_rewrite_with_its_mtime_restored_is_not_resumed_from(tmp
     folder.mkdir()
     for name, a in _arrays(seed=1).items():
         np.save(folder / f"{name}.npy", a)
-    config = BuildConfig(input=str(folder), output=str(tmp_path / "out"))
+    config = BuildConfig.of(input=str(folder), output=str(tmp_path / "out"))
     before = shard_writer.ShardWriter.of(config, "b1", sources.of(config.input)).source
     target = folder / "image.npy"
     st = os.stat(target)

@@ -180,11 +180,11 @@ def staged(tree, tmp_path, monkeypatch):
 
     out = tmp_path / "out"
 
-    def stopped(config, results):
+    def stopped(config, results, on_commit):
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(session, "_commit", stopped)
+        m.setattr(session, "_conclude", stopped)
         with pytest.raises(errors.Interrupted):
             build(tree, out, "--num_shards", "2")
     (build_id,) = os.listdir(out / STAGING)

@@ -30,7 +30,7 @@ def command_line_names():
 
 
 def _config(input_path, output_path="unused-out", **kwargs):
-    return BuildConfig(input=str(input_path), output=str(output_path), **kwargs)
+    return BuildConfig.of(input=str(input_path), output=str(output_path), **kwargs)
 
 
 def _touch(path, data=b"x"):

@@ -9,6 +9,7 @@ import pytest
 
 from imagerecords.cli import flags
 from imagerecords.cli.exit_codes import exit_code
+from imagerecords.pipeline import config as config_lib
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.encode.image_codec import ImageOptions
 from imagerecords.pipeline.errors import UsageError
@@ -21,29 +22,29 @@ IO = ["--input", "in/", "--output", "out/"]
 CURRENT_FLAGS = [
     (["--name", "pets"], "config.name", "pets"),
     (["--schema", "tf-models"], "config.schema", "tf-models"),
-    (["--seed", "7"], "config.seed", 7),
-    (["--splits", "train=0.75,validation=0.25"], "config.splits", (("train", 0.75), ("validation", 0.25))),
-    (["--split_seed", "3"], "config.split_seed", 3),
-    (["--split_names", "train,test"], "config.split_names", ("train", "test")),
-    (["--num_shards", "5"], "config.num_shards", 5),
-    (["--target_shard_mb", "64.5"], "config.target_shard_mb", 64.5),
-    (["--min_shards", "2"], "config.min_shards", 2),
+    (["--seed", "7"], "config.split.seed", 7),
+    (["--splits", "train=0.75,validation=0.25"], "config.split.splits", (("train", 0.75), ("validation", 0.25))),
+    (["--split_seed", "3"], "config.split.split_seed", 3),
+    (["--split_names", "train,test"], "config.split.split_names", ("train", "test")),
+    (["--num_shards", "5"], "config.shards.num_shards", 5),
+    (["--target_shard_mb", "64.5"], "config.shards.target_shard_mb", 64.5),
+    (["--min_shards", "2"], "config.shards.min_shards", 2),
     (["--max_side", "64"], "config.image.max_side", 64),
     (["--short_side", "32"], "config.image.short_side", 32),
     (["--quality", "70"], "config.image.quality", 70),
     (["--reencode"], "config.image.reencode", True),
     (["--writer", "beam"], "config.writer", "beam"),
-    (["--label_map", "labels.txt"], "config.label_map", "labels.txt"),
-    (["--label_type", "int"], "config.label_type", "int"),
-    (["--schema", "tf-models", "--label_offset", "1"], "config.label_offset", 1),
-    (["--path_column", "file"], "config.path_column", "file"),
-    (["--label_column", "cls"], "config.label_column", "cls"),
-    (["--split_column", "fold"], "config.split_column", "fold"),
-    (["--key_column", "id"], "config.key_column", "id"),
-    (["--max_reject_fraction", "0.25"], "config.max_reject_fraction", 0.25),
+    (["--label_map", "labels.txt"], "config.labels.label_map", "labels.txt"),
+    (["--label_type", "int"], "config.labels.label_type", "int"),
+    (["--schema", "tf-models", "--label_offset", "1"], "config.labels.label_offset", 1),
+    (["--path_column", "file"], "config.columns.path_column", "file"),
+    (["--label_column", "cls"], "config.columns.label_column", "cls"),
+    (["--split_column", "fold"], "config.columns.split_column", "fold"),
+    (["--key_column", "id"], "config.columns.key_column", "id"),
+    (["--max_reject_fraction", "0.25"], "config.publish.max_reject_fraction", 0.25),
     (["--threads", "2"], "config.threads", 2),
-    (["--write_index"], "config.write_index", True),
-    (["--overwrite"], "config.overwrite", True),
+    (["--write_index"], "config.publish.write_index", True),
+    (["--overwrite"], "config.publish.overwrite", True),
     (["--no_progress"], "launcher.no_progress", True),
     (["--verbose"], "launcher.verbose", True),
     (["--ignore_split_column"], "options.ignore_split_column", True),
@@ -82,7 +83,7 @@ def test_every_current_flag_parses_to_the_same_value(argv, attr, expected):
 
 def test_no_flags_give_the_dataclass_defaults():
     parsed = flags.parse_args(IO)
-    assert parsed.config == BuildConfig(input="in/", output="out/")
+    assert parsed.config == BuildConfig.of(input="in/", output="out/")
     assert parsed.launcher == flags.LauncherFlags()
     assert parsed.beam_args == []
 
@@ -99,8 +100,7 @@ def test_config_flag_is_the_preset_path(tmp_path):
 
 def test_every_dataclass_field_has_a_flag():
     names = set(flags.build_flag_names())
-    fields = [f.name for f in dataclasses.fields(BuildConfig) if f.name not in ("image", "features")]
-    fields += [f.name for f in dataclasses.fields(ImageOptions)]
+    fields = [name for name in config_lib.SETTINGS if name != "features"]  # the image's settings among them
     assert {f"--{n}" for n in fields} <= names
     assert "--feature" in names  # features: one repeatable --feature NAME=DTYPE[DIMS] each
     assert "--image" not in names
@@ -118,12 +118,12 @@ def test_preset_is_layered_under_flags(tmp_path):
                   "splits: {train: 0.5, test: 0.5}\n"
                   "beam_options:\n  runner: DirectRunner\n  direct_num_workers: 2\n")
     parsed = flags.parse_args(IO + ["--config", path, "--seed", "9", "--direct_num_workers=4"])
-    assert parsed.config.seed == 9  # flag wins
-    assert parsed.config.num_shards == 3  # preset wins over the default
+    assert parsed.config.split.seed == 9  # flag wins
+    assert parsed.config.shards.num_shards == 3  # preset wins over the default
     assert parsed.config.image.quality == 80
-    assert parsed.config.split_names == ("train", "test")
-    assert parsed.config.splits == (("train", 0.5), ("test", 0.5))
-    assert parsed.config.min_shards == 8  # default
+    assert parsed.config.split.split_names == ("train", "test")
+    assert parsed.config.split.splits == (("train", 0.5), ("test", 0.5))
+    assert parsed.config.shards.min_shards == 8  # default
     # The preset's Beam options come first, so the command line's win when Beam parses them.
     assert parsed.beam_args == ["--runner=DirectRunner", "--direct_num_workers=2", "--direct_num_workers=4"]
 
@@ -184,8 +184,8 @@ def test_beam_options_pass_through_in_both_forms():
             "--experiments=a", "--job_name", "my-job", "--save_main_session"]
     parsed = flags.parse_args(IO + beam + ["--num_shards", "3"])
     assert parsed.beam_args == beam
-    assert parsed.config.num_shards == 3
-    assert parsed.config == dataclasses.replace(BuildConfig(input="in/", output="out/"), num_shards=3)
+    assert parsed.config.shards.num_shards == 3
+    assert parsed.config == BuildConfig.of(input="in/", output="out/").replace(num_shards=3)
 
 
 def test_a_beam_value_is_not_taken_for_a_flag():
@@ -274,8 +274,9 @@ def _expected_default_text(value):
     return str(value)
 
 
-@pytest.mark.parametrize("field", [f for f in dataclasses.fields(BuildConfig) if f.name not in ("image", "features")]
-                         + list(dataclasses.fields(ImageOptions)), ids=lambda f: f.name)
+@pytest.mark.parametrize("field", [f for cls in (*config_lib.CONCERNS, BuildConfig, ImageOptions)
+                                   for f in dataclasses.fields(cls) if config_lib.SETTINGS.get(f.name) is not None
+                                   and f.name != "features"], ids=lambda f: f.name)
 def test_help_shows_each_field_default_from_the_dataclass(field):
     text = _help_of(f"--{field.name}")
     if field.default is dataclasses.MISSING:
@@ -313,8 +314,7 @@ def test_no_two_flags_share_a_help_text():
 
 # Python in a help text: module.CONSTANT, None/True/False, a field named as in the docstring
 # (`num_shards`, or num_shards not written as --num_shards).
-_FIELD_NAMES = [f.name for f in dataclasses.fields(BuildConfig) if f.name != "image"] + \
-    [f.name for f in dataclasses.fields(ImageOptions)]
+_FIELD_NAMES = list(config_lib.SETTINGS)
 _CODE_PATTERNS = [r"\b[a-z_]\w*\.[A-Z][A-Z0-9_]+\b", r"\b(None|True|False)\b", r"`\w+`"] + \
     [rf"(?<![-\w]){name}\b" for name in _FIELD_NAMES if "_" in name]
 

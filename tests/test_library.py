@@ -163,9 +163,9 @@ def test_prism_on_a_beam_that_predates_it_is_one_line_before_anything_runs(image
 def test_numpy_numbers_are_taken_as_numbers(tmp_path):
     options = BuildOptions.make(str(tmp_path), str(tmp_path / "out"), num_shards=np.int32(3), local_workers=np.int64(0),
                                 max_reject_fraction=np.float32(0.5))
-    assert (options.config.num_shards, options.local_workers) == (3, 0)
-    assert type(options.config.num_shards) is int and type(options.local_workers) is int
-    assert options.config.max_reject_fraction == 0.5
+    assert (options.config.shards.num_shards, options.local_workers) == (3, 0)
+    assert type(options.config.shards.num_shards) is int and type(options.local_workers) is int
+    assert options.config.publish.max_reject_fraction == 0.5
 
 
 def test_another_builds_write_probe_is_not_a_file_of_the_folder(image_tree, tmp_path):
@@ -235,11 +235,11 @@ def test_a_stopped_build_counts_its_staged_shards_in_words(tmp_path, staged, say
     os.makedirs(staged_dir)
     for i in range(staged):
         open(os.path.join(staged_dir, f"s{i}{staging.STAGED_RECORD}"), "w").close()
-    e = session._interrupted(errors.Stopped(signal.SIGTERM), "engine", BuildConfig(input="in", output=str(out)),
+    e = session._interrupted(errors.Stopped(signal.SIGTERM), "engine", BuildConfig.of(input="in", output=str(out)),
                              build_id)
     assert f"; {says}: rerun the same call with resume=True to reuse them" in str(e)
     with flag_names():  # the command's words
-        e = session._interrupted(errors.Stopped(signal.SIGTERM), "engine", BuildConfig(input="in", output=str(out)),
+        e = session._interrupted(errors.Stopped(signal.SIGTERM), "engine", BuildConfig.of(input="in", output=str(out)),
                                  build_id)
     assert f"; {says}: rerun the same command with --resume to reuse them" in str(e)
 

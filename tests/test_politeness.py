@@ -62,7 +62,7 @@ def test_a_manifest_source_on_a_runner_gets_its_share():
     from imagerecords.pipeline.config import BuildConfig
     from imagerecords.pipeline.sources.manifests import ManifestSource
 
-    bound = ManifestSource().bind(BuildConfig(input="in.csv", output="out", http_per_host=4))
+    bound = ManifestSource().bind(BuildConfig.of(input="in.csv", output="out", http_per_host=4))
     whole = politeness.divide(bound, PipelineOptions(["--runner=FlinkRunner", "--parallelism=2"]))._http
     assert (whole.per_host, whole.duty) == (2, 1.0)
     paced = politeness.divide(bound, PipelineOptions(["--runner=FlinkRunner", "--parallelism=40"]))._http

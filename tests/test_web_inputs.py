@@ -79,7 +79,7 @@ def test_the_launcher_downloads_nothing_and_the_rows_plan_by_count(server, tmp_p
 
     rows = [(server.url(f"/img/p{i:02d}.jpg"), "cat") for i in range(GOOD)]
     path = _manifest(tmp_path, rows)
-    config = BuildConfig(input=str(path), output=str(tmp_path / "out"), path_column="url")
+    config = BuildConfig.of(input=str(path), output=str(tmp_path / "out"), path_column="url")
     info = checks.check_input(config)
     from imagerecords.builder.engines import local
 

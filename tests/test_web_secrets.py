@@ -289,7 +289,7 @@ def test_the_pickled_graph_holds_no_token_of_the_headers_file(tmp_path):
     manifest = tmp_path / "urls.csv"
     manifest.write_text("url,label\nhttp://127.0.0.1:9/x.jpg,cat\n")
     agent = "probe-agent/7"  # travels in the same settings: proves the search sees them
-    config = BuildConfig(input=str(manifest), output=str(tmp_path / "out"), path_column="url",
+    config = BuildConfig.of(input=str(manifest), output=str(tmp_path / "out"), path_column="url",
                          http_headers=str(headers), http_user_agent=agent)
     info = ManifestSource().check(config)
     p = beam.Pipeline()

@@ -303,7 +303,7 @@ def test_numpy_integers_are_the_integers_they_hold(tmp_path):
     from imagerecords.transforms.write_dataset import row_to_ref
 
     made = WriteDataset(str(tmp_path / "o"), num_shards=np.int64(2), seed=np.int32(7))
-    assert (made._config.num_shards, made._config.seed) == (2, 7) and type(made._config.seed) is int
+    assert (made._config.shards.num_shards, made._config.split.seed) == (2, 7) and type(made._config.split.seed) is int
     ref, _ = row_to_ref({"image": b"\xff\xd8x", "label": np.int64(3)}, str(tmp_path), made._config.manifest_columns())
     assert ref.label == "3"
 

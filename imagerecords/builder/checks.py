@@ -157,10 +157,10 @@ def check_output(config: BuildConfig) -> Optional[str]:
         created = None
     else:
         created = _check_local_output(config)
-    if config.version_name:
+    if config.publish.version_name:
         from imagerecords.pipeline.publish import commit as publish
 
-        publish.check_version_free(config.output, config.version_name)  # the commit checks it again
+        publish.check_version_free(config.output, config.publish.version_name)  # the commit checks it again
     return created
 
 

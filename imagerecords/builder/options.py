@@ -59,7 +59,7 @@ class BuildOptions:
       ignore_split_column: with `splits`, reassign splits by hash although the manifest has a split
         column.
       settings_given: the names of the build settings the caller set (BuildConfig's and ImageOptions'
-        fields, as `make` and the command fill it); with `config.append`, every other setting is
+        fields, as `make` and the command fill it); with `config.publish.append`, every other setting is
         the dataset's (its manifest's parameters). None: the settings whose values are not their
         defaults.
     """

@@ -41,13 +41,13 @@ def _claim_output(config: BuildConfig) -> int:
     names = [n for n in storage.list_names(config.output) if n != LOCK and not n.startswith(checks.PROBE_PREFIX)]
     staged = staging.staged_builds(config.output)
     published = storage.exists(storage.join(config.output, MANIFEST))
-    if config.resume:
-        if published and not config.overwrite and not config.append:
+    if config.publish.resume:
+        if published and not config.publish.overwrite and not config.publish.append:
             raise errors.OutputError(f"{config.output} holds a published dataset; pass {setting('overwrite')} with {setting('resume')} to "
                                      "replace it")
         return sum(1 for b in staged for p in storage.list_tree(staging.staging_dir(config.output, b))
                    if p.endswith(staging.STAGED_RECORD))
-    if config.overwrite or (config.append and published and staged and publish.holds_only_reasons(config.output)):
+    if config.publish.overwrite or (config.publish.append and published and staged and publish.holds_only_reasons(config.output)):
         if staged:  # with --append: only the reasons an earlier delta left, none of them published
             staging.remove_staging(config.output)
         return 0
@@ -61,10 +61,10 @@ def _claim_output(config: BuildConfig) -> int:
                                      f"before its shards were all written ({STAGING}); rerun with {setting('resume')} to reuse "
                                      f"its complete shards, or {setting('overwrite')} to start over")
         # An --append user told to --overwrite would replace the dataset with only the new part.
-        replace = "" if config.append else f"rerun with {setting('overwrite')} to replace it, or "
+        replace = "" if config.publish.append else f"rerun with {setting('overwrite')} to replace it, or "
         raise errors.OutputError(f"{config.output} holds an unfinished build in {STAGING}; {replace}"
                                  f"`imagerecords finish {config.output}` to publish it")
-    if config.append and published:
+    if config.publish.append and published:
         return 0  # the published dataset stays; this build adds a version that lists its shards
     if names or published:
         shown = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
@@ -74,14 +74,14 @@ def _claim_output(config: BuildConfig) -> int:
 
 
 def _read_label_map(config: BuildConfig) -> Optional[refs_lib.LabelMap]:
-    if not config.label_map:
+    if not config.labels.label_map:
         return None
     try:
-        text = storage.read_bytes(config.label_map).decode("utf-8")
+        text = storage.read_bytes(config.labels.label_map).decode("utf-8")
     except OSError as e:
-        raise errors.UsageError(f"{setting('label_map', config.label_map)}: {storage.os_reason(e)}") from None
+        raise errors.UsageError(f"{setting('label_map', config.labels.label_map)}: {storage.os_reason(e)}") from None
     try:
-        return refs_lib.read_label_map(text, config.label_map, config.label_offset)
+        return refs_lib.read_label_map(text, config.labels.label_map, config.labels.label_offset)
     except ValueError as e:
         raise errors.UsageError(str(e)) from None
 
@@ -187,18 +187,18 @@ def run(options: BuildOptions, *, notify: Optional[Callable[[str], None]] = None
     Raises:
       errors.BuildError: an expected failure, one line (errors.Interrupted for a signal).
     """
-    if options.config.append:  # the settings not given are the dataset's, read before anything checks them
+    if options.config.publish.append:  # the settings not given are the dataset's, read before anything checks them
         from imagerecords.pipeline.publish import appending
 
         options = dataclasses.replace(options, config=appending.with_dataset_settings(options.config,
                                                                                       options.settings_given))
     config = options.config
-    if config.writer == "beam" and config.write_index:
+    if config.writer == "beam" and config.publish.write_index:
         raise errors.UsageError(f"{setting('write_index')} needs {setting('writer', 'shards')} (the Beam sink reports no record offsets)")
-    if config.writer == "beam" and config.resume:
+    if config.writer == "beam" and config.publish.resume:
         raise errors.UsageError(f"{setting('resume')} needs {setting('writer', 'shards')} (the Beam sink's shards have no fingerprints)")
     input_info = checks.check_input(config, ignore_split_column=options.ignore_split_column)
-    if config.append:
+    if config.publish.append:
         from imagerecords.pipeline.publish import appending
 
         if options.detached or any(a.startswith("--template_location") for a in options.pipeline_options):
@@ -258,7 +258,7 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
             if lock.took_over:
                 notify(f"note: {lock.take_over_note()}")
             reusable = _claim_output(config)
-            if config.resume:
+            if config.publish.resume:
                 notify(f"resuming: {reusable} staged shards of earlier builds can be reused if their fingerprints "
                        "match")
             stage.now = "engine"
@@ -271,7 +271,7 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
             results = _staged_results(config, build_id)
 
             def committing() -> None:
-                if config.resume:
+                if config.publish.resume:
                     notify(f"resumed: {_reused_count(config.output, build_id, results)} of {len(results.shards)} "
                            "shards reused")
                 stage.now = "commit"
@@ -284,7 +284,7 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
         os.remove(log_path)
     return Outcome(manifest, time.monotonic() - start, engine.description,
                    ignored_columns=tuple(checks.ignored_columns(config, input_info)),
-                   planned_by_count=config.num_shards is None and not input_info.sizes_known,
+                   planned_by_count=config.shards.num_shards is None and not input_info.sizes_known,
                    failed_hosts=results.failed_hosts)
 
 
@@ -373,7 +373,7 @@ def _staged_results(config: BuildConfig, build_id: str) -> publish.BuildResults:
 
 def _conclude(config: BuildConfig, results: publish.BuildResults, on_commit: Callable[[], None]) -> Manifest:
     try:
-        return lifecycle.conclude(config.output, results, lifecycle.COMMAND, keep_versions=config.keep_versions,
+        return lifecycle.conclude(config.output, results, lifecycle.COMMAND, keep_versions=config.publish.keep_versions,
                                   on_commit=on_commit)
     except OSError as e:
         if storage.is_no_space(e):

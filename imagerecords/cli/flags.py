@@ -181,18 +181,18 @@ class _FieldFlag:
 
 
 def _field_flags() -> List[_FieldFlag]:
-    """BuildConfig's fields, with the nested ImageOptions' fields in place of `image`."""
+    """A flag per flat setting (config.SETTINGS), in its order: the concerns', the build's own, the image's."""
     out = []
-    for cls, skip in ((BuildConfig, {"image", "features"}), (ImageOptions, set())):
+    docs = {**config_lib.field_docs(BuildConfig), **config_lib.field_docs(ImageOptions)}
+    defaults = config_lib.defaults()
+    for cls in (*config_lib.CONCERNS, BuildConfig, ImageOptions):  # each setting's type where it lives
         hints = typing.get_type_hints(cls)
-        docs = config_lib.field_docs(cls)
         for f in dataclasses.fields(cls):
-            if f.name in skip:
+            if config_lib.SETTINGS.get(f.name) is None or f.name == "features":
                 continue
-            default = f.default
-            if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
-                default = f.default_factory()
-            out.append(_FieldFlag(f.name, _unwrap_optional(hints[f.name]), default, docs.get(f.name, "")))
+            out.append((list(config_lib.SETTINGS).index(f.name), _FieldFlag(
+                f.name, _unwrap_optional(hints[f.name]), defaults.get(f.name, dataclasses.MISSING), docs.get(f.name, ""))))
+    out = [flag for _, flag in sorted(out, key=lambda pair: pair[0])]
     names = [f.name for f in out]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -405,7 +405,7 @@ def parse_args(argv: Sequence[str]) -> Parsed:
     Example:
         parsed = parse_args(["--input", "photos/", "--output", "/tmp/ds", "--num_shards", "4",
                              "--runner=DirectRunner"])
-        parsed.config.num_shards  # 4
+        parsed.config.shards.num_shards  # 4
         parsed.beam_args          # ['--runner=DirectRunner']
 
     Args:

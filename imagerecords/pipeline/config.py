@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import numbers
@@ -111,9 +112,9 @@ _HTTP = download.HttpSettings()  # the download settings' defaults, spelled ther
 
 
 # Each concern's settings are a small frozen class that checks its own fields (`_problems`), and
-# BuildConfig is all of them plus what is the build's own: one flat set of setting names for build(),
-# the flags, presets and the transforms (check_setting_types reads them all), and a stage can take
-# only its concern. Every field's text is in BuildConfig's Attributes (the flags' help reads it).
+# BuildConfig holds one of each as a field beside what is the build's own: a stage takes the concern
+# it reads. The edges (build(), the flags, presets, the transforms' keywords) name settings flat,
+# through one table, SETTINGS. Every setting's text is in BuildConfig's Attributes (the flags' help reads it).
 
 
 def _raise_problems(problems: List[str]) -> None:
@@ -121,17 +122,23 @@ def _raise_problems(problems: List[str]) -> None:
         raise ValueError("invalid build configuration: " + "; ".join(problems))
 
 
+# Set while BuildConfig.of makes its concerns: BuildConfig checks them all together, in one message.
+_TOGETHER = contextvars.ContextVar("imagerecords_config_together", default=False)
+
+
 class _Concern:
     """A concern's settings check their own fields when made alone; BuildConfig checks them all
     together, with its own, in one message."""
 
     def __post_init__(self):
-        _raise_problems(self._problems())
+        if not _TOGETHER.get():
+            _raise_problems(self._problems())
 
     def _problems(self) -> List[str]:
         return []
 
 
+@naming.declare
 @dataclasses.dataclass(frozen=True)
 class InputColumns(_Concern):
     """Where a manifest's rows keep each image's path, label, split, key and size, and whether
@@ -154,6 +161,7 @@ class InputColumns(_Concern):
                                self.size_column, tuple(features))
 
 
+@naming.declare
 @dataclasses.dataclass(frozen=True)
 class LabelOptions(_Concern):
     """How labels become class ids: a fixed map, the label type and an offset."""
@@ -171,6 +179,7 @@ class LabelOptions(_Concern):
         return problems
 
 
+@naming.declare
 @dataclasses.dataclass(frozen=True)
 class SplitOptions(_Concern):
     """How keys are shuffled and assigned to splits: the two hash salts, the split fractions (one
@@ -195,6 +204,7 @@ class SplitOptions(_Concern):
         return problems
 
 
+@naming.declare
 @dataclasses.dataclass(frozen=True)
 class ShardOptions(_Concern):
     """How many shards a split is cut into: a count, or a target size with a floor."""
@@ -214,6 +224,7 @@ class ShardOptions(_Concern):
         return problems
 
 
+@naming.declare
 @dataclasses.dataclass(frozen=True)
 class DownloadOptions(_Concern):
     """How manifest rows that are http(s) URLs are downloaded by the shard writers (a worker's
@@ -259,6 +270,7 @@ class DownloadOptions(_Concern):
         return problems
 
 
+@naming.declare
 @dataclasses.dataclass(frozen=True)
 class PublishOptions(_Concern):
     """How a build publishes into its output: replacing, appending or resuming, the versions kept
@@ -295,14 +307,19 @@ class PublishOptions(_Concern):
         return problems
 
 
-CONCERNS = (InputColumns, LabelOptions, SplitOptions, ShardOptions, DownloadOptions, PublishOptions)
+# BuildConfig's field for each concern, in the order the settings are listed (flags, to_json).
+_CONCERN_FIELDS = (("columns", InputColumns), ("labels", LabelOptions), ("split", SplitOptions),
+                   ("shards", ShardOptions), ("download", DownloadOptions), ("publish", PublishOptions))
+CONCERNS = tuple(cls for _, cls in _CONCERN_FIELDS)
+_OWN = ("input", "output", "name", "schema", "writer", "record_format", "threads", "features")
 
 
-@naming.declare
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, LabelOptions, InputColumns):
+class BuildConfig:
     """Everything a build needs besides the Beam pipeline options: each concern's settings (the
-    classes above) and the build's own; every setting's text is here (the flags' help reads it).
+    classes above, as the fields columns, labels, split, shards, download, publish and image) and
+    the build's own; every setting's text is here, by its flat name (the flags' help reads it).
+    Made from flat settings by BuildConfig.of or make_config, changed by replace.
 
     Attributes:
       input: a class-folder root (`root/<label>/**/<image>`) or a .csv / .jsonl manifest; local path
@@ -396,7 +413,7 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         if the output already holds that version (versions are never rewritten).
     """
 
-    input: str
+    input: Optional[str]
     output: str
     name: str = "images"
     schema: str = "tfds"
@@ -405,6 +422,12 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
     record_format: str = "tfrecord"
     threads: int = 4
     features: Tuple[features_lib.Feature, ...] = ()
+    columns: InputColumns = InputColumns()
+    labels: LabelOptions = LabelOptions()
+    split: SplitOptions = SplitOptions()
+    shards: ShardOptions = ShardOptions()
+    download: DownloadOptions = DownloadOptions()
+    publish: PublishOptions = PublishOptions()
 
     def __post_init__(self):
         problems = []
@@ -421,7 +444,7 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         sources = [f.source for f in self.features]
         for column in sorted({c for c in sources if sources.count(c) > 1}):
             problems.append(f"features: column {column!r} feeds more than one feature")
-        if not self.input:
+        if self.input == "":  # None: a pipeline's own rows (WriteDataset), which have no path
             problems.append("input is required")
         if not self.output:
             problems.append("output is required")
@@ -430,21 +453,60 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
                             "characters (it begins every shard file name)")
         if self.schema not in schema.PRESETS:
             problems.append(f"schema {self.schema!r} is not one of {', '.join(schema.PRESETS)}")
-        problems += ShardOptions._problems(self)
+        problems += self.shards._problems()
         if self.writer not in WRITERS:
             problems.append(f"writer {self.writer!r} is not one of {', '.join(WRITERS)}")
         problems += self._format_problems()
-        problems += LabelOptions._problems(self)
-        if self.schema == "tfds" and self.label_offset != 0:
+        problems += self.labels._problems()
+        if self.schema == "tfds" and self.labels.label_offset != 0:
             problems.append("label_offset must be 0 with schema 'tfds' (TFDS ClassLabel ids start at 0); "
                             "use schema 'tf-models' for ImageNet-style offsets")
         if self.threads < 1:
             problems.append(f"threads must be >= 1, got {self.threads}")
-        problems += InputColumns._problems(self) + SplitOptions._problems(self) + DownloadOptions._problems(self)
-        problems += PublishOptions._problems(self)
-        if self.append and self.writer == "beam":
+        problems += self.columns._problems() + self.split._problems() + self.download._problems()
+        problems += self.publish._problems()
+        if self.publish.append and self.writer == "beam":
             problems.append(f"{setting('append')} needs {setting('writer', 'shards')}")
         _raise_problems(problems)
+
+    @classmethod
+    def of(cls, **settings: Any) -> "BuildConfig":
+        """The config of flat settings (SETTINGS' names; `image` or the image settings by name),
+        checked together in one message; make_config also merges layers and parses text."""
+        image = settings.pop("image", None)
+        by_field: Dict[str, Dict[str, Any]] = {}
+        own: Dict[str, Any] = {}
+        for name, value in settings.items():
+            where = SETTINGS.get(name)
+            if where is None:
+                raise ValueError(f"unknown setting(s) {name}")
+            if where:
+                by_field.setdefault(where, {})[name] = value
+            else:
+                own[name] = value
+        if image is not None and "image" in by_field:
+            raise ValueError("give `image` or the image settings by name, not both")
+        token = _TOGETHER.set(True)
+        try:
+            made = {attr: concern(**by_field.get(attr, {})) for attr, concern in _CONCERN_FIELDS}
+            made["image"] = image if image is not None else ImageOptions(**by_field.get("image", {}))
+        finally:
+            _TOGETHER.reset(token)
+        return cls(**own, **made)
+
+    def replace(self, **settings: Any) -> "BuildConfig":
+        """This config with the flat settings given changed (None sets a setting to None)."""
+        return BuildConfig.of(**dict(self.flat(), **settings))
+
+    def flat(self) -> Dict[str, Any]:
+        """Every setting by its flat name (the image's included), in the order the flags list them."""
+        out: Dict[str, Any] = {}
+        for attr, _ in _CONCERN_FIELDS:
+            concern = getattr(self, attr)
+            out.update((f.name, getattr(concern, f.name)) for f in dataclasses.fields(concern))
+        out.update((name, getattr(self, name)) for name in _OWN)
+        out.update((f.name, getattr(self.image, f.name)) for f in dataclasses.fields(self.image))
+        return out
 
     def _format_problems(self) -> List[str]:
         try:
@@ -452,7 +514,7 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
         except record_format.UnknownFormat as e:
             return [str(e)]
         problems = []
-        if self.write_index and not fmt.index_files:
+        if self.publish.write_index and not fmt.index_files:
             problems.append(f"{setting('write_index')} writes index files, and {fmt.name} files carry their own "
                             f"index: leave {setting('write_index')} out with {setting('record_format', fmt.name)}")
         if self.writer == "beam" and fmt is not record_format.TFRECORD:
@@ -462,11 +524,16 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
 
     def manifest_columns(self, features=None) -> ManifestColumns:
         """The column names a manifest input is read with, the declared features' columns with them."""
-        return InputColumns.manifest_columns(self, self.features if features is None else features)
+        return self.columns.manifest_columns(self.features if features is None else features)
 
     def to_json(self) -> Dict[str, Any]:
         """Returns the parameters recorded in manifest.json (paths excluded: they vary by machine)."""
-        d = dataclasses.asdict(self)
+        d: Dict[str, Any] = {}
+        for attr, _ in _CONCERN_FIELDS:  # flat, in the order of the settings that BuildConfig inherited once
+            d.update(dataclasses.asdict(getattr(self, attr)))
+        d.update(input=self.input, output=self.output, name=self.name, schema=self.schema,
+                 image=dataclasses.asdict(self.image), writer=self.writer, record_format=self.record_format,
+                 threads=self.threads, features=self.features)
         # How inputs are fetched shapes no byte (and the headers file may name a secret): not recorded.
         for k in ("input", "output", "overwrite", "keep_versions", "resume", "features", "append",
                   "version_name", *HTTP_FIELDS):
@@ -478,12 +545,12 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
 
             d["features"] = arrays.manifest_features(self)
             d["features_only"] = True
-        d["splits"] = dict(self.splits) if self.splits else None
-        if self.near_duplicates == PublishOptions.near_duplicates:
+        d["splits"] = dict(self.split.splits) if self.split.splits else None
+        if self.publish.near_duplicates == PublishOptions.near_duplicates:
             del d["near_duplicates"]  # a default build's manifest keeps the bytes it had before the setting
         if self.record_format == record_format.DEFAULT:
             del d["record_format"]  # a TFRecord build's manifest keeps the bytes it had before the setting
-        if self.max_download_failures == PublishOptions.max_download_failures:
+        if self.publish.max_download_failures == PublishOptions.max_download_failures:
             del d["max_download_failures"]  # a default build's manifest keeps the bytes it had before the setting
         if self.image.image_encoding == "jpeg":
             del d["image"]["image_encoding"]  # a default build's manifest keeps the bytes it had before the setting
@@ -495,6 +562,13 @@ class BuildConfig(PublishOptions, DownloadOptions, ShardOptions, SplitOptions, L
 
 
 HTTP_FIELDS = tuple(f.name for f in dataclasses.fields(DownloadOptions))
+# The one table of flat setting names: where each lives in a BuildConfig (a concern's field, "image",
+# or "" for the build's own), in the order the flags list them.
+SETTINGS: Dict[str, str] = {
+    **{f.name: attr for attr, concern in _CONCERN_FIELDS for f in dataclasses.fields(concern)},
+    **{name: "" for name in _OWN},
+    **{f.name: "image" for f in dataclasses.fields(ImageOptions)},
+}
 
 
 def field_docs(cls: type) -> Dict[str, str]:
@@ -534,7 +608,18 @@ def field_docs(cls: type) -> Dict[str, str]:
 
 
 _IMAGE_FIELDS = {f.name for f in dataclasses.fields(ImageOptions)}
-_BUILD_FIELDS = {f.name for f in dataclasses.fields(BuildConfig)} - {"image"}
+
+
+def defaults() -> Dict[str, Any]:
+    """Every setting's default by its flat name (input and output, which have none, aside)."""
+    out = {}
+    for cls in (*CONCERNS, BuildConfig, ImageOptions):
+        for f in dataclasses.fields(cls):
+            if f.name in SETTINGS and f.name not in ("input", "output"):
+                out[f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return out
+
+_BUILD_FIELDS = set(SETTINGS) - _IMAGE_FIELDS
 
 
 def load_preset(path: str) -> Tuple[Dict[str, Any], List[str]]:
@@ -575,7 +660,8 @@ def _setting_types() -> Dict[str, Any]:
     """{setting: its type, Optional unwrapped} of BuildConfig's and ImageOptions' fields, read once."""
     import typing
 
-    hints = {**typing.get_type_hints(BuildConfig), **typing.get_type_hints(ImageOptions)}
+    hints = {name: tp for cls in (*CONCERNS, BuildConfig, ImageOptions) for name, tp in typing.get_type_hints(cls).items()
+             if name in SETTINGS}
     for name, tp in hints.items():
         if typing.get_origin(tp) is typing.Union:
             hints[name] = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
@@ -628,5 +714,5 @@ def make_config(*layers: Mapping[str, Any]) -> BuildConfig:
     unknown = sorted(set(merged) - _BUILD_FIELDS)
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}")
-    return BuildConfig(image=image, **merged)
+    return BuildConfig.of(image=image, **merged)
 

@@ -43,7 +43,7 @@ def write_dataset(p: beam.Pipeline, refs, rejected: Sequence[Any], config: Build
       config: what to build.
       source: the sources.Source whose reader the shard writers read the refs with (its downloads'
         per-host limit already divided among the job's downloaders).
-      label_map: the ids of `config.label_map`; None for the vocabulary seen.
+      label_map: the ids of `config.labels.label_map`; None for the vocabulary seen.
       versions: library versions, recorded in the manifest.
       build_id: the launcher's build id; '' when `build_ids` names it as the job runs (WriteDataset).
       build_ids: a singleton PCollection of the build id, or None.
@@ -57,18 +57,18 @@ def write_dataset(p: beam.Pipeline, refs, rejected: Sequence[Any], config: Build
       The single BuildResults staged, or with `commit` the published Manifest.
     """
     labelled = refs | "AssignLabels" >> AssignLabels(
-        label_map, source.label_type(config), config.label_offset, config.splits, config.split_seed, config.features,
+        label_map, source.label_type(config), config.labels.label_offset, config.split.splits, config.split.split_seed, config.features,
         base_labels=base.labels if base is not None else None)
     # ImageRef with split and label_id set
     if config.writer == "shards":
         shuffled = labelled["refs"] | "GlobalShuffle" >> GlobalShuffle(
-            config.seed, config.num_shards, config.target_shard_mb, config.min_shards)
+            config.split.seed, config.shards.num_shards, config.shards.target_shard_mb, config.shards.min_shards)
         # ((split, shard index, num shards), [ImageRef sorted by hash])
         shards = shuffled["shards"]
         if carried is not None:  # the carried bytes join their shard
             carried_shards = carried | "CarriedShard" >> beam.FlatMap(
                 _carried_shard, beam.pvalue.AsSingleton(labelled["labels"]), beam.pvalue.AsDict(shuffled["plans"]),
-                config.splits, config.split_seed, config.seed)
+                config.split.splits, config.split.split_seed, config.split.seed)
             # (ShardKey, (uri, bytes))
             shards = ({"refs": shards, "bytes": carried_shards}
                       | "JoinBytes" >> beam.CoGroupByKey()
@@ -78,19 +78,19 @@ def write_dataset(p: beam.Pipeline, refs, rejected: Sequence[Any], config: Build
             config.output, labelled["labels"], build_id=build_id or None, build_ids=build_ids, config=config,
             source=source)
     else:
-        split_names = [n for n, _ in config.splits] if config.splits else list(config.split_names or ["train"])
+        split_names = [n for n, _ in config.split.splits] if config.split.splits else list(config.split.split_names or ["train"])
         written = labelled["refs"] | "WriteWithBeamSink" >> WriteWithBeamSink(
             staging.staging_dir(config.output, build_id), config.name, labelled["labels"], split_names,
-            config.num_shards or config.min_shards, config.schema, config.image, source)
+            config.shards.num_shards or config.shards.min_shards, config.schema, config.image, source)
     rejected = (*rejected, labelled[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten()
     outcome = {"results": written["results"], "rejected": rejected, "labels": labelled["labels"]}
     if build_ids is not None:
         outcome["build_id"] = build_ids
-    if config.writer == "shards" and (not config.skip_duplicate_check or known is not None):
+    if config.writer == "shards" and (not config.publish.skip_duplicate_check or known is not None):
         found = written[CONTENTS] | "FindDuplicates" >> FindDuplicates()
         # DuplicateGroup per content shared by two or more keys
         outcome["duplicates"] = found if known is None else (found, known) | "WithKnown" >> beam.Flatten()
-    if config.writer == "shards" and config.near_duplicates == "report":
+    if config.writer == "shards" and config.publish.near_duplicates == "report":
         hashed = written[NEAR]
         if base is not None:  # the dataset's records, from its hashes files: compared with this build's
             # Hashes travel as hex: the coder Create infers for ints is signed 64-bit, and hashes are unsigned.
@@ -105,7 +105,7 @@ def write_dataset(p: beam.Pipeline, refs, rejected: Sequence[Any], config: Build
     # a single BuildResults, staged; the commit publishes it
     return (p | "Last" >> beam.Create([None])
             | "Commit" >> beam.Map(_commit, beam.pvalue.AsSingleton(results), output=config.output,
-                                   keep_versions=config.keep_versions, overwrite=config.overwrite, own_job=own_job))
+                                   keep_versions=config.publish.keep_versions, overwrite=config.publish.overwrite, own_job=own_job))
 
 
 def _carried_shard(pair, labels: LabelMap, plans, splits, split_seed: int, seed: int):

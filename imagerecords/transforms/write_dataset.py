@@ -184,28 +184,28 @@ class WriteDataset(beam.PTransform):
     def __init__(self, output: str, **options):
         super().__init__()
         config = options_config("WriteDataset", output, options)
-        for setting, bad in (("resume", config.resume), ("writer", config.writer != "shards")):
+        for setting, bad in (("resume", config.publish.resume), ("writer", config.writer != "shards")):
             if bad:
-                raise ValueError(f"WriteDataset: {setting} {getattr(config, setting)!r} is not supported here "
+                raise ValueError(f"WriteDataset: {setting} {config.flat()[setting]!r} is not supported here "
                                  "(the command's build has it)")
-        if config.append:  # its commit runs when the job ends, and nothing would check the base is still current then
+        if config.publish.append:  # its commit runs when the job ends, and nothing would check the base is still current then
             raise ValueError("WriteDataset: append is not supported here: the pipeline commits itself whenever it "
                              "runs (a template, a detached job), so the version it would add to could be replaced "
                              "by then; append with `imagerecords build --append` (any runner)")
         try:
-            check_http(config)  # as a command-line build checks them, before the pipeline runs
+            check_http(config.download)  # as a command-line build checks them, before the pipeline runs
         except ValueError as e:
             raise ValueError(f"WriteDataset: {e}") from None
-        if not config.overwrite and storage.exists(storage.join(output, MANIFEST)):
+        if not config.publish.overwrite and storage.exists(storage.join(output, MANIFEST)):
             raise ValueError(f"WriteDataset: {output} holds a published dataset; pass overwrite=True to replace it")
-        if config.version_name and publish.version_taken(output, config.version_name):
-            raise ValueError(f"WriteDataset: version {config.version_name!r} already exists in {output} (versions "
+        if config.publish.version_name and publish.version_taken(output, config.publish.version_name):
+            raise ValueError(f"WriteDataset: version {config.publish.version_name!r} already exists in {output} (versions "
                              "are never rewritten); choose another version_name")
         self._label_map = None
-        if config.label_map:
+        if config.labels.label_map:
             try:
-                self._label_map = refs_lib.read_label_map(storage.read_bytes(config.label_map).decode("utf-8"),
-                                                          config.label_map, config.label_offset)
+                self._label_map = refs_lib.read_label_map(storage.read_bytes(config.labels.label_map).decode("utf-8"),
+                                                          config.labels.label_map, config.labels.label_offset)
             except (OSError, ValueError) as e:
                 raise ValueError(f"WriteDataset: label_map: {e}") from None
         self._config = config
@@ -214,7 +214,7 @@ class WriteDataset(beam.PTransform):
     def expand(self, rows):
         config: BuildConfig = self._config
         checked = rows | "CheckRows" >> beam.ParDo(_CheckRowFn(
-            self._base, config.manifest_columns(), config.image.max_file_bytes, not config.skip_stat)
+            self._base, config.manifest_columns(), config.image.max_file_bytes, not config.columns.skip_stat)
         ).with_outputs(REJECTED, _CARRIED, main="refs")
         build_ids = rows.pipeline | "Once" >> beam.Create([None]) | "BuildId" >> beam.Map(_new_build_id)
         # Rows read as a manifest's: paths, FileSystems URIs, and http(s) URLs downloaded by the writers.

@@ -61,7 +61,7 @@ Listed = Tuple[int, Union[ImageRef, Rejected]]
 def _list_part(source: sources.Source, config: BuildConfig, info: sources.InputInfo, part) -> List[Listed]:
     """One listing task (Source.list_part): each ref comes with its shuffle hash (a function of the
     key alone), so the launcher does not compute them all."""
-    seed = config.seed
+    seed = config.split.seed
     return [(0 if isinstance(item, Rejected) else refs_lib.shuffle_hash(seed, item.key), item)
             for item in source.list_part(config, info, part)]
 
@@ -126,8 +126,8 @@ def plan(config: BuildConfig, refs: List[Tuple[int, ImageRef]]) -> _Shards:
     shards = _Shards()
     for split in sorted(by_split):
         hashed = by_split.pop(split)
-        n = planning.choose_num_shards(len(hashed), num_bytes[split], config.num_shards, config.target_shard_mb,
-                                       config.min_shards)
+        n = planning.choose_num_shards(len(hashed), num_bytes[split], config.shards.num_shards, config.shards.target_shard_mb,
+                                       config.shards.min_shards)
         shards.add_split(planning.plan_shards(split, [h for h, _ in hashed], num_bytes[split], n), hashed)
     return shards
 
@@ -407,23 +407,23 @@ def _plan_refs(config: BuildConfig, input_info: sources.InputInfo, process_pool,
             refs.append(pair)
     known: List[DuplicateGroup] = []
     base = None
-    if config.append:
+    if config.publish.append:
         base = appending.load_base(config)
         refs, known = _against(config, base, refs, rejected)
     if base is not None:
         label_map = appending.grow_labels(base.labels, {r.label for _, r in refs}, label_map)
     elif label_map is None:
         label_map = refs_lib.vocabulary(sorted({r.label for _, r in refs}), sources.of(config.input).label_type(config),
-                                        config.label_offset)
+                                        config.labels.label_offset)
     if any(f.dtype == "class_list" for f in config.features):
         pairs = [pair for _, r in refs for pair in refs_lib.list_names(r.extras, config.features)]
         label_map = (appending.grow_lists(label_map, config.features, pairs) if base is not None
                      else refs_lib.with_lists(label_map, config.features, pairs))
     # Assigned in place: each listed ref is freed as its assigned one takes its slot (no ref held twice).
-    splits = tuple(config.splits) if config.splits else None
+    splits = tuple(config.split.splits) if config.split.splits else None
     kept = 0
     for h, ref in refs:
-        out = assign_lib.assign(ref, label_map, splits, config.split_seed)
+        out = assign_lib.assign(ref, label_map, splits, config.split.split_seed)
         if isinstance(out, Rejected):
             rejected.append(out)
         else:
@@ -442,13 +442,13 @@ def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap], pool=None
     arrays.forget_if_changed(config.input)
     n = arrays.opened(config.input, config.schema, config.image.image_encoding)[1]
     # Started before the listing: a row's key hashes need only its number.
-    shuffled = array_rows.RowHashes(refs_lib.shuffle_salt(config.seed), config.input, n, pool)
-    split = array_rows.RowHashes(refs_lib.split_salt(config.split_seed), config.input, n, pool) if config.splits else None
+    shuffled = array_rows.RowHashes(refs_lib.shuffle_salt(config.split.seed), config.input, n, pool)
+    split = array_rows.RowHashes(refs_lib.split_salt(config.split.split_seed), config.input, n, pool) if config.split.splits else None
     listed = array_rows.list_rows(config.input, config.schema, config.image.image_encoding)
     if label_map is None:
-        label_map = refs_lib.vocabulary(listed.texts, sources.of(config.input).label_type(config), config.label_offset)
-    assigned = array_rows.assign(listed, label_map, tuple(config.splits) if config.splits else None,
-                                 config.split_seed, config.seed, pool, shuffled, split)
+        label_map = refs_lib.vocabulary(listed.texts, sources.of(config.input).label_type(config), config.labels.label_offset)
+    assigned = array_rows.assign(listed, label_map, tuple(config.split.splits) if config.split.splits else None,
+                                 config.split.split_seed, config.split.seed, pool, shuffled, split)
     plans, members = array_rows.plan(assigned, config.input, listed.row_bytes, config)
     shards = _Shards()
     shards.add_rows(plans, members)
@@ -517,7 +517,7 @@ def _build(config: BuildConfig, writer: shard_writer.ShardWriter, process_pool, 
     del hashed
     results_written = results_lib.record_results(
         results, rejected, label_map, groups, output=config.output,
-        find_duplicates=not config.skip_duplicate_check or config.append, near=near_groups,
+        find_duplicates=not config.publish.skip_duplicate_check or config.publish.append, near=near_groups,
         build=results_lib.header(config, build_id=build_id, versions=versions,
                                  base=base.manifest.to_json() if base is not None else None))
     return results_written, workers
@@ -528,10 +528,10 @@ def _against(config: BuildConfig, base, refs: List[Tuple[int, ImageRef]], reject
     """The refs whose keys the published dataset does not hold; the others become duplicates.jsonl
     rows (same content) or errors.jsonl rows (changed), as appending.against says."""
     read = sources.for_build(config).reader(config.image)
-    splits = tuple(config.splits) if config.splits else None
+    splits = tuple(config.split.splits) if config.split.splits else None
     kept, known = [], []
     for h, ref in refs:
-        out = appending.against(ref, base, read, config.image, splits, config.split_seed)
+        out = appending.against(ref, base, read, config.image, splits, config.split.split_seed)
         if isinstance(out, ImageRef):
             kept.append((h, out))
         elif isinstance(out, Rejected):

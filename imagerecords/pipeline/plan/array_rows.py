@@ -27,7 +27,7 @@ MAX_ROWS = 10**9
 def applies(config) -> bool:
     """Whether a build (a BuildConfig) takes this path: a local arrays input, not an append (which
     compares each row with the published dataset, ref by ref)."""
-    return (arrays.is_arrays_input(config.input) and "://" not in config.input and not config.append
+    return (arrays.is_arrays_input(config.input) and "://" not in config.input and not config.publish.append
             and not config.features)
 
 
@@ -284,7 +284,7 @@ def plan(assigned: Assigned, path: str, row_bytes: int, config
         ordered = assigned.hashes[order]
         count = len(order)
         num_bytes = count * max(row_bytes, 0)
-        n = planning.choose_num_shards(count, num_bytes, config.num_shards, config.target_shard_mb, config.min_shards)
+        n = planning.choose_num_shards(count, num_bytes, config.shards.num_shards, config.shards.target_shard_mb, config.shards.min_shards)
         p = planning.plan_sorted(split, ordered, num_bytes, n)
         plans[split] = p
         # Shard i holds the hashes in [boundary i, boundary i+1) (ShardPlan.shard_of).

@@ -153,17 +153,16 @@ def _recorded_image(parameters: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def _settings_of(config) -> Dict[str, Any]:
-    """`config` as one make_config layer: its fields, the image options among them."""
-    out = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "image"}
-    out.update(dataclasses.asdict(config.image))
-    return out
+    """`config` as one make_config layer: its flat settings, the image options among them."""
+    return config.flat()
 
 
 def _given_by_default(config) -> FrozenSet[str]:
     """The settings of `config` that differ from their defaults: what a caller that says nothing
     else about them must have set."""
-    defaults = {f.name: f.default for f in dataclasses.fields(config) if f.name not in ("image", "features")}
-    defaults.update(_IMAGE_DEFAULTS)
+    from imagerecords.pipeline import config as config_lib
+
+    defaults = {k: v for k, v in config_lib.defaults().items() if k != "features"}
     mine = _settings_of(config)
     given = {k for k, v in mine.items() if k in defaults and v != defaults[k]}
     return frozenset(given | ({"features"} if config.features else set()))
@@ -196,7 +195,7 @@ def with_dataset_settings(config, given: Optional[Collection[str]] = None):
         return config
     given = _given_by_default(config) if given is None else frozenset(given)
     recorded = dict(manifest.parameters)
-    fields = {f.name for f in dataclasses.fields(config)} - {"image", "input", "output"} - set(_NOT_TAKEN)
+    fields = set(config_lib.SETTINGS) - set(_IMAGE_DEFAULTS) - {"input", "output"} - set(_NOT_TAKEN)
     theirs: Dict[str, Any] = {k: v for k, v in recorded.items() if k in fields}
     image = _recorded_image(recorded)
     image.pop("png_writer", None)  # not a setting: the writer this version has

@@ -54,9 +54,9 @@ def header(config: BuildConfig, *, build_id: str, versions: Mapping[str, str],
     """What results.json says of the build besides its shards and rows (BuildResults' fields): its
     id ('' when it is named as the job runs), the settings the manifest records, the budgets;
     `base`, an append's published manifest (JSON). Spelled here for every engine."""
-    return dict(build_id=build_id, name=config.name, schema=config.schema, seed=config.seed,
-                parameters=config.to_json(), versions=dict(versions), max_reject_fraction=config.max_reject_fraction,
-                max_download_failures=config.max_download_failures, version_name=config.version_name,
+    return dict(build_id=build_id, name=config.name, schema=config.schema, seed=config.split.seed,
+                parameters=config.to_json(), versions=dict(versions), max_reject_fraction=config.publish.max_reject_fraction,
+                max_download_failures=config.publish.max_download_failures, version_name=config.publish.version_name,
                 **({"base": dict(base)} if base is not None else {}))
 
 

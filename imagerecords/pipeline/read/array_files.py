@@ -304,11 +304,11 @@ def _some(names: List[str], shown: int = 5) -> str:
 def label_type(config) -> str:
     """The label type of a build's vocabulary: an arrays build's string labels are class names even
     when they spell digits (ids 0, 1, ... by sorted name), its integer labels are ids as given."""
-    if config.label_type != "auto" or not is_arrays_input(config.input):
-        return config.label_type
+    if config.labels.label_type != "auto" or not is_arrays_input(config.input):
+        return config.labels.label_type
     _, columns = columns_of(_headers(config.input), config.schema, config.image.image_encoding)
     role = next((c.role for c in columns if c.role in ("class", "names")), None)
-    return {"class": "int", "names": "name"}.get(role, config.label_type)
+    return {"class": "int", "names": "name"}.get(role, config.labels.label_type)
 
 
 def manifest_features(config) -> Dict[str, Any]:

@@ -31,7 +31,7 @@ def check_input(config, *, ignore_split_column: bool = False) -> InputInfo:
 
     Args:
       config: the build configuration.
-      ignore_split_column: allow `config.splits` although the manifest has a split column (the
+      ignore_split_column: allow `config.split.splits` although the manifest has a split column (the
         launcher's --ignore_split_column).
 
     Returns:

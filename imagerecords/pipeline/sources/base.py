@@ -94,8 +94,8 @@ class Source:
         return ""
 
     def label_type(self, config) -> str:
-        """The label type the vocabulary is made with (config.label_type unless the input says)."""
-        return config.label_type
+        """The label type the vocabulary is made with (config.labels.label_type unless the input says)."""
+        return config.labels.label_type
 
     def folder(self, path: str) -> Optional[str]:
         """The folder this input lists whole, which the output must stay out of; None for none."""

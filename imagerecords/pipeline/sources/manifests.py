@@ -40,7 +40,12 @@ class ManifestSource(Source):
         return _manifest_kind(path) is not None
 
     def bind(self, config) -> "ManifestSource":
-        return ManifestSource(config.http_settings())  # config: a BuildConfig, or its DownloadOptions alone
+        return ManifestSource.downloading(config.download)
+
+    @classmethod
+    def downloading(cls, download_options) -> "ManifestSource":
+        """The source whose shard writers download URL rows as `download_options` (a DownloadOptions) say."""
+        return cls(download_options.http_settings())
 
     def reader(self, options):
         return download.reader(self._http, options.max_file_bytes, input_files.limited_reader(options), self._hosts)
@@ -56,19 +61,19 @@ class ManifestSource(Source):
     def check(self, config, *, ignore_split_column: bool = False) -> InputInfo:
         path = config.input
         try:
-            check_http(config)
+            check_http(config.download)
         except ValueError as e:
             raise UsageError(str(e)) from None
         info = read_manifest_head(path)
         if info.kind == "csv":
             _check_csv_columns(config, info)
         first_path = refs_lib.row_path(dict(info.first_row), config.manifest_columns())
-        if config.size_column not in info.columns:
+        if config.columns.size_column not in info.columns:
             # No size column: every size is a stat, which URL rows and --skip_stat do not make.
-            info = dataclasses.replace(info, sizes_known=not config.skip_stat
+            info = dataclasses.replace(info, sizes_known=not config.columns.skip_stat
                                        and not (isinstance(first_path, str) and download.is_url(first_path)))
-        if config.splits and config.split_column in info.columns and not ignore_split_column:
-            raise UsageError(f"{setting('splits')} would replace the '{config.split_column}' column of {path}: drop {setting('splits')} "
+        if config.split.splits and config.columns.split_column in info.columns and not ignore_split_column:
+            raise UsageError(f"{setting('splits')} would replace the '{config.columns.split_column}' column of {path}: drop {setting('splits')} "
                              f"to keep the manifest's splits, or add {setting('ignore_split_column')} to reassign every row by hash")
         return info
 
@@ -83,24 +88,24 @@ class ManifestSource(Source):
         columns = config.manifest_columns()
         parse = refs_lib.csv_row_parser(header) if header is not None else refs_lib.parse_jsonl_line
         rows = (assign_lib.manifest_row(line, parse, config.input, columns, config.image.max_file_bytes,
-                                    stat=not config.skip_stat)
+                                    stat=not config.columns.skip_stat)
                 for line in _manifest_lines(config.input, header is not None, *part))
         return (row for row in rows if row is not None)
 
     def beam_listing(self, config, info: InputInfo, transforms):
         return transforms.ReadManifest(config.input, config.manifest_columns(), config.image.max_file_bytes, info.header,
-                            stat=not config.skip_stat)
+                            stat=not config.columns.skip_stat)
 
 
-def check_http(config) -> None:
-    """The user agent and the headers file, checked as the workers will use them, before the engine
-    starts: raises ValueError naming the setting, never a value."""
-    download.check_user_agent(config.http_user_agent)
-    if config.http_headers:
+def check_http(options) -> None:
+    """The user agent and the headers file of `options` (a DownloadOptions), checked as the workers
+    will use them, before the engine starts: raises ValueError naming the setting, never a value."""
+    download.check_user_agent(options.http_user_agent)
+    if options.http_headers:
         try:
-            download.read_headers(config.http_headers)
+            download.read_headers(options.http_headers)
         except OSError as e:
-            raise ValueError(f"{setting('http_headers', config.http_headers)}: cannot read it "
+            raise ValueError(f"{setting('http_headers', options.http_headers)}: cannot read it "
                              f"({storage.os_reason(e)})") from None
 
 
@@ -287,11 +292,11 @@ def ignored_columns(config, info: InputInfo) -> Tuple[str, ...]:
 def _check_csv_columns(config, info: InputInfo) -> None:
     columns = set(info.columns)
     listed = ", ".join(info.columns)
-    path_ok = config.path_column in columns or (config.path_column == "path" and "uri" in columns)
+    path_ok = config.columns.path_column in columns or (config.columns.path_column == "path" and "uri" in columns)
     if not path_ok:
-        also = " (or 'uri')" if config.path_column == "path" else ""
-        raise InputError(f"{setting('input', config.input)}: the CSV header has no '{config.path_column}'{also} column "
+        also = " (or 'uri')" if config.columns.path_column == "path" else ""
+        raise InputError(f"{setting('input', config.input)}: the CSV header has no '{config.columns.path_column}'{also} column "
                          f"(columns: {listed}); name the image path column with {setting('path_column')}")
-    if config.label_column not in columns:
-        raise InputError(f"{setting('input', config.input)}: the CSV header has no '{config.label_column}' column "
+    if config.columns.label_column not in columns:
+        raise InputError(f"{setting('input', config.input)}: the CSV header has no '{config.columns.label_column}' column "
                          f"(columns: {listed}); name the label column with {setting('label_column')}")

@@ -118,12 +118,12 @@ class ShardWriter:
     def of(cls, config, build_id: str, source=None) -> "ShardWriter":
         """The writer of `config` (a BuildConfig) for build `build_id`, reading its refs with
         `source` (a sources.Source; None: refs that name files)."""
-        earlier = tuple(b for b in reversed(staging.staged_builds(config.output)) if b != build_id) if config.resume \
+        earlier = tuple(b for b in reversed(staging.staged_builds(config.output)) if b != build_id) if config.publish.resume \
             else ()
         fingerprint_lib.look_up_versions()
         return cls(output=config.output, build_id=build_id, name=config.name, preset=config.schema,
-                   options=config.image, write_index=config.write_index, contents=not config.skip_duplicate_check,
-                   near=config.near_duplicates == "report" and config.writer == "shards",
+                   options=config.image, write_index=config.publish.write_index, contents=not config.publish.skip_duplicate_check,
+                   near=config.publish.near_duplicates == "report" and config.writer == "shards",
                    resume_from=earlier, features=tuple(config.features),
                    source=source.identity(config.input) if source is not None else "", input=source,
                    record_format=config.record_format)

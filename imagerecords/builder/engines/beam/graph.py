@@ -33,8 +33,8 @@ class _AgainstBaseFn(beam.DoFn):
         self._base = base
         self._source = source
         self._options = config.image
-        self._splits = tuple(config.splits) if config.splits else None
-        self._split_seed = config.split_seed
+        self._splits = tuple(config.split.splits) if config.split.splits else None
+        self._split_seed = config.split.split_seed
 
     def setup(self) -> None:
         self._read = self._source.reader(self._options)
@@ -60,7 +60,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
       config: what to build.
       build_id: the launcher's build id, recorded in the results.
       versions: library versions, recorded in the manifest.
-      label_map: the ids of `config.label_map`, read by the launcher; None for the vocabulary seen.
+      label_map: the ids of `config.labels.label_map`, read by the launcher; None for the vocabulary seen.
       input_info: what the launcher's checks learned of the input (a CSV manifest's header line).
       base: with --append, the published dataset (appending.load_base): refs of keys it holds are
         dropped, its class ids grown, and its manifest recorded for the commit to merge.

@@ -49,7 +49,7 @@ class BeamEngine:
 
         self._before = set(_descendants(os.getpid()))  # the caller's own processes, which stop() spares
         base = None
-        if self.config.append:
+        if self.config.publish.append:
             from imagerecords.pipeline.publish import appending
 
             base = appending.load_base(self.config)  # read once per manifest: the launcher's checks read it
