@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from typing import Any, Mapping, Optional
 
 from imagerecords.pipeline.errors import UsageError
@@ -39,8 +40,6 @@ def build_arrays(arrays: Mapping[str, Any], output: str, *, splits: Optional[Map
       ValueError: an unknown setting or a bad value.
       imagerecords.Error: an expected failure of the build (errors.BuildError and its subclasses).
     """
-    import tempfile
-
     import numpy as np
 
     from imagerecords.builder import session

@@ -20,6 +20,7 @@ from imagerecords.pipeline.encode.image_codec import ImageOptions
 from imagerecords.pipeline.errors import UsageError
 from imagerecords.pipeline.read import download, optouts
 from imagerecords.builder.options import BuildOptions, runner_in
+from imagerecords.pipeline.naming import flag_names
 
 __all__ = ["LauncherFlags", "Parsed", "beam_flag_names", "build_flag_names", "check_beam_args", "check_runner",
            "parse_args", "parser", "runner_of"]
@@ -419,8 +420,6 @@ def parse_args(argv: Sequence[str]) -> Parsed:
         --input/--output, or an invalid setting (BuildConfig's message).
       SystemExit: for --help, after printing it (argparse's own behaviour).
     """
-    from imagerecords.pipeline.naming import flag_names
-
     with flag_names():  # a flag's value that BuildConfig refuses is named as the flag
         return _parse_args(argv)
 

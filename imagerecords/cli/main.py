@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
 import time
 import warnings
 from typing import List, Optional, Sequence
+
+from imagerecords import __version__
 
 USAGE = """imagerecords COMMAND [ARGS]
 
@@ -96,8 +99,6 @@ _BUILDER_MODULES = {"apache_beam": "apache-beam", "PIL": "pillow", "yaml": "pyya
 def _missing_builder_extra(command: str) -> Optional[str]:
     """The one line to print when `command` needs the builder extra and it is not installed (the
     reader-only install has neither Beam nor Pillow); None when all is there."""
-    import importlib.util
-
     if command not in _BUILDER_COMMANDS:
         return None
     missing = [dist for module, dist in _BUILDER_MODULES.items() if importlib.util.find_spec(module) is None]
@@ -184,8 +185,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
-        from imagerecords import __version__
-
         print(f"imagerecords {__version__}")
         return 0
     from imagerecords.cli.exit_codes import exit_code

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 from imagerecords.format import features as F
+from imagerecords.format import schema
 from imagerecords.format.features import Feature, ValueProblem
 
 
@@ -54,8 +55,6 @@ class _Image(Codec):
         return value
 
     def encode(self, feature, value, vocabulary):
-        from imagerecords.format import schema
-
         return schema.bytes_feature(value)
 
     def to_numpy(self, feature, values):
@@ -83,8 +82,6 @@ class _String(Codec):
         return value
 
     def encode(self, feature, value, vocabulary):
-        from imagerecords.format import schema
-
         return schema.bytes_feature(value.encode("utf-8"))
 
     def to_numpy(self, feature, values):
@@ -116,8 +113,6 @@ class _ClassList(Codec):
         return list(value)
 
     def encode(self, feature, value, vocabulary):
-        from imagerecords.format import schema
-
         if value and isinstance(value[0], str):
             if vocabulary is None:
                 raise ValueError(f"feature {feature.name!r}: no vocabulary to map class names to ids")
@@ -209,8 +204,6 @@ class _Tensor(Codec):
         return check_tensor(feature, value)
 
     def encode(self, feature, value, vocabulary):
-        from imagerecords.format import schema
-
         if feature.encoding == "bytes":
             return schema.bytes_feature(value.tobytes())
         if feature.dtype in ("float16", "float32"):

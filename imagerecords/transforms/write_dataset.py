@@ -20,6 +20,7 @@ from imagerecords.pipeline.refs import ImageRef, LabelMap, ManifestColumns, Reje
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline import lock as output_lock
 from imagerecords.pipeline.read import download, input_files
+from imagerecords.pipeline.read.array_files import label_type
 from imagerecords.pipeline.sources.manifests import ManifestSource, check_http
 from imagerecords.pipeline.write import stream as write_stream
 from imagerecords.transforms.coders import ShardKey
@@ -237,8 +238,6 @@ class WriteDataset(beam.PTransform):
         self._base = os.getcwd()  # relative paths are read where the pipeline was made
 
     def expand(self, rows):
-        from imagerecords.pipeline.read.array_files import label_type
-
         config: BuildConfig = self._config
         checked = rows | "CheckRows" >> beam.ParDo(_CheckRowFn(
             self._base, config.manifest_columns(), config.image.max_file_bytes, not config.skip_stat)

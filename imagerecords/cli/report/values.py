@@ -15,6 +15,7 @@ import io
 import math
 from typing import Any, Counter, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from imagerecords.format import codecs
 from imagerecords.format.features import Feature
 
 STRING_EXAMPLES = 5
@@ -46,8 +47,6 @@ def tensor(feature: Feature, values: Sequence[Any]) -> "np.ndarray":
     Raises:
       Undecodable: the values do not fill the declared shape.
     """
-    from imagerecords.format import codecs
-
     try:
         return codecs.to_numpy(feature, values)
     except ValueError as e:

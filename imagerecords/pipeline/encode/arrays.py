@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from imagerecords.format import codecs, features, schema
 from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.encode.encoded import Encoded
 from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read.array_files import Column, opened, ref_row
 
@@ -33,8 +34,6 @@ def encode_image(pixels, encoding: str, quality: int, png_level: int = codec.PNG
 def encode_ref(ref: ImageRef, preset: str, labels: LabelMap, options):
     """Row `ref` as an Example of its arrays' features (encoded.Encoded), or the rejected row
     naming the feature whose value does not fit."""
-    from imagerecords.pipeline.encode.encoded import Encoded
-
     path, i = ref_row(ref)
     arrays, _, columns = opened(path, preset, options.image_encoding)
     small: Dict[str, bytes] = {}

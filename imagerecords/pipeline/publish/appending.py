@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import logging
+import os
 from typing import Any, Collection, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from imagerecords.format import features as features_lib
 from imagerecords.format import side_files
 
 from imagerecords.format import record_format, schema
 from imagerecords.format import manifest as manifest_lib
-from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError
+from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError, Split
+from imagerecords.format.record_format import index_file_name
 from imagerecords.pipeline import errors, storage
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.naming import setting
@@ -96,8 +100,6 @@ def _check_compatible(config, manifest: Manifest) -> None:
     """Refuses, in one line naming the first difference, a delta whose records would not match the
     dataset's (feature spec, image options, splits, label settings, seed). A setting the caller left
     out is already the dataset's (with_dataset_settings), so what differs here was given."""
-    from imagerecords.format import features as features_lib
-
     if manifest.version is None:
         raise _one_line(f"{config.output} is a dataset written before versions had folders")
     if manifest.features_only:
@@ -221,8 +223,6 @@ def with_dataset_settings(config, given: Optional[Collection[str]] = None):
 
 def _started_ns(folder: str) -> Optional[int]:
     """When the build of a v-<build id> folder started (its id begins with the UTC time); None for a named one."""
-    import datetime
-
     stamp = folder.rsplit("/", 1)[-1][2:].split("-", 1)[0] if folder.startswith("v-") else ""
     try:
         when = datetime.datetime.strptime(stamp, "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=datetime.timezone.utc)
@@ -428,7 +428,6 @@ def _untouched_since(uri: str, since_ns: Optional[int]) -> bool:
     not settable by users) since `since_ns`."""
     if since_ns is None or not storage.is_local(uri):
         return False
-    import os
 
     try:
         st = os.stat(uri)
@@ -469,8 +468,6 @@ def merged_manifest(base: Mapping[str, Any], delta: Manifest, build_id: str) -> 
       dataset folder, for every shard and index file (a delta's: its name in this build's staging).
     """
     old = Manifest.from_json(base, "base manifest")
-    from imagerecords.format.manifest import Split
-    from imagerecords.format.record_format import index_file_name
 
     folder = delta.version
     fmt = record_format.of(delta)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 import threading
 import time
 from typing import Callable, Iterator, List, Optional, Set
@@ -194,8 +195,6 @@ def _new_conn(conn, call: Call) -> socket.socket:
     """urllib3's HTTPConnection._new_conn (and util.connection.create_connection), with each socket
     attached to `call` before it connects: a connect that hangs (a host that drops the SYN) is
     woken by a stop too, not only by its timeout. Raises urllib3's errors, as urllib3 does."""
-    import sys
-
     from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
     from urllib3.util.connection import _set_socket_options, allowed_gai_family
 

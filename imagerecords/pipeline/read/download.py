@@ -12,7 +12,10 @@ on a Beam runner each Downloader gets its share of it (politeness.share: `per_ho
 from __future__ import annotations
 
 import dataclasses
+import email.utils
 import errno
+import http
+import http.client
 import multiprocessing
 import random
 import re
@@ -23,6 +26,7 @@ import urllib.parse
 import zlib
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
+from imagerecords import __version__
 from imagerecords.pipeline import processes, storage
 from imagerecords.pipeline.naming import setting
 from imagerecords.pipeline import urls
@@ -140,8 +144,6 @@ def value_problem(value: str) -> Optional[str]:
 def default_user_agent() -> str:
     """The User-Agent when --http_user_agent is not given: the tool, its version, and where a site
     owner reads what it obeys (robots.txt token AGENT); docs/building.md, "Opt-outs"."""
-    from imagerecords import __version__
-
     return f"{optouts.AGENT}/{__version__} (+{ABOUT}; robots.txt token: {optouts.AGENT})"
 
 
@@ -572,7 +574,6 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
     value = value.strip()
     if value.isdigit():
         return float(value)
-    import email.utils  # here: its import (and socket's) cost every build's start 7 ms
 
     try:
         when = email.utils.parsedate_to_datetime(value)
@@ -582,8 +583,6 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
 
 
 def _phrase(status: int) -> str:
-    import http
-
     try:
         return http.HTTPStatus(status).phrase
     except ValueError:
@@ -600,8 +599,6 @@ def _first_reason(e: BaseException) -> str:
 def _protocol_failure(e: BaseException, got: int, declared: Optional[str]) -> Exception:
     """What a broken connection says, in our words (never the server's bytes), and whether to try again:
     `got` bytes came over the wire of `declared`."""
-    import http.client
-
     cause = _cause(e, (http.client.HTTPException, OSError))
     if isinstance(cause, http.client.IncompleteRead) or (cause is None and "IncompleteRead" in str(e)):
         total = f" of {int(declared):,}" if declared is not None and declared.isdigit() else ""

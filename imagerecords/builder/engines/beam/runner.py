@@ -6,11 +6,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
+import urllib.error
+import urllib.request
 from typing import List, Mapping, Optional, Sequence
 
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.errors import PipelineFailed, UsageError
+from imagerecords.pipeline.lock import is_zombie
 from imagerecords.pipeline.sources import InputInfo
 from imagerecords.pipeline.naming import setting
 
@@ -128,9 +132,6 @@ def _wait_until_on_flink(options, result, timeout: float = 600.0) -> str:
     """Returns the Flink job id of a just-submitted build once the cluster lists the job. Beam's job
     server (a child of this process, stopped when it exits) submits asynchronously; the job runs on
     without it. Matched by the job name (--job_name, set here when not given)."""
-    import urllib.error
-    import urllib.request
-
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
     name = options.view_as(GoogleCloudOptions).job_name
@@ -155,8 +156,6 @@ def end_child_processes(spare=()) -> None:
     """Ends every process this one started, and theirs (Beam's SDK workers and job servers), except
     those in `spare` and their own (a library caller's processes that were running before the build):
     SIGTERM, then SIGKILL for those still alive after a few seconds. Linux only (it reads /proc)."""
-    import signal
-
     children = _descendants(os.getpid(), skip=set(spare))
     for pid in children:
         with contextlib.suppress(OSError):
@@ -193,8 +192,6 @@ def _descendants(root: int, skip=frozenset()) -> List[int]:
 
 
 def _alive(pid: int) -> bool:
-    from imagerecords.pipeline.lock import is_zombie
-
     try:
         os.kill(pid, 0)
     except OSError:

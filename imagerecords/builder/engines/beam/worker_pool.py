@@ -12,6 +12,7 @@ process workers where a TaskManager's slots are busy with Python work for long.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from typing import Optional, Sequence
@@ -34,8 +35,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from apache_beam.utils import thread_pool_executor
 
     if args.warm:
-        import importlib
-
         # What each thread worker runs, and the pipeline's code every worker unpickles: imported once.
         for module in ("apache_beam.runners.worker.sdk_worker_main", "imagerecords.transforms"):
             importlib.import_module(module)
