@@ -26,6 +26,7 @@ from imagerecords.builder.options import BuildOptions, Progress
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline import lock as output_lock
+from imagerecords.pipeline.publish import appending
 
 if TYPE_CHECKING:
     from imagerecords.builder.checks import InputInfo
@@ -186,8 +187,6 @@ def run(options: BuildOptions, *, notify: Optional[Callable[[str], None]] = None
       errors.BuildError: an expected failure, one line (errors.Interrupted for a signal).
     """
     if options.config.append:  # the settings not given are the dataset's, read before anything checks them
-        from imagerecords.pipeline.publish import appending
-
         options = dataclasses.replace(options, config=appending.with_dataset_settings(options.config,
                                                                                       options.settings_given))
     config = options.config
@@ -197,8 +196,6 @@ def run(options: BuildOptions, *, notify: Optional[Callable[[str], None]] = None
         raise errors.UsageError(f"{setting('resume')} needs {setting('writer', 'shards')} (the Beam sink's shards have no fingerprints)")
     input_info = checks.check_input(config, ignore_split_column=options.ignore_split_column)
     if config.append:
-        from imagerecords.pipeline.publish import appending
-
         if options.detached or any(a.startswith("--template_location") for a in options.pipeline_options):
             raise errors.UsageError(f"{setting('append')} needs the build to end in this process (no {setting('detached')}, no template): "
                                     "the version it adds to is read now and could be replaced before a later job")

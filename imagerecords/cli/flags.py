@@ -11,6 +11,7 @@ import typing
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
+from imagerecords.builder.engines.beam.names import runner_problem
 from imagerecords.format import record_format, schema
 from imagerecords.format import features as features_lib
 from imagerecords.pipeline import config as config_lib
@@ -331,7 +332,6 @@ def check_runner(args: Sequence[str]) -> None:
     """Raises UsageError when --runner (the last one given) cannot run here (engines.beam.names.runner_problem)."""
     if not any(a == "--runner" or a.startswith("--runner=") for a in args):
         return
-    from imagerecords.builder.engines.beam.names import runner_problem
 
     runner = getattr(_beam_parser().parse_known_args(list(args))[0], "runner", None)
     problem = runner_problem(runner) if isinstance(runner, str) else None

@@ -14,6 +14,8 @@ from typing import Iterator, Optional, Sequence, TextIO
 from imagerecords.format.manifest import DUPLICATES, ERRORS, Manifest
 from imagerecords.builder import session
 from imagerecords.builder.options import Progress
+from imagerecords.cli import flags
+from imagerecords.pipeline import sources
 from imagerecords.pipeline.naming import flag_names
 from imagerecords.pipeline.plan.shard_plan import UNSIZED_IMAGE_BYTES
 from imagerecords.pipeline.publish import hosts
@@ -128,9 +130,6 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
 
 
 def _run(argv: Sequence[str]) -> Optional[Manifest]:
-    from imagerecords.cli import flags
-    from imagerecords.pipeline import sources
-
     parsed = flags.parse_args(argv)
     launcher = parsed.launcher
     options = parsed.options

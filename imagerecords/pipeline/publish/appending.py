@@ -16,12 +16,15 @@ from imagerecords.format import record_format, schema
 from imagerecords.format import manifest as manifest_lib
 from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError, Split
 from imagerecords.format.record_format import index_file_name
+from imagerecords.pipeline import config as config_lib
 from imagerecords.pipeline import errors, storage
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.naming import setting
 from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.plan import near
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import download
+from imagerecords.pipeline.write.stream import content_digest
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +191,6 @@ def with_dataset_settings(config, given: Optional[Collection[str]] = None):
     Raises:
       errors.UsageError: the dataset's settings and the given ones make no valid build (one line).
     """
-    from imagerecords.pipeline import config as config_lib
-
     try:
         manifest = _load(config.output)
     except (OSError, ManifestError):
@@ -258,7 +259,6 @@ def _scan(output: str, manifest: Manifest) -> Dict[str, Known]:
     records store their key)."""
     keys = schema.keys(manifest.schema)
     wanted = (keys.filename, keys.image, keys.label)
-    from imagerecords.pipeline.write.stream import content_digest
 
     known: Dict[str, Known] = {}
     offset = manifest.label_offset
@@ -289,8 +289,6 @@ def near_items(output: str, manifest: Manifest) -> List["near.Item"]:
     """The near-duplicate check's items of the dataset's records (uri: the shard holding each), from
     each shard's keys and hashes files; a shard without both (built with --near_duplicates off,
     before hashes were kept, or whose files are not its build's) adds none, and is not compared."""
-    from imagerecords.pipeline.plan import near
-
     out: List[near.Item] = []
     for split in manifest.splits:
         for shard in split.shards:
@@ -393,7 +391,6 @@ def against(ref: ImageRef, base: Base, read_bytes, options: codec.ImageOptions,
     known = base.keys.get(ref.key)
     if known is None:
         return ref
-    from imagerecords.pipeline.write.stream import content_digest
 
     split = refs_lib.assign_split(splits, split_seed, ref.key) if splits else (ref.split or "train")
     if known.size >= 0 and ref.size >= 0 and known.size != ref.size:

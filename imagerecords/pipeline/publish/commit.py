@@ -47,6 +47,7 @@ from imagerecords.format.record_format import is_shard_name
 from imagerecords.format.paths import inside_problem
 from imagerecords.pipeline.config import PublishOptions, version_name_problem
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.publish import appending
 from imagerecords.pipeline.publish import hosts
 
 log = logging.getLogger(__name__)
@@ -221,7 +222,6 @@ class BuildResults:
             version=folder)
         if self.base is None:
             return own, {}
-        from imagerecords.pipeline.publish import appending
 
         manifest, sources = appending.merged_manifest(self.base, own, self.build_id)
         return manifest, {k: v for k, v in sources.items() if k != v}

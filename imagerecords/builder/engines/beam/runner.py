@@ -17,6 +17,7 @@ from imagerecords.pipeline.errors import PipelineFailed, UsageError
 from imagerecords.pipeline.lock import is_zombie
 from imagerecords.pipeline.sources import InputInfo
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.publish import appending
 
 
 class BeamEngine:
@@ -54,8 +55,6 @@ class BeamEngine:
         self._before = set(_descendants(os.getpid()))  # the caller's own processes, which stop() spares
         base = None
         if self.config.append:
-            from imagerecords.pipeline.publish import appending
-
             base = appending.load_base(self.config)  # read once per manifest: the launcher's checks read it
         p = beam.Pipeline(options=self.options)
         # A job that runs on without this process ends with the commit itself.
