@@ -520,9 +520,14 @@ def heavy_modules(package_dir=PACKAGE_DIR):
 
 
 def _has_reason(lines, node):
-    """A `#` comment on the import's lines or a comment line just above it."""
-    own = lines[node.lineno - 1:node.end_lineno]
-    return any("#" in line for line in own) or (node.lineno > 1 and lines[node.lineno - 2].lstrip().startswith("#"))
+    """A `#` comment on the import's lines, or a comment line just above it or above the run of
+    import lines it ends (one reason for a group of imports)."""
+    if any("#" in line for line in lines[node.lineno - 1:node.end_lineno]):
+        return True
+    above = node.lineno - 2
+    while above >= 0 and lines[above].lstrip().startswith(("import ", "from ")):
+        above -= 1
+    return above >= 0 and lines[above].lstrip().startswith("#")
 
 
 def function_import_problems(package_dir=PACKAGE_DIR, entry=COMMAND_ENTRY):
@@ -567,6 +572,7 @@ def test_a_planted_uncommented_stdlib_import_in_a_function_is_caught(tmp_path):
                                          "def d():\n    from pkg.heavy import numpy\n"
                                          "def e():\n    from . import light  # a reason is not enough\n"
                                          "def t():\n    if TYPE_CHECKING:\n        import typing\n"
+                                         "def g():\n    # numpy: 42 ms\n    import numpy\n    from pkg import heavy\n"
                                          "class K:\n    def m(self):\n        import signal\n"})
     assert heavy_modules(pkg) == {"pkg.heavy": ["pkg.heavy", "numpy"]}
     user = os.path.join("pkg", "user.py")
@@ -574,9 +580,9 @@ def test_a_planted_uncommented_stdlib_import_in_a_function_is_caught(tmp_path):
         f"{user}:3: import tempfile in function a  (nothing heavy: import it at the module's top)",
         f"{user}:12: from pkg.heavy import numpy in function d  (heavy: say why on its line or the line above)",
         f"{user}:14: from . import light in function e  (nothing heavy: import it at the module's top)",
-        f"{user}:20: import signal in function K.m  (nothing heavy: import it at the module's top)"]
+        f"{user}:24: import signal in function K.m  (nothing heavy: import it at the module's top)"]
     # The command's entry module may delay its commands' modules, with a reason; stdlib is still moved up.
     assert function_import_problems(pkg, entry="pkg.user") == [
         f"{user}:3: import tempfile in function a  (nothing heavy: import it at the module's top)",
         f"{user}:12: from pkg.heavy import numpy in function d  (heavy: say why on its line or the line above)",
-        f"{user}:20: import signal in function K.m  (nothing heavy: import it at the module's top)"]
+        f"{user}:24: import signal in function K.m  (nothing heavy: import it at the module's top)"]

@@ -256,6 +256,7 @@ class TFRecord(RecordFormat):
         return records.ends_differ(read_range, num_bytes, ends)
 
     def tf_dataset(self, path):
+        # TensorFlow: 3.4 s to import, and the trainer's own install; only tf.data needs it
         import tensorflow as tf
 
         return tf.data.TFRecordDataset(path)

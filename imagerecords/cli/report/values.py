@@ -61,6 +61,7 @@ def picture(feature: Feature, values: Sequence[Any]) -> "Image.Image":
     Raises:
       Undecodable: the bytes are not an image Pillow reads, or the tensor is no picture.
     """
+    # NumPy (42 ms) and Pillow (none in the reader-only install): only pictures and tensors need them
     import numpy as np
     from PIL import Image
 
@@ -97,6 +98,7 @@ def _is_index(array: "np.ndarray") -> bool:
 
 
 def _false_colours(array: "np.ndarray") -> "Image.Image":
+    # NumPy and Pillow: as in picture
     import numpy as np
     from PIL import Image
 
@@ -107,6 +109,7 @@ def _false_colours(array: "np.ndarray") -> "Image.Image":
 
 def _stretch(array: "np.ndarray") -> "np.ndarray":
     """uint8 of `array` min-max scaled to 0..255 (NaN and infinities black; a flat array mid-grey)."""
+    # NumPy: 42 ms to import; only pictures and tensors need it
     import numpy as np
 
     a = array.astype(np.float64)
@@ -193,6 +196,7 @@ class FeatureValues:
             self.first_problem = self.first_problem or str(e)
 
     def _add_tensor(self, array: "np.ndarray") -> None:
+        # NumPy: as in _stretch
         import numpy as np
 
         if is_scalar(self.feature):
