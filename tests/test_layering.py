@@ -493,16 +493,21 @@ def _outside_names(node, top):
     return [n for n in names if n != top and not n.startswith(top + ".")]
 
 
-def heavy_modules(package_dir=PACKAGE_DIR):
+def _package_imports(package_dir):
+    """{module: (path, _imports_of(path))} of every module of the package."""
+    return {m: (path, _imports_of(path)) for m, path in _modules(package_dir)}
+
+
+def heavy_modules(package_dir=PACKAGE_DIR, edges=None, imports=None):
     """{module: [module, ..., heavy package]} for each package module whose import pulls in a package of
     HEAVY_PACKAGES, through its top-level imports and those of the modules they import (a shortest chain)."""
     top = os.path.basename(os.path.normpath(package_dir))
     own = {}
-    for m, path in _modules(package_dir):
-        heavy = sorted(n for node, where, _ in _imports_of(path) if where == "top-level"
+    for m, (path, found) in (imports or _package_imports(package_dir)).items():
+        heavy = sorted(n for node, where, _ in found if where == "top-level"
                        for n in _outside_names(node, top) if _is_heavy_package(n))
         own[m] = heavy[0] if heavy else None
-    runs = {m: {e[0] for e in out if e[3] == "top-level"} for m, out in import_edges(package_dir).items()}
+    runs = {m: {e[0] for e in out if e[3] == "top-level"} for m, out in (edges or import_edges(package_dir)).items()}
     chains = {}
     for start in runs:
         prev, queue = {start: None}, [start]
@@ -537,12 +542,13 @@ def function_import_problems(package_dir=PACKAGE_DIR, entry=COMMAND_ENTRY):
     not delay something heavy, or does but without its reason."""
     top = os.path.basename(os.path.normpath(package_dir))
     root = os.path.dirname(os.path.normpath(package_dir))
-    heavy, edges = heavy_modules(package_dir), import_edges(package_dir)
+    edges, imports = import_edges(package_dir), _package_imports(package_dir)
+    heavy = heavy_modules(package_dir, edges, imports)
     problems = []
-    for m, path in _modules(package_dir):
+    for m, (path, found) in imports.items():
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
-        for node, where, type_checking in _imports_of(path):
+        for node, where, type_checking in found:
             if not where.startswith("in function") or type_checking:
                 continue
             ours = {e[0] for e in edges[m] if e[2] == node.lineno and e[3] == where}
