@@ -9,6 +9,8 @@ The library face (each name imported on first use, so `import imagerecords` stay
   run(argv)                          the `imagerecords build` command line, as a call
 """
 
+import importlib
+
 __version__ = "0.1.0"
 
 
@@ -29,8 +31,6 @@ _LAZY = {
 def __getattr__(name):
     # Lazy: `import imagerecords.reader` in a trainer must not import the builder.
     if name in _LAZY:
-        import importlib
-
         module, attribute = _LAZY[name]
         return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'imagerecords' has no attribute {name!r}")

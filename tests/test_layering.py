@@ -512,3 +512,157 @@ def test_the_known_circles_are_kept_exact(tmp_path):
     assert "NEW" not in message and "GROWN" not in message
     assert circle_debt([], [ab], edges).endswith("is now no circle\n  -> write the list down as it is now, so it stays"
                                                  " exact:\n     KNOWN_CIRCLES = []")
+
+
+# Function-level imports (issue 40, point 6): an import inside a function must delay something heavy and
+# say why on its line or the line above. Heavy: a package of HEAVY_PACKAGES, or a package module whose
+# import pulls one in at its top level (through its top-level imports, computed below).
+# `python -X importtime -c "import X"` in the CI environment (Python 3.11), best of 9, cumulative:
+HEAVY_PACKAGES = frozenset({
+    "numpy",            # 42 ms
+    "apache_beam",      # 1.2 s
+    "tensorflow",       # 3.4 s
+    "PIL",              # 9.8 ms (PIL.Image); the reader-only install has no Pillow
+    "torch",            # seconds (not in the CI environment: its own extra)
+    "google.cloud",     # 268 ms (google.cloud.storage)
+    "google.api_core",  # 284 ms (google.api_core.exceptions)
+    "grpc",             # 40 ms
+    "urllib3",          # 47 ms
+    "protego",          # 10.5 ms
+    "yaml",             # 14 ms; only a --config or preset build reads YAML
+    "http.client",      # 17.6 ms (stdlib, with ssl and email's parser): only URL builds, whose urllib3 loads it
+    "email",            # 8.6 ms (stdlib, email.utils): the same
+})  # not heavy, so imported at their module's top: deflate 0.3 ms, array_record 1.9 ms
+
+# `imagerecords --help` imports this module and nothing more (11 ms): each command imports its own
+# modules in its branch, so --help and the other commands pay for none of them.
+COMMAND_ENTRY = "imagerecords.cli.main"
+
+
+def _is_heavy_package(name):
+    return any(name == p or name.startswith(p + ".") for p in HEAVY_PACKAGES)
+
+
+def _imports_of(path):
+    """(node, where, under TYPE_CHECKING) of every import statement of the file at `path`."""
+    class Visitor(_Imports):
+        def _import(self, node):
+            super()._import(node)
+            self.found[-1] = (node, self.found[-1][1], bool(self._type_checking))
+
+        visit_Import = visit_ImportFrom = _import
+
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    visitor = Visitor()
+    visitor.visit(tree)
+    return visitor.found
+
+
+def _outside_names(node, top):
+    """The modules outside the package `top` that an import statement names."""
+    names = [a.name for a in node.names] if isinstance(node, ast.Import) else [] if node.level else [node.module]
+    return [n for n in names if n != top and not n.startswith(top + ".")]
+
+
+def _package_imports(package_dir):
+    """{module: (path, _imports_of(path))} of every module of the package."""
+    return {m: (path, _imports_of(path)) for m, path in _modules(package_dir)}
+
+
+def heavy_modules(package_dir=PACKAGE_DIR, edges=None, imports=None):
+    """{module: [module, ..., heavy package]} for each package module whose import pulls in a package of
+    HEAVY_PACKAGES, through its top-level imports and those of the modules they import (a shortest chain)."""
+    top = os.path.basename(os.path.normpath(package_dir))
+    own = {}
+    for m, (path, found) in (imports or _package_imports(package_dir)).items():
+        heavy = sorted(n for node, where, _ in found if where == "top-level"
+                       for n in _outside_names(node, top) if _is_heavy_package(n))
+        own[m] = heavy[0] if heavy else None
+    runs = {m: {e[0] for e in out if e[3] == "top-level"} for m, out in (edges or import_edges(package_dir)).items()}
+    chains = {}
+    for start in runs:
+        prev, queue = {start: None}, [start]
+        for v in queue:
+            if own[v]:
+                chain = [own[v]]
+                while v is not None:
+                    chain.insert(0, v)
+                    v = prev[v]
+                chains[start] = chain
+                break
+            for w in sorted(runs[v]):
+                if w not in prev:
+                    prev[w] = v
+                    queue.append(w)
+    return chains
+
+
+def _has_reason(lines, node):
+    """A `#` comment on the import's lines, or a comment line just above it or above the run of
+    import lines it ends (one reason for a group of imports)."""
+    if any("#" in line for line in lines[node.lineno - 1:node.end_lineno]):
+        return True
+    above = node.lineno - 2
+    while above >= 0 and lines[above].lstrip().startswith(("import ", "from ")):
+        above -= 1
+    return above >= 0 and lines[above].lstrip().startswith("#")
+
+
+def function_import_problems(package_dir=PACKAGE_DIR, entry=COMMAND_ENTRY):
+    """`file:line: IMPORT in function F` (and what is wrong) for each import inside a function that does
+    not delay something heavy, or does but without its reason."""
+    top = os.path.basename(os.path.normpath(package_dir))
+    root = os.path.dirname(os.path.normpath(package_dir))
+    edges, imports = import_edges(package_dir), _package_imports(package_dir)
+    heavy = heavy_modules(package_dir, edges, imports)
+    problems = []
+    for m, (path, found) in imports.items():
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        for node, where, type_checking in found:
+            if not where.startswith("in function") or type_checking:
+                continue
+            ours = {e[0] for e in edges[m] if e[2] == node.lineno and e[3] == where}
+            outside = _outside_names(node, top)
+            delays = (any(_is_heavy_package(n) for n in outside) or any(t in heavy for t in ours)
+                      or (m == entry and not outside))
+            site = f"{os.path.relpath(path, root)}:{node.lineno}: {ast.unparse(node)} {where}"
+            if not delays:
+                problems.append(f"{site}  (nothing heavy: import it at the module's top)")
+            elif not _has_reason(lines, node):
+                problems.append(f"{site}  (heavy: say why on its line or the line above)")
+    return problems
+
+
+def test_function_level_imports_delay_something_heavy_and_say_why():
+    problems = function_import_problems()
+    if problems:
+        pytest.fail(f"{len(problems)} import(s) inside functions break the rule (tests/test_layering.py,"
+                    f" HEAVY_PACKAGES):\n" + "\n".join(problems), pytrace=False)
+
+
+def test_a_planted_uncommented_stdlib_import_in_a_function_is_caught(tmp_path):
+    pkg = _package(tmp_path, {"heavy.py": "import numpy\n",
+                              "light.py": "X = 1\n",
+                              "user.py": "import pkg.light\n"
+                                         "def a():\n    import tempfile\n    return tempfile\n"
+                                         "def b():\n    import numpy as np  # numpy: 42 ms\n    return np\n"
+                                         "def c():\n    # pkg.heavy imports numpy\n    from pkg import heavy\n"
+                                         "def d():\n    from pkg.heavy import numpy\n"
+                                         "def e():\n    from . import light  # a reason is not enough\n"
+                                         "def t():\n    if TYPE_CHECKING:\n        import typing\n"
+                                         "def g():\n    # numpy: 42 ms\n    import numpy\n    from pkg import heavy\n"
+                                         "class K:\n    def m(self):\n        import signal\n"})
+    assert heavy_modules(pkg) == {"pkg.heavy": ["pkg.heavy", "numpy"]}
+    user = os.path.join("pkg", "user.py")
+    assert function_import_problems(pkg, entry="pkg.none") == [
+        f"{user}:3: import tempfile in function a  (nothing heavy: import it at the module's top)",
+        f"{user}:12: from pkg.heavy import numpy in function d  (heavy: say why on its line or the line above)",
+        f"{user}:14: from . import light in function e  (nothing heavy: import it at the module's top)",
+        f"{user}:24: import signal in function K.m  (nothing heavy: import it at the module's top)"]
+    # The command's entry module may delay its commands' modules, with a reason; stdlib is still moved up.
+    assert function_import_problems(pkg, entry="pkg.user") == [
+        f"{user}:3: import tempfile in function a  (nothing heavy: import it at the module's top)",
+        f"{user}:12: from pkg.heavy import numpy in function d  (heavy: say why on its line or the line above)",
+        f"{user}:24: import signal in function K.m  (nothing heavy: import it at the module's top)"]

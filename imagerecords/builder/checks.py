@@ -16,6 +16,7 @@ from imagerecords.pipeline.sources import InputInfo, check_input
 from imagerecords.pipeline.sources.base import first_line as _first_line
 from imagerecords.pipeline.sources.manifests import ignored_columns, read_manifest_head
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.publish import commit as publish
 
 __all__ = ["InputInfo", "PROBE_PREFIX", "check_input", "check_output", "ignored_columns", "read_manifest_head",
            "remove_created_output"]
@@ -122,6 +123,7 @@ def _check_local_output(config: BuildConfig) -> Optional[str]:
 
 
 def _check_remote_output(config: BuildConfig) -> None:
+    # Beam: 1.2 s to import; only a gs:// (or other remote) path needs its file systems
     from apache_beam.io.filesystem import BeamIOError
     from apache_beam.io.filesystems import FileSystems
 
@@ -158,8 +160,6 @@ def check_output(config: BuildConfig) -> Optional[str]:
     else:
         created = _check_local_output(config)
     if config.publish.version_name:
-        from imagerecords.pipeline.publish import commit as publish
-
         publish.check_version_free(config.output, config.publish.version_name)  # the commit checks it again
     return created
 

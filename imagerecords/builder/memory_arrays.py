@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from typing import Any, Mapping, Optional
 
+import numpy as np
+
+from imagerecords.builder import session
+from imagerecords.builder.options import BuildOptions
 from imagerecords.pipeline.errors import UsageError
 from imagerecords.pipeline.read import array_files as arrays_lib
 
@@ -39,13 +44,6 @@ def build_arrays(arrays: Mapping[str, Any], output: str, *, splits: Optional[Map
       ValueError: an unknown setting or a bad value.
       imagerecords.Error: an expected failure of the build (errors.BuildError and its subclasses).
     """
-    import tempfile
-
-    import numpy as np
-
-    from imagerecords.builder import session
-    from imagerecords.builder.options import BuildOptions
-
     if "://" in output:
         raise UsageError(f"build_arrays writes a local folder; got {output} (use `imagerecords build` with a "
                          "Beam runner for remote output)")

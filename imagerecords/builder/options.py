@@ -6,6 +6,7 @@ import dataclasses
 import numbers
 from typing import Any, Callable, FrozenSet, Optional, Sequence, Tuple
 
+from imagerecords.builder.engines.beam.names import runner_problem
 from imagerecords.pipeline import config as config_lib
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline import naming
@@ -95,8 +96,6 @@ class BuildOptions:
         if given is not None and given != self.runner:
             raise ValueError(f"runner {self.runner!r} disagrees with --runner {given} in pipeline_options")
         if self.runner is not None:
-            from imagerecords.builder.engines.beam.names import runner_problem
-
             problem = runner_problem(self.runner)
             if problem:
                 raise ValueError(f"runner {self.runner!r}: {problem}")

@@ -8,9 +8,12 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
+import traceback
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional, Tuple
 
 from imagerecords.format.manifest import ERRORS, LOCK, MANIFEST, STAGING, Manifest
@@ -24,6 +27,7 @@ from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.publish import lifecycle
 from imagerecords.pipeline import lock as output_lock
+from imagerecords.pipeline.publish import appending
 
 if TYPE_CHECKING:
     from imagerecords.builder.checks import InputInfo
@@ -91,7 +95,6 @@ def _keep_traceback(log_path: Optional[str], e: BaseException) -> None:
     message points at: the runner raised it in this process, so nothing else writes it there."""
     if not log_path:
         return
-    import traceback
 
     try:
         with open(log_path, "a") as f:
@@ -106,7 +109,6 @@ def _failure(e: BaseException, config: BuildConfig, log_path: Optional[str]) -> 
         return errors.OutputError(f"no space left on device while writing {config.output}; the published dataset "
                                   f"(if any) is untouched; free space and {naming.rerun_with('resume')} (it keeps the "
                                   "shards already written)")
-    from concurrent.futures.process import BrokenProcessPool  # here: it imports multiprocessing
 
     where = f"; full log: {log_path}" if log_path else ""
     if isinstance(e, BrokenProcessPool):  # the local engine lost a worker (SIGKILL, OOM killer)
@@ -122,8 +124,6 @@ def _failure(e: BaseException, config: BuildConfig, log_path: Optional[str]) -> 
 
 def _worker_exits(exits) -> str:
     """How the local engine's dead workers ended, from their (pid, exit code) pairs."""
-    import signal
-
     said = []
     for pid, code in exits:
         if code is not None and code < 0:
@@ -188,8 +188,6 @@ def run(options: BuildOptions, *, notify: Optional[Callable[[str], None]] = None
       errors.BuildError: an expected failure, one line (errors.Interrupted for a signal).
     """
     if options.config.publish.append:  # the settings not given are the dataset's, read before anything checks them
-        from imagerecords.pipeline.publish import appending
-
         options = dataclasses.replace(options, config=appending.with_dataset_settings(options.config,
                                                                                       options.settings_given))
     config = options.config
@@ -199,8 +197,6 @@ def run(options: BuildOptions, *, notify: Optional[Callable[[str], None]] = None
         raise errors.UsageError(f"{setting('resume')} needs {setting('writer', 'shards')} (the Beam sink's shards have no fingerprints)")
     input_info = checks.check_input(config, ignore_split_column=options.ignore_split_column)
     if config.publish.append:
-        from imagerecords.pipeline.publish import appending
-
         if options.detached or any(a.startswith("--template_location") for a in options.pipeline_options):
             raise errors.UsageError(f"{setting('append')} needs the build to end in this process (no {setting('detached')}, no template): "
                                     "the version it adds to is read now and could be replaced before a later job")
@@ -396,8 +392,6 @@ def _reused_count(output: str, build_id: str, results: publish.BuildResults) -> 
 
 def _interrupted(e: KeyboardInterrupt, stage: str, config: BuildConfig, build_id: str) -> errors.Interrupted:
     """The one line for a build stopped by a signal, saying what is left and the command that mends it."""
-    import signal
-
     signum = getattr(e, "signum", signal.SIGINT)
     what = f"stopped by {signal.Signals(signum).name}"
     out = config.output
@@ -426,8 +420,6 @@ def _signals_as_interrupts() -> Iterator[None]:
     """SIGTERM and SIGHUP (a scheduler, `timeout`, a closed terminal) stop the build as Ctrl-C does:
     shard writers are cancelled, worker processes ended, the lock released. The first one raises
     errors.Stopped; later ones are ignored, so the cleanup it starts runs to the end."""
-    import signal
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -11,6 +11,7 @@ import typing
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
+from imagerecords.builder.engines.beam.names import runner_problem
 from imagerecords.format import record_format, schema
 from imagerecords.format import features as features_lib
 from imagerecords.pipeline import config as config_lib
@@ -20,6 +21,7 @@ from imagerecords.pipeline.encode.image_codec import ImageOptions
 from imagerecords.pipeline.errors import UsageError
 from imagerecords.pipeline.read import download, optouts
 from imagerecords.builder.options import BuildOptions, runner_in
+from imagerecords.pipeline.naming import flag_names
 
 __all__ = ["LauncherFlags", "Parsed", "beam_flag_names", "build_flag_names", "check_beam_args", "check_runner",
            "parse_args", "parser", "runner_of"]
@@ -260,6 +262,7 @@ def _beam_parser() -> argparse.ArgumentParser:
     Beam hands the parser it builds for PipelineOptions.get_all_options to add_extra_args_fn, so a
     flag passes here exactly when Beam will parse it rather than discard it.
     """
+    # Beam: 1.2 s to import; only a build given Beam options or a runner reads Beam's flags
     from apache_beam.options.pipeline_options import PipelineOptions
     # Runner modules that define their options outside pipeline_options.py (Dask today); an
     # optional runner that is not installed simply contributes no flags.
@@ -330,7 +333,6 @@ def check_runner(args: Sequence[str]) -> None:
     """Raises UsageError when --runner (the last one given) cannot run here (engines.beam.names.runner_problem)."""
     if not any(a == "--runner" or a.startswith("--runner=") for a in args):
         return
-    from imagerecords.builder.engines.beam.names import runner_problem
 
     runner = getattr(_beam_parser().parse_known_args(list(args))[0], "runner", None)
     problem = runner_problem(runner) if isinstance(runner, str) else None
@@ -419,8 +421,6 @@ def parse_args(argv: Sequence[str]) -> Parsed:
         --input/--output, or an invalid setting (BuildConfig's message).
       SystemExit: for --help, after printing it (argparse's own behaviour).
     """
-    from imagerecords.pipeline.naming import flag_names
-
     with flag_names():  # a flag's value that BuildConfig refuses is named as the flag
         return _parse_args(argv)
 

@@ -14,8 +14,10 @@ from imagerecords.format.errors import NotRegularFile
 from imagerecords.format.manifest import LOCK, MANIFEST, STAGING, VERSION_PREFIX, Manifest, ManifestError
 from imagerecords.format.paths import has_scheme
 from imagerecords.format import record_format
-from imagerecords.format.record_format import is_shard_name
+from imagerecords.format.record_format import FRAME_OVERHEAD, is_shard_name
+from imagerecords.format.records import CorruptRecordError, HashingReader
 from imagerecords.pipeline import errors, storage
+from imagerecords.pipeline import lock as output_lock
 from imagerecords.pipeline.storage import join, open_read
 from imagerecords.pipeline.write import dataset_files
 
@@ -110,8 +112,6 @@ def _folder_problems(output: str, manifest: Manifest) -> Tuple[List[str], List[s
             notes.append(f"{join(output, STAGING)}: leftover staging area of an unfinished or failed build "
                             "(remove it, or rebuild with --overwrite)")
         elif name == LOCK:
-            from imagerecords.pipeline import lock as output_lock
-
             holder = output_lock.read_lock(output)
             state = "stale lock of" if holder and holder.is_dead_here() else "lock held by"
             notes.append(f"{join(output, LOCK)}: {state} {holder.describe() if holder else 'an unknown build'}")
@@ -168,8 +168,6 @@ def _index_problems(output: str, shard, frame_lengths: Optional[List[int]]) -> L
 
 def _record_problem(record: bytes, stored) -> Optional[str]:
     """Why a record does not hold what the manifest's feature spec says, or None."""
-    from imagerecords.format import schema
-
     values = schema.parse_example(record)
     for feature in stored:
         problem = features_lib.stored_problem(feature, values.get(feature.name))
@@ -194,9 +192,6 @@ def verify(output: str, records: bool = False) -> Tuple[List[str], List[str]]:
     Raises:
       errors.BuildError: when there is no readable manifest.
     """
-    from imagerecords.format.record_format import FRAME_OVERHEAD
-    from imagerecords.format.records import CorruptRecordError, HashingReader
-
     manifest = load(output)
     fmt = record_format.of(manifest)
     problems, keys_notes = [], []

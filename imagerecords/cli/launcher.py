@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import sys
 import tempfile
@@ -13,9 +14,12 @@ from typing import Iterator, Optional, Sequence, TextIO, Tuple
 from imagerecords.format.manifest import DUPLICATES, ERRORS, Manifest
 from imagerecords.builder import session
 from imagerecords.builder.options import Progress
-from imagerecords.pipeline import errors
+from imagerecords.cli import flags
+from imagerecords.pipeline import errors, sources
+from imagerecords.pipeline.naming import flag_names
 from imagerecords.pipeline.plan.shard_plan import UNSIZED_IMAGE_BYTES
 from imagerecords.pipeline.publish import commit as publish
+from imagerecords.pipeline.publish import hosts
 from imagerecords.pipeline.publish import results as results_lib
 
 LOG_DIR = os.path.join(tempfile.gettempdir(), "imagerecords-logs")
@@ -74,7 +78,6 @@ def _quiet_stderr(log_path: Optional[str]) -> Iterator[TextIO]:
     if log_path is None:
         yield sys.stderr
         return
-    import logging
 
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     sys.stderr.flush()
@@ -124,16 +127,11 @@ def run(argv: Optional[Sequence[str]] = None) -> Optional[Manifest]:
       errors.BuildError: an expected failure, one line (see README, "When things go wrong");
         errors.Interrupted for SIGINT, SIGTERM and SIGHUP.
     """
-    from imagerecords.pipeline.naming import flag_names
-
     with flag_names():  # command-line arguments: messages name settings as flags
         return _run(sys.argv[1:] if argv is None else argv)
 
 
 def _run(argv: Sequence[str]) -> Optional[Manifest]:
-    from imagerecords.cli import flags
-    from imagerecords.pipeline import sources
-
     parsed = flags.parse_args(argv)
     launcher = parsed.launcher
     options = parsed.options
@@ -195,8 +193,6 @@ def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, 
         stream.write(f"  opted out    {manifest.num_opted_out:>9} URLs whose sites said no (robots.txt, X-Robots-Tag, "
                      f"tdm-reservation); not downloaded (see {ERRORS})\n")
     if failed_hosts:
-        from imagerecords.pipeline.publish import hosts
-
         stream.write(f"  hosts with the most failed or opted-out URLs (top {hosts.TOP}):\n")
         stream.writelines(f"    {line}\n" for line in hosts.lines(failed_hosts))
     if manifest.num_already_present > 0:

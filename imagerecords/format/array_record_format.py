@@ -16,6 +16,8 @@ import tempfile
 import threading
 from typing import BinaryIO, Iterator, List, Optional
 
+from array_record.python import array_record_module
+
 from imagerecords.format import record_format
 from imagerecords.format.errors import ReadError
 from imagerecords.format.record_format import CorruptRecordError, RecordFormat, RecordWriter
@@ -26,16 +28,10 @@ OPTIONS = "group_size:1,uncompressed"
 _READ_BATCH = 256  # records read at once by a whole-file read
 
 
-def _module():
-    from array_record.python import array_record_module  # delayed: a TFRecord build never loads it
-
-    return array_record_module
-
-
 class ArrayRecordWriter(RecordWriter):
     def __init__(self, path: str):
         self._path = path
-        self._writer = _module().ArrayRecordWriter(path, OPTIONS)
+        self._writer = array_record_module.ArrayRecordWriter(path, OPTIONS)
         self.count = 0
         self.num_bytes = 0
         self.offsets: List[int] = []
@@ -100,7 +96,7 @@ class ArrayRecord(RecordFormat):
             readers.move_to_end(path)
         else:
             try:
-                reader = _module().ArrayRecordReader(path)
+                reader = array_record_module.ArrayRecordReader(path)
             except (RuntimeError, ValueError, OSError) as e:
                 raise CorruptRecordError(f"{path}: not a readable ArrayRecord file ({_first_line(e)})"
                                          + _mend(dataset)) from None
@@ -121,7 +117,7 @@ class ArrayRecord(RecordFormat):
 
     def _read_path(self, path: str, name: str, stream: Optional[BinaryIO] = None) -> Iterator[bytes]:
         try:
-            reader = _module().ArrayRecordReader(path)
+            reader = array_record_module.ArrayRecordReader(path)
             total = reader.num_records()
         except (RuntimeError, ValueError, OSError) as e:
             raise CorruptRecordError(f"{name}: not a readable ArrayRecord file ({_first_line(e)})") from None

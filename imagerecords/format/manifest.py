@@ -7,6 +7,7 @@ import hashlib
 import json
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from imagerecords.format import features as features_lib
 from imagerecords.format import record_format
 from imagerecords.format import schema as schema_lib
 from imagerecords.format.paths import join
@@ -517,8 +518,6 @@ def load(folder: str, read: Callable[[str], bytes], exists: Callable[[str], bool
             if problem:
                 raise ManifestError(f"{path}: shard {i} of split {split.name!r}: {problem}")
     if manifest.features and check_features:  # every reader decodes by it: refused here, not mid-read
-        from imagerecords.format import features as features_lib
-
         try:
             features_lib.specs_from_json(manifest.features)
         except (ValueError, TypeError, KeyError, AttributeError) as e:  # SpecError is a ValueError

@@ -13,6 +13,7 @@ format/array_record_format.py. A new format is one module that subclasses `Recor
 from __future__ import annotations
 
 import hashlib
+import importlib
 from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from imagerecords.format import records
@@ -166,8 +167,6 @@ def get(name: Optional[str] = None) -> RecordFormat:
     """
     name = name or DEFAULT
     if name not in _FORMATS and name in _LAZY:
-        import importlib
-
         importlib.import_module(_LAZY[name])
     try:
         return _FORMATS[name]
@@ -257,6 +256,7 @@ class TFRecord(RecordFormat):
         return records.ends_differ(read_range, num_bytes, ends)
 
     def tf_dataset(self, path):
+        # TensorFlow: 3.4 s to import, and the trainer's own install; only tf.data needs it
         import tensorflow as tf
 
         return tf.data.TFRecordDataset(path)

@@ -201,6 +201,7 @@ def float_list_feature(packed_le_float32: bytes) -> bytes:
 
 def parse_spec(preset: str) -> dict:
     """Returns the tf.io.parse_example feature spec for `preset` (imports TensorFlow)."""
+    # TensorFlow: 3.4 s to import, and the trainer's own install; only a tf.data parse spec needs it
     import tensorflow as tf
 
     k = keys(preset)

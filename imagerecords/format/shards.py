@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import array
 import bisect
 import collections.abc
 import dataclasses
@@ -139,8 +140,6 @@ class ShardColumns(collections.abc.Sequence):
     def __init__(self, dataset: str, split: str, counts: Sequence[int], sizes: Sequence[int], sha256: str,
                  runs: Sequence[Tuple[str, int, int, int, bool]], index_sha256: str = "", keys_sha256: str = "",
                  ends_crc: str = ""):
-        import array
-
         self.dataset, self.split = dataset, split
         self.counts, self.sizes = array.array("q", counts), array.array("q", sizes)
         self.sha256, self.index_sha256, self.keys_sha256, self.ends_crc = sha256, index_sha256, keys_sha256, ends_crc

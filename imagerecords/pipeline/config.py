@@ -7,16 +7,20 @@ import dataclasses
 import functools
 import numbers
 import re
+import typing
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from imagerecords.format import features as features_lib
 from imagerecords.format import schema
 from imagerecords.format import record_format
+from imagerecords.format.manifest import VERSION_PREFIX
+from imagerecords.format.paths import segment_problem
 from imagerecords.format.record_format import is_shard_name
 from imagerecords.pipeline import naming, storage
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.encode.image_codec import ImageOptions
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.read import array_files as arrays
 from imagerecords.pipeline.refs import MAX_NAME_LENGTH, ManifestColumns, split_name_problem
 from imagerecords.pipeline.read import download, optouts
 
@@ -34,9 +38,6 @@ def version_name_problem(name: object) -> Optional[str]:
     """Why `name` cannot name a version folder (--version_name), or None when it can: one file-name-safe
     segment of letters, digits, '.', '_' and '-', not a name the dataset folder uses for its own files,
     and outside the 'v-' names of unnamed builds."""
-    from imagerecords.format.manifest import VERSION_PREFIX
-    from imagerecords.format.paths import segment_problem
-
     problem = segment_problem(name)
     if problem:
         return f"{name!r:.80} {problem}"
@@ -541,8 +542,6 @@ class BuildConfig:
         if self.features:  # manifest.json's "features" is the spec; here only what feeds it
             d["features"] = features_lib.specs_to_json(self.features)
         elif _is_arrays(self.input):  # an arrays input's spec comes from its arrays
-            from imagerecords.pipeline.read import array_files as arrays
-
             d["features"] = arrays.manifest_features(self)
             d["features_only"] = True
         d["splits"] = dict(self.split.splits) if self.split.splits else None
@@ -650,16 +649,12 @@ def load_preset(path: str) -> Tuple[Dict[str, Any], List[str]]:
 
 
 def _is_arrays(path: Any) -> bool:
-    from imagerecords.pipeline.read import array_files as arrays
-
     return isinstance(path, str) and arrays.is_arrays_input(path)
 
 
 @functools.lru_cache(maxsize=None)
 def _setting_types() -> Dict[str, Any]:
     """{setting: its type, Optional unwrapped} of BuildConfig's and ImageOptions' fields, read once."""
-    import typing
-
     hints = {name: tp for cls in (*CONCERNS, BuildConfig, ImageOptions) for name, tp in typing.get_type_hints(cls).items()
              if name in SETTINGS}
     for name, tp in hints.items():

@@ -145,6 +145,7 @@ def _create_exclusive(path: str, data: bytes) -> bool:
             f.write(data)
         return True
     if path.startswith("gs://"):
+        # google-api-core: 284 ms to import, the gcp extra; only a gs:// lock needs it
         from google.api_core import exceptions as gexc
 
         bucket, _, name = path[len("gs://"):].partition("/")

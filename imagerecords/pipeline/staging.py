@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from typing import List, Optional, Tuple
 
 from imagerecords.format.manifest import STAGING, VERSION_PREFIX
@@ -49,8 +50,6 @@ def remove_staging(output: str, build_id: Optional[str] = None) -> None:
     committed one's."""
     staging = staging_root(output) if build_id is None else staging_dir(output, build_id)
     if storage.is_local(output):
-        import shutil
-
         shutil.rmtree(staging, ignore_errors=True)
         return
     storage.delete_all(storage.list_tree(staging))

@@ -26,12 +26,14 @@ log = logging.getLogger(__name__)
 
 
 def _filesystems():
+    # Beam: 1.2 s to import; only a gs:// (or other remote) path needs its file systems
     from apache_beam.io.filesystems import FileSystems
 
     return FileSystems
 
 
 def _uncompressed():
+    # Beam: as in _filesystems
     from apache_beam.io.filesystem import CompressionTypes
 
     return CompressionTypes.UNCOMPRESSED
@@ -264,6 +266,7 @@ def gcs_client():
     """A google-cloud-storage client made as Beam makes its own (same credentials and endpoint).
     A new one per call: callers make a few calls per commit, and a client kept across calls would
     outlive a change of endpoint or a fork."""
+    # Beam's GCS client: google-cloud-storage, 268 ms; only gs:// paths need it
     from apache_beam.io.gcp import gcsio
 
     return gcsio.GcsIO().client

@@ -205,6 +205,7 @@ def load_info(path: Union[str, "DatasetInfo"]) -> DatasetInfo:
 def _size(path: str) -> int:
     if not has_scheme(path):
         return files.local_size(path)
+    # TensorFlow: 3.4 s to import; load_info reads local files without it
     import tensorflow as tf
 
     if not tf.io.gfile.exists(path):
@@ -216,6 +217,7 @@ def _read(path: str) -> bytes:
     if not has_scheme(path):
         with files.open_local(path) as f:
             return f.read()
+    # TensorFlow: only for a path local files cannot read (as in _size)
     import tensorflow as tf
 
     if not tf.io.gfile.exists(path):
@@ -227,6 +229,7 @@ def _read(path: str) -> bytes:
 def _exists(path: str) -> bool:
     if not has_scheme(path):
         return os.path.exists(path)
+    # TensorFlow: only for a path local files cannot read (as in _size)
     import tensorflow as tf
 
     return tf.io.gfile.exists(path)
@@ -238,6 +241,7 @@ def read_range(path: str, offset: int, length: int) -> bytes:
     if not has_scheme(path):
         with files.open_local(path, buffering=0) as f:
             return os.pread(f.fileno(), length, offset)
+    # TensorFlow: only for a path local files cannot read (as in _size)
     import tensorflow as tf
 
     with tf.io.gfile.GFile(path, "rb") as f:
@@ -253,6 +257,7 @@ def file_size(path: str) -> int:
     """
     if not has_scheme(path):
         return files.local_size(path)
+    # TensorFlow: only for a path local files cannot read (as in _size)
     import tensorflow as tf
 
     try:
@@ -267,6 +272,7 @@ def _listdir(folder: str) -> List[str]:
             return os.listdir(folder)
         except (FileNotFoundError, NotADirectoryError):
             return []
+    # TensorFlow: only for a path local files cannot read (as in _size)
     import tensorflow as tf
 
     try:

@@ -63,6 +63,7 @@ def permutation(num_examples: int, seed: int, epoch: int) -> np.ndarray:
 
 def default_rank() -> Tuple[int, int]:
     """(rank, world_size) of torch.distributed when it is initialised, else (0, 1)."""
+    # torch: the torch extra's; only a default rank asks torch.distributed
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -20,6 +20,7 @@ from imagerecords.pipeline.refs import ImageRef, ManifestColumns, Rejected
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline import lock as output_lock
 from imagerecords.pipeline.read import download, input_files
+from imagerecords.pipeline.read.array_files import label_type
 from imagerecords.pipeline.sources.manifests import ManifestSource, check_http
 from imagerecords.pipeline.write import stream as write_stream
 from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED

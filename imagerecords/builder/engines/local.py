@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import ctypes
 import gc
 import json
 import multiprocessing
@@ -262,7 +263,6 @@ def _die_with_launcher(launcher: int) -> None:
     OOM killer), so no orphan keeps writing."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
 
     PR_SET_PDEATHSIG = 1
     try:
@@ -280,8 +280,6 @@ STOP_GRACE_S = 2.0
 def end_workers(pool) -> None:
     """Stops a process pool now: queued shards never start, running ones get STOP_GRACE_S to stop
     at their next image (the cancel event is set), then every worker left is killed."""
-    import time
-
     # shutdown(wait=False) forgets the pool's manager thread; joined below, so it is gone before the
     # interpreter exits (CPython 3.11's exit hook races a manager thread still closing its wakeup pipe).
     manager = getattr(pool, "_executor_manager_thread", None)

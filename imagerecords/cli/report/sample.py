@@ -145,6 +145,7 @@ def thumbnail(image: bytes, side: int = THUMB_SIDE) -> Tuple[str, Tuple[int, int
 
 def _thumbnail(image: bytes, side: int = THUMB_SIDE) -> Tuple[str, Tuple[int, int], Tuple[int, int]]:
     """thumbnail(), and the (width, height) of the image it was made from."""
+    # Pillow: 9.8 ms, and the reader-only install has none; only a page with images draws them
     from PIL import Image
 
     with Image.open(io.BytesIO(image)) as img:
@@ -164,6 +165,7 @@ def picture_thumbnail(img: "Image.Image", size: Optional[Tuple[int, int]] = None
     thumbnail), else fit to `side`, pixels enlarged whole when the picture is under half of it (a 28 x 28
     array shown at 84 x 84). Nearest-neighbour, so mask values stay unblended and array cells square;
     `smooth`: Lanczos where the picture shrinks (a photo)."""
+    # Pillow: as in _thumbnail
     from PIL import Image
 
     if size is None:

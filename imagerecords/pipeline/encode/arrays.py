@@ -10,8 +10,13 @@ import hashlib
 import io
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
+from PIL import Image
+
 from imagerecords.format import codecs, features, schema
 from imagerecords.pipeline.encode import image_codec as codec
+from imagerecords.pipeline.encode import png as png_writer
+from imagerecords.pipeline.encode.encoded import Encoded
 from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read.array_files import Column, opened, ref_row
 
@@ -20,7 +25,6 @@ def encode_image(pixels, encoding: str, quality: int, png_level: int = codec.PNG
     """A uint8 (H, W), (H, W, 1) or (H, W, 3) row as PNG (codec.png_bytes, at `png_level`) or JPEG."""
     if encoding != "jpeg":
         return codec.png_bytes(pixels, png_level)  # from the array: no Pillow image in between
-    from PIL import Image
 
     if pixels.ndim == 3 and pixels.shape[2] == 1:
         pixels = pixels[:, :, 0]
@@ -33,8 +37,6 @@ def encode_image(pixels, encoding: str, quality: int, png_level: int = codec.PNG
 def encode_ref(ref: ImageRef, preset: str, labels: LabelMap, options):
     """Row `ref` as an Example of its arrays' features (encoded.Encoded), or the rejected row
     naming the feature whose value does not fit."""
-    from imagerecords.pipeline.encode.encoded import Encoded
-
     path, i = ref_row(ref)
     arrays, _, columns = opened(path, preset, options.image_encoding)
     small: Dict[str, bytes] = {}
@@ -103,8 +105,6 @@ class _Piece:
 def _pieces(arrays: Mapping[str, Any], columns: Sequence[Column]) -> Optional[List[_Piece]]:
     """Each column's _Piece in key order, or None when some column needs the per-row encoder (an
     image, class names, strings, a dtype stored other than the array holds it, an empty row)."""
-    import numpy as np
-
     out = []
     for column in sorted(columns, key=lambda c: c.key):
         a = arrays[column.array]
@@ -148,8 +148,6 @@ def encode_rows(refs: Sequence[ImageRef], preset: str, labels: LabelMap, options
     bulk path does not take (a NaN, an int list value past 127, a column it cannot write), as
     (ref, encode_ref's result): the same records in the same order as encode_ref row by row.
     Blocks end at the shard's middle row too, where progress is reported."""
-    import numpy as np
-
     if not refs:
         return
     path = ref_row(refs[0])[0]
@@ -206,8 +204,6 @@ def _encode_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageRef],
                   pieces: Sequence[_Piece], preset: str, labels: LabelMap, options
                   ) -> Iterator[Union[Run, Tuple[int, Any]]]:
     """One block: rows at positions start, start + 1, ... of their shard (input rows `idx`)."""
-    import numpy as np
-
     if any(p.kind == "png" for p in pieces):
         yield from _encode_png_block(start, idx, label_ids, ref_of, arrays, columns, pieces, preset, labels, options)
         return
@@ -275,10 +271,6 @@ def _encode_png_block(start: int, idx, label_ids, ref_of: Callable[[int], ImageR
                       ) -> Iterator[Union[Run, Tuple[int, Any]]]:
     """_encode_block for rows holding a PNG image: the images encoded together (encode_many), each
     record then joined from its entries (their lengths vary with the image's)."""
-    import numpy as np
-
-    from imagerecords.pipeline.encode import png as png_writer
-
     m = len(idx)
     regular = np.ones(m, bool)
     gathered: Dict[str, Any] = {}
@@ -403,8 +395,6 @@ def _digests(hashed) -> List[bytes]:
 
 
 def _run_of(start: int, run: List[int], framed, widths, hashed) -> Run:
-    import numpy as np
-
     made = []
     for i in run:
         rows, where = framed[int(widths[i])]

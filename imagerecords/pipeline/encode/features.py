@@ -6,6 +6,8 @@ import io
 import json
 from typing import Callable, Dict, Optional, Sequence
 
+from PIL import Image
+
 from imagerecords.format import codecs
 from imagerecords.format.features import Feature, ValueProblem
 from imagerecords.pipeline.encode import image_codec as codec
@@ -54,7 +56,6 @@ def _image(feature: Feature, path: str, read_bytes: Callable[[str], bytes], qual
         raise ValueProblem(f"feature {name!r}: {path}: {e}") from None
     except OSError as e:
         raise ValueProblem(f"feature {name!r}: cannot read {path}: {input_files.describe_os_error(e)}") from None
-    from PIL import Image
 
     try:
         img = Image.open(io.BytesIO(data))

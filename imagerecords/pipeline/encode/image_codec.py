@@ -9,10 +9,12 @@ import math
 import struct
 from typing import Optional, Tuple
 
+import numpy as np
 from PIL import Image
 
 from imagerecords.pipeline import naming
 from imagerecords.pipeline.encode import perceptual as perceptual_lib
+from imagerecords.pipeline.encode import png as png_writer
 from imagerecords.pipeline.read.input_files import stable_text
 
 # Decompression-bomb guard: an image above this many pixels is refused with our own error, from
@@ -304,8 +306,6 @@ _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
 def sixteen_bit(img: Image.Image):
     """The pixels of a 16-bit (or 32-bit integer) greyscale image as a uint16 array."""
-    import numpy as np  # only these rare modes need it; most builds never import NumPy
-
     arr = np.asarray(img, dtype=np.int64)
     if arr.size and (arr.min() < 0 or arr.max() > 65535):
         raise ImageError(f"a 32-bit integer image with values {arr.min()}..{arr.max()}, outside 0..65535: "
@@ -315,8 +315,6 @@ def sixteen_bit(img: Image.Image):
 
 def _float_to_l(img: Image.Image) -> Image.Image:
     """A float image that holds whole values 0..255 as mode L; any other is refused, never changed."""
-    import numpy as np
-
     arr = np.asarray(img, dtype=np.float32)
     # 0..1 data would become 0 and 1, so only a float image that holds 8-bit values already is kept.
     if not np.isfinite(arr).all() or (arr.size and (arr.min() < 0 or arr.max() > 255)) \
@@ -386,10 +384,6 @@ def png_bytes(img, level: int = PNG_LEVEL) -> bytes:
     """Deterministic PNG bytes of a Pillow image (a mode of _OWN_PNG_MODES) or a uint8/uint16 array
     (H, W) or (H, W, 1-4): the pixels only (no text, time, ICC, EXIF or DPI chunk), filtered and
     deflated by png_writer at the given libdeflate level."""
-    import numpy as np
-
-    from imagerecords.pipeline.encode import png as png_writer
-
     if isinstance(img, Image.Image):
         if img.mode not in _OWN_PNG_MODES:
             raise ValueError(f"no PNG writer for Pillow mode {img.mode}; convert it with _lossless first")
@@ -474,8 +468,6 @@ def _deep_colour_error(what: str) -> ImageError:
 def _raw(data: bytes, fmt: str, options: ImageOptions) -> PreparedImage:
     """--image_encoding raw: the decoded, upright pixels as little-endian float32 (H x W x C).
     Exact unless --max_side/--short_side resample them (LANCZOS, in float32)."""
-    import numpy as np
-
     if deep_colour_png(fmt, data):
         raise _deep_colour_error("--image_encoding raw cannot hold its pixels exactly")
     if keyed_sixteen_bit_grey_png(fmt, data):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from typing import List, Tuple
 
+import deflate
 import numpy as np
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -41,8 +42,6 @@ _BLOCK_BYTES = 1 << 17
 
 def _chunk(kind: bytes, data) -> list:
     """The parts of one chunk: length, type, data, CRC of type and data."""
-    import deflate
-
     # libdeflate's CRC-32 (PNG's and zlib's) runs ~20x the speed of zlib.crc32 on an IDAT.
     return [struct.pack(">I", len(data)), kind, data, struct.pack(">I", deflate.crc32(data, deflate.crc32(kind)))]
 
@@ -124,8 +123,6 @@ def _as_bytes(pixels: np.ndarray, lead: int) -> Tuple[np.ndarray, int, int]:
 
 def _png(rows: np.ndarray, width: int, depth: int, channels: int, level: int) -> bytes:
     """The PNG file of filtered `rows` (C-contiguous, rows x (1 + bytes)): IHDR, IDAT(s), IEND."""
-    import deflate
-
     data = memoryview(deflate.zlib_compress(memoryview(rows).cast("B"), level))
     header = struct.pack(">IIBBBBB", width, len(rows), depth, _COLOUR_TYPES[channels], 0, 0, 0)
     parts = [SIGNATURE, *_chunk(b"IHDR", header)]

@@ -14,6 +14,8 @@ import hashlib
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.plan import shard_plan as planning
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
@@ -60,8 +62,6 @@ class Listed:
 
 def list_rows(path: str, preset: str, image_encoding: str) -> Listed:
     """arrays.list_refs' rows as columns: the same rows kept, the same rows rejected for the same reasons."""
-    import numpy as np
-
     arrays.forget_if_changed(path)
     source, n, columns = arrays.opened(path, preset, image_encoding)
     if n >= MAX_ROWS:
@@ -119,8 +119,6 @@ HASH_CHUNK = 50_000
 def hashes(salt: str, path: str, rows, pool=None) -> Any:
     """refs.hash64(salt, key) of each row's key, as a uint64 array; with a process `pool` (an
     Executor) and enough rows, in chunks on its workers (a Python call per row: ~1 s per million)."""
-    import numpy as np
-
     if pool is not None and len(rows) >= 2 * HASH_CHUNK:
         chunks = [rows[i:i + HASH_CHUNK] for i in range(0, len(rows), HASH_CHUNK)]
         return np.concatenate(list(pool.map(hashes, [salt] * len(chunks), [path] * len(chunks), chunks)))
@@ -136,8 +134,6 @@ def hashes(salt: str, path: str, rows, pool=None) -> Any:
 
 
 def _hash_range(salt: str, path: str, lo: int, hi: int) -> Any:
-    import numpy as np
-
     return hashes(salt, path, np.arange(lo, hi, dtype=np.int64))
 
 
@@ -156,8 +152,6 @@ class RowHashes:
 
     def of(self, rows) -> Any:
         """hashes(salt, path, rows)."""
-        import numpy as np
-
         if self._all is None:
             parts = [_hash_range(self._salt, self._path, lo, hi) if f is None or f.cancel() else f.result()
                      for (lo, hi), f in zip(self._chunks, self._futures)]
@@ -192,8 +186,6 @@ def assign(listed: Listed, labels: LabelMap, splits: Optional[Sequence[Tuple[str
            seed: int, pool=None, shuffled: Optional[RowHashes] = None, split: Optional[RowHashes] = None) -> Assigned:
     """assign.assign of every listed row, with each kept row's shuffle hash (hashes, on `pool`'s
     workers, or from `shuffled` and `split`, the RowHashes of the shuffle and split salts)."""
-    import numpy as np
-
     rows, codes = listed.rows, listed.codes
     if splits:
         names = [name for name, _ in splits]
@@ -270,8 +262,6 @@ class RowShard:
 def plan(assigned: Assigned, path: str, row_bytes: int, config
          ) -> Tuple[Dict[str, planning.ShardPlan], Dict[Tuple[str, int, int], RowShard]]:
     """Each split's ShardPlan (planning.plan_shards' boundaries) and each shard's RowShard."""
-    import numpy as np
-
     plans: Dict[str, planning.ShardPlan] = {}
     shards: Dict[Tuple[str, int, int], RowShard] = {}
     for s in sorted(range(len(assigned.names)), key=lambda s: assigned.names[s]):
@@ -314,8 +304,6 @@ class RowContents:
            ) -> "RowContents":
         """`contents` in compact form; with the `shard` they were written from, its rows are taken as
         they are when every row was written (contents keep shard order, so they are then the same rows)."""
-        import numpy as np
-
         if isinstance(contents, RowContents):  # a row shard's writer sends them so already
             return contents
         if shard is not None and len(contents) == len(shard):
@@ -329,8 +317,6 @@ class Contents:
     rows gathered per shard, sorted once; members are made only for digests held by two rows."""
 
     def __init__(self, path: str, assigned: Assigned, labels: LabelMap):
-        import numpy as np
-
         self._path = path
         top = int(assigned.rows.max()) + 1 if len(assigned.rows) else 0
         self._split = np.zeros(top, np.int64)
@@ -353,8 +339,6 @@ class Contents:
 
     def groups(self) -> List[DuplicateGroup]:
         """The DuplicateGroup of every digest two or more rows hold (refs.duplicate_group)."""
-        import numpy as np
-
         if not self._rows:
             return []
         rows = np.concatenate(self._rows)

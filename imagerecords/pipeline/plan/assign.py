@@ -82,6 +82,7 @@ def looked_up_size(ref: ImageRef) -> Tuple[int, Optional[Tuple[str, str]]]:
         if found.kind == "dir":
             return -1, ("a folder, not a file", "")
         return -1, (found.reason, found.error)
+    # Beam: 1.2 s to import; only a gs:// (or other remote) path needs its file systems
     from apache_beam.io.filesystem import BeamIOError
     from apache_beam.io.filesystems import FileSystems
 

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import logging
+import os
 from typing import Any, Collection, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from imagerecords.format import features as features_lib
 from imagerecords.format import side_files
 
 from imagerecords.format import record_format, schema
 from imagerecords.format import manifest as manifest_lib
-from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError
+from imagerecords.format.manifest import MANIFEST, Manifest, ManifestError, Split
+from imagerecords.format.record_format import index_file_name
+from imagerecords.pipeline import config as config_lib
 from imagerecords.pipeline import errors, storage
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.naming import setting
 from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.plan import near
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import download
+from imagerecords.pipeline.write.stream import content_digest
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +103,6 @@ def _check_compatible(config, manifest: Manifest) -> None:
     """Refuses, in one line naming the first difference, a delta whose records would not match the
     dataset's (feature spec, image options, splits, label settings, seed). A setting the caller left
     out is already the dataset's (with_dataset_settings), so what differs here was given."""
-    from imagerecords.format import features as features_lib
-
     if manifest.version is None:
         raise _one_line(f"{config.output} is a dataset written before versions had folders")
     if manifest.features_only:
@@ -160,8 +165,6 @@ def _settings_of(config) -> Dict[str, Any]:
 def _given_by_default(config) -> FrozenSet[str]:
     """The settings of `config` that differ from their defaults: what a caller that says nothing
     else about them must have set."""
-    from imagerecords.pipeline import config as config_lib
-
     defaults = {k: v for k, v in config_lib.defaults().items() if k != "features"}
     mine = _settings_of(config)
     given = {k for k, v in mine.items() if k in defaults and v != defaults[k]}
@@ -185,8 +188,6 @@ def with_dataset_settings(config, given: Optional[Collection[str]] = None):
     Raises:
       errors.UsageError: the dataset's settings and the given ones make no valid build (one line).
     """
-    from imagerecords.pipeline import config as config_lib
-
     try:
         manifest = _load(config.output)
     except (OSError, ManifestError):
@@ -220,8 +221,6 @@ def with_dataset_settings(config, given: Optional[Collection[str]] = None):
 
 def _started_ns(folder: str) -> Optional[int]:
     """When the build of a v-<build id> folder started (its id begins with the UTC time); None for a named one."""
-    import datetime
-
     stamp = folder.rsplit("/", 1)[-1][2:].split("-", 1)[0] if folder.startswith("v-") else ""
     try:
         when = datetime.datetime.strptime(stamp, "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=datetime.timezone.utc)
@@ -257,7 +256,6 @@ def _scan(output: str, manifest: Manifest) -> Dict[str, Known]:
     records store their key)."""
     keys = schema.keys(manifest.schema)
     wanted = (keys.filename, keys.image, keys.label)
-    from imagerecords.pipeline.write.stream import content_digest
 
     known: Dict[str, Known] = {}
     offset = manifest.label_offset
@@ -288,8 +286,6 @@ def near_items(output: str, manifest: Manifest) -> List["near.Item"]:
     """The near-duplicate check's items of the dataset's records (uri: the shard holding each), from
     each shard's keys and hashes files; a shard without both (built with --near_duplicates off,
     before hashes were kept, or whose files are not its build's) adds none, and is not compared."""
-    from imagerecords.pipeline.plan import near
-
     out: List[near.Item] = []
     for split in manifest.splits:
         for shard in split.shards:
@@ -392,7 +388,6 @@ def against(ref: ImageRef, base: Base, read_bytes, options: codec.ImageOptions,
     known = base.keys.get(ref.key)
     if known is None:
         return ref
-    from imagerecords.pipeline.write.stream import content_digest
 
     split = refs_lib.assign_split(splits, split_seed, ref.key) if splits else (ref.split or "train")
     if known.size >= 0 and ref.size >= 0 and known.size != ref.size:
@@ -427,7 +422,6 @@ def _untouched_since(uri: str, since_ns: Optional[int]) -> bool:
     not settable by users) since `since_ns`."""
     if since_ns is None or not storage.is_local(uri):
         return False
-    import os
 
     try:
         st = os.stat(uri)
@@ -468,8 +462,6 @@ def merged_manifest(base: Mapping[str, Any], delta: Manifest, build_id: str) -> 
       dataset folder, for every shard and index file (a delta's: its name in this build's staging).
     """
     old = Manifest.from_json(base, "base manifest")
-    from imagerecords.format.manifest import Split
-    from imagerecords.format.record_format import index_file_name
 
     folder = delta.version
     fmt = record_format.of(delta)

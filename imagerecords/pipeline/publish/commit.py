@@ -29,8 +29,12 @@ import datetime
 import json
 import logging
 import os
+import shutil
+import time
+from importlib import metadata as importlib_metadata
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from imagerecords import __version__
 from imagerecords.pipeline import phases, staging, storage
 from imagerecords.pipeline.errors import BudgetExceeded, OutputError, UnfinishedBuild
 from imagerecords.pipeline.publish import staged_check
@@ -43,6 +47,8 @@ from imagerecords.format.record_format import is_shard_name
 from imagerecords.format.paths import inside_problem
 from imagerecords.pipeline.config import PublishOptions, version_name_problem
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.publish import appending
+from imagerecords.pipeline.publish import hosts
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +58,6 @@ COMMIT = "commit.json"
 
 def versions() -> Dict[str, str]:
     """Versions recorded in the manifest: a build is reproducible for equal versions."""
-    from importlib import metadata as importlib_metadata
-
-    from imagerecords import __version__
-
     out = {"imagerecords": __version__}
     for label, dists in (("apache-beam", ["apache-beam"]), ("tensorflow", ["tensorflow", "tensorflow-cpu"]),
                          ("pillow", ["pillow"]), ("numpy", ["numpy"]), ("deflate", ["deflate"])):
@@ -78,8 +80,6 @@ def _remove_abandoned_staging(output: str) -> None:
     stay: their times are a request each; the next command build or `finish` clears them)."""
     if not storage.is_local(output):
         return
-    import shutil
-    import time
 
     for build in staging.staged_builds(output):
         try:
@@ -157,8 +157,6 @@ class BuildResults:
         d = dict(d)
         d["shards"] = tuple(dataset_files.ShardResult.from_json(s) for s in d["shards"])
         if "failed_hosts" in d:
-            from imagerecords.pipeline.publish import hosts
-
             d["failed_hosts"] = hosts.from_json(d["failed_hosts"])
         return cls(**d)
 
@@ -224,7 +222,6 @@ class BuildResults:
             version=folder)
         if self.base is None:
             return own, {}
-        from imagerecords.pipeline.publish import appending
 
         manifest, sources = appending.merged_manifest(self.base, own, self.build_id)
         return manifest, {k: v for k, v in sources.items() if k != v}
@@ -678,8 +675,6 @@ def _delete_version(output: str, folder: str) -> None:
     path = storage.join(output, folder)
     try:
         if storage.is_local(output):
-            import shutil
-
             shutil.rmtree(path)
         else:
             storage.delete_all(storage.list_tree(path))

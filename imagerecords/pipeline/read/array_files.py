@@ -29,6 +29,8 @@ import sys
 import zipfile
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
+import numpy as np
+
 from imagerecords.format import features, schema
 from imagerecords.pipeline.errors import InputError, UsageError
 from imagerecords.pipeline.naming import setting
@@ -104,8 +106,6 @@ def input_identity(path: str) -> str:
 
 def _headers(path: str) -> Dict[str, Tuple[Tuple[int, ...], Any]]:
     """{array name: (shape, dtype)} read from the .npy headers only (no data)."""
-    import numpy as np
-
     out = {}
     if not os.path.isdir(path):
         with zipfile.ZipFile(path) as z:
@@ -159,8 +159,6 @@ def open_arrays(path: str) -> Dict[str, Any]:
     """The input's arrays by name: .npy files and an .npz's stored members memory-mapped, its
     compressed ones read whole. Cached per process: the local engine opens it before it forks, so
     its workers share one copy of an .npz."""
-    import numpy as np
-
     if not os.path.isdir(path):
         with zipfile.ZipFile(path) as zf:
             mapped = {info.filename[:-4]: _map_member(np, path, zf, info) for info in zf.infolist()

@@ -12,6 +12,7 @@ from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple, Un
 
 from imagerecords.format.paths import has_scheme
 from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline import storage
 from imagerecords.pipeline.refs import ImageRef, Rejected
 
 __all__ = [
@@ -259,8 +260,6 @@ def walk_class_folder(
 
 
 def _open_uri(uri: str) -> BinaryIO:
-    from imagerecords.pipeline import storage
-
     return storage.open_read(uri)
 
 

@@ -196,6 +196,7 @@ def _check_local_folder(path: str) -> None:
 
 
 def _check_remote_folder(path: str) -> None:
+    # Beam: 1.2 s to import; only a gs:// (or other remote) path needs its file systems
     from apache_beam.io.filesystem import BeamIOError
     from apache_beam.io.filesystems import FileSystems
 

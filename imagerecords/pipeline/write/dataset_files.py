@@ -8,6 +8,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from imagerecords.format import features as features_lib
 from imagerecords.format.manifest import MANIFEST, Manifest, Shard, Split, dumps
 from imagerecords.format import record_format
+from imagerecords.format import schema
 from imagerecords.format.record_format import INDEX_DIR, INDEX_SUFFIX
 
 DATASET_INFO = "dataset_info.json"
@@ -210,8 +211,6 @@ def _arrays_spec(manifest: Manifest) -> bool:
 
 def tfds_declared(manifest: Manifest) -> Dict[str, object]:
     """TFDS's features.json from the manifest's feature spec; the preset's int64 label is a ClassLabel."""
-    from imagerecords.format import schema
-
     label = schema.keys(manifest.schema).label
     out: Dict[str, object] = {}
     for spec in features_lib.specs_from_json(manifest.features):

@@ -8,8 +8,10 @@ import functools
 import hashlib
 import json
 import os
+from importlib import metadata as importlib_metadata
 from typing import Any, List, Optional, Sequence, Tuple
 
+from imagerecords import __version__
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.refs import ImageRef, LabelMap
@@ -24,8 +26,6 @@ def shard_fingerprint(shard: Tuple[str, int, int], refs: Sequence[ImageRef], *, 
     each image feature's file), the label map, the encoding settings and the code version. A
     remote file counts by its listed size only (a stat per object would cost a request each).
     `lines`: the refs' lines already spelled (row_writer.fingerprint_text of a row shard)."""
-    from imagerecords import __version__
-
     h = hashlib.sha256()
     h.update(json.dumps({"shard": list(shard), "name": name, "preset": preset, "labels": labels.to_json(),
                          "options": dataclasses.asdict(options), "write_index": write_index, "contents": contents,
@@ -103,8 +103,6 @@ def look_up_versions() -> None:
 
 @functools.lru_cache(maxsize=4)
 def _version(distribution: str) -> str:
-    from importlib import metadata as importlib_metadata
-
     try:
         return importlib_metadata.version(distribution)
     except importlib_metadata.PackageNotFoundError:

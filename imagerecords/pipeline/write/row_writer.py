@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, List, Optional, Tuple
 
+import numpy as np
+
 from imagerecords.format import side_files
 
 from imagerecords.format.record_format import RecordWriter
@@ -87,8 +89,6 @@ def written_lines(shard: array_rows.RowShard, positions, digests: bytes, labels:
 
 def histogram(shard: array_rows.RowShard, positions) -> Tuple[Tuple[int, int], ...]:
     """((label id, records), ...) of the written rows, sorted by id (two texts may share an id)."""
-    import numpy as np
-
     counts = np.bincount(shard.codes[positions], minlength=len(shard.labels)).tolist()
     by_id: dict = {}
     for (_, label_id), n in zip(shard.labels, counts):
@@ -107,8 +107,6 @@ def write_shard(shard: array_rows.RowShard, writer: RecordWriter, *, preset: str
       The record writer (counts, offsets, checksums), the rejected rows, the written rows'
       positions in the shard (int64) and their 16-byte content digests back to back.
     """
-    import numpy as np
-
     ids = np.array([label_id for _, label_id in shard.labels] or [0], np.int64)
     label_ids = ids[shard.codes] if len(shard) else np.zeros(0, np.int64)
     rejected: List[Rejected] = []

@@ -27,6 +27,7 @@ from imagerecords.pipeline.encode import image_codec as codec
 from imagerecords.pipeline.plan import array_rows
 from imagerecords.pipeline.plan import near as near_lib
 from imagerecords.pipeline.plan import shard_plan as planning
+from imagerecords.pipeline.read import array_files as arrays
 from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import input_files
 from imagerecords.pipeline.write import dataset_files, shard_members
@@ -155,8 +156,6 @@ class ShardWriter:
         members = shard_members.of(refs)
         arrays_path = members.arrays_path() if self.source else None
         if arrays_path is not None:  # arrays rows: this process's cached arrays must be this input's
-            from imagerecords.pipeline.read import array_files as arrays
-
             arrays.forget_if_changed(arrays_path, self.source)
         fmt = record_format.get(self.record_format)
         filename = planning.shard_name(self.name, split, index, num_shards, fmt.name)

@@ -6,13 +6,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
+import urllib.error
+import urllib.request
 from typing import List, Mapping, Optional, Sequence
 
+import apache_beam as beam
+from apache_beam.options.pipeline_options import (DirectOptions, FlinkRunnerOptions, GoogleCloudOptions, PipelineOptions,
+                                                  PortableOptions, StandardOptions)
+
+from imagerecords.builder.engines.beam.graph import build_pipeline
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.errors import PipelineFailed, UsageError
+from imagerecords.pipeline.lock import is_zombie
 from imagerecords.pipeline.sources import InputInfo
 from imagerecords.pipeline.naming import setting
+from imagerecords.pipeline.publish import appending
 
 
 class BeamEngine:
@@ -21,8 +31,6 @@ class BeamEngine:
     reports_progress = False  # the runner has its own UI for that
 
     def __init__(self, config: BuildConfig, beam_args: Sequence[str], detached: bool):
-        from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
-
         self.config = config
         self.detached = detached
         self.options = PipelineOptions(list(beam_args))
@@ -35,23 +43,15 @@ class BeamEngine:
 
     def name_job(self, build_id: str) -> None:
         if self.detached:
-            from apache_beam.options.pipeline_options import GoogleCloudOptions
-
             cloud = self.options.view_as(GoogleCloudOptions)
             if not cloud.job_name:
                 cloud.job_name = f"imagerecords-{build_id.lower()}"
 
     def run(self, *, build_id: str, versions: Mapping[str, str], label_map, input_info: InputInfo,
             progress_dir: Optional[str] = None) -> None:
-        import apache_beam as beam
-
-        from imagerecords.builder.engines.beam.graph import build_pipeline
-
         self._before = set(_descendants(os.getpid()))  # the caller's own processes, which stop() spares
         base = None
         if self.config.publish.append:
-            from imagerecords.pipeline.publish import appending
-
             base = appending.load_base(self.config)  # read once per manifest: the launcher's checks read it
         p = beam.Pipeline(options=self.options)
         # A job that runs on without this process ends with the commit itself.
@@ -83,8 +83,6 @@ class BeamEngine:
 
 def _direct_defaults(options, beam_args: Sequence[str]) -> None:
     """DirectRunner: one worker per core, in worker processes (in memory with one worker)."""
-    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
-
     runner = options.view_as(StandardOptions).runner
     if runner is not None and "direct" not in str(runner).lower():
         return
@@ -97,23 +95,17 @@ def _direct_defaults(options, beam_args: Sequence[str]) -> None:
 
 
 def runner_name(options) -> str:
-    from apache_beam.options.pipeline_options import StandardOptions
-
     runner = options.view_as(StandardOptions).runner or "DirectRunner"
     return runner if isinstance(runner, str) else type(runner).__name__
 
 
 def _flink_rest(options) -> str:
-    from apache_beam.options.pipeline_options import FlinkRunnerOptions
-
     master = options.view_as(FlinkRunnerOptions).flink_master.strip().rstrip("/")
     return master if "://" in master else "http://" + master
 
 
 def _check_detached(options) -> None:
     """--detached: a Flink cluster whose SDK workers run on the cluster, so nothing needs this process."""
-    from apache_beam.options.pipeline_options import FlinkRunnerOptions, PortableOptions, StandardOptions
-
     runner = str(options.view_as(StandardOptions).runner or "")
     master = options.view_as(FlinkRunnerOptions).flink_master or ""
     if "flink" not in runner.lower() or master in ("", "[local]", "[auto]"):
@@ -128,11 +120,6 @@ def _wait_until_on_flink(options, result, timeout: float = 600.0) -> str:
     """Returns the Flink job id of a just-submitted build once the cluster lists the job. Beam's job
     server (a child of this process, stopped when it exits) submits asynchronously; the job runs on
     without it. Matched by the job name (--job_name, set here when not given)."""
-    import urllib.error
-    import urllib.request
-
-    from apache_beam.options.pipeline_options import GoogleCloudOptions
-
     name = options.view_as(GoogleCloudOptions).job_name
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -155,8 +142,6 @@ def end_child_processes(spare=()) -> None:
     """Ends every process this one started, and theirs (Beam's SDK workers and job servers), except
     those in `spare` and their own (a library caller's processes that were running before the build):
     SIGTERM, then SIGKILL for those still alive after a few seconds. Linux only (it reads /proc)."""
-    import signal
-
     children = _descendants(os.getpid(), skip=set(spare))
     for pid in children:
         with contextlib.suppress(OSError):
@@ -193,8 +178,6 @@ def _descendants(root: int, skip=frozenset()) -> List[int]:
 
 
 def _alive(pid: int) -> bool:
-    from imagerecords.pipeline.lock import is_zombie
-
     try:
         os.kill(pid, 0)
     except OSError:

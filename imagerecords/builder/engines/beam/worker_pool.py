@@ -12,6 +12,7 @@ process workers where a TaskManager's slots are busy with Python work for long.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from typing import Optional, Sequence
@@ -28,14 +29,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 
+    # Beam and grpc: 1.2 s to import; after the arguments, so --help and a bad flag answer at once
     import grpc
     from apache_beam.portability.api import beam_fn_api_pb2_grpc
     from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer
     from apache_beam.utils import thread_pool_executor
 
     if args.warm:
-        import importlib
-
         # What each thread worker runs, and the pipeline's code every worker unpickles: imported once.
         for module in ("apache_beam.runners.worker.sdk_worker_main", "imagerecords.transforms"):
             importlib.import_module(module)
