@@ -175,3 +175,22 @@ def test_a_signal_ends_a_build_whose_forked_workers_are_blocked_on_downloads(tmp
     assert len(stderr.splitlines()) == 1 and "stopped by SIGTERM" in stderr, stderr
     assert took < 2, f"the build took {took:.1f} s to end after SIGTERM"
     assert after == [], f"{len(after)} connections were opened after SIGTERM"
+
+
+
+def test_one_watchdog_thread_serves_requests_one_after_another_and_ends_when_idle(monkeypatch):
+    # A thread started per request cost a URL build about 5% of its CPU (its image threads leave
+    # moments with none in flight); an idle Downloader still holds no thread for long.
+    monkeypatch.setattr(deadlines, "LINGER_S", 0.4, raising=False)
+    with Server(IMAGES) as server:
+        fetcher = download.Downloader(download.HttpSettings(), None)
+        fetcher.fetch(server.url("/img/s0.jpg"))
+        first = fetcher._watchdog._thread
+        first.join(timeout=0.1)  # a thread that ended with its request would end within this
+        assert first.is_alive(), "the watchdog thread ended with the request: the next one starts another"
+        for name in IMAGES:
+            assert fetcher.fetch(server.url(f"/img/{name}")) == IMAGES[name]
+            assert fetcher._watchdog._thread is first, "a request started a watchdog thread of its own"
+        first.join(timeout=0.4 + 5)
+        assert not first.is_alive(), "the watchdog thread outlived the idle Downloader by 5 s"
+        assert fetcher._watchdog._thread is None

@@ -97,6 +97,8 @@ _current = threading.local()  # the Call the thread is making, for the connectio
 
 # How often `cancelled` is looked at while a request is in flight or a retry waits.
 POLL_S = 0.1
+# How long the watchdog thread outlives the last request in flight, for the next one.
+LINGER_S = 1.0
 
 
 class Watchdog:
@@ -111,6 +113,7 @@ class Watchdog:
         self._stopped = False
         self._cancelled = cancelled
         self._thread: Optional[threading.Thread] = None
+        self._wake = float("inf")  # when the watchdog thread next looks (time.monotonic()), unless notified
 
     def _is_stopped(self) -> bool:  # under the lock
         if not self._stopped and self._cancelled is not None and self._cancelled():
@@ -152,7 +155,10 @@ class Watchdog:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._watch, name="imagerecords-deadlines", daemon=True)
                 self._thread.start()
-            self._lock.notify_all()
+            else:  # woken only when it would look too late: not once per request
+                due = min(end, time.monotonic() + POLL_S) if self._cancelled is not None else end
+                if due < self._wake:
+                    self._lock.notify_all()
         _current.call = call
         try:
             try:
@@ -169,12 +175,24 @@ class Watchdog:
             with self._lock:
                 self._calls.discard(call)
                 call._socks.clear()
-                self._lock.notify_all()  # the watchdog thread ends once no request is in flight
+                if not self._calls:  # the watchdog thread lingers LINGER_S for the next request, then ends
+                    self._lock.notify_all()
 
     def _watch(self) -> None:
         with self._lock:
-            while self._calls:
+            idle_since = None
+            while True:
                 now = time.monotonic()
+                if not self._calls:
+                    # Kept a moment for the next request (a thread per request cost a build ~5% of its
+                    # CPU); an idle Downloader holds no thread after that.
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= LINGER_S:
+                        break
+                    self._wake = idle_since + LINGER_S
+                    self._lock.wait(self._wake - now)
+                    continue
+                idle_since = None
                 if not self._is_stopped():
                     for call in self._calls:
                         if call.cut is None and call.end <= now:
@@ -182,8 +200,10 @@ class Watchdog:
                 ends = [c.end - now for c in self._calls if c.cut is None]
                 if ends and self._cancelled is not None:
                     ends.append(POLL_S)
+                self._wake = now + min(ends) if ends else float("inf")
                 self._lock.wait(min(ends) if ends else None)
-            self._thread = None  # the next request starts another; an idle Downloader holds no thread
+            self._wake = float("inf")
+            self._thread = None  # the next request starts another
 
 
 def current() -> Optional[Call]:
