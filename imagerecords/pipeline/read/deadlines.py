@@ -97,7 +97,8 @@ _current = threading.local()  # the Call the thread is making, for the connectio
 
 # How often `cancelled` is looked at while a request is in flight or a retry waits.
 POLL_S = 0.1
-# How long the watchdog thread outlives the last request in flight, for the next one.
+# How long the watchdog thread outlives the last request in flight, for the next one; how often
+# it looks when no cancel is polled.
 LINGER_S = 1.0
 
 
@@ -155,10 +156,8 @@ class Watchdog:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._watch, name="imagerecords-deadlines", daemon=True)
                 self._thread.start()
-            else:  # woken only when it would look too late: not once per request
-                due = min(end, time.monotonic() + POLL_S) if self._cancelled is not None else end
-                if due < self._wake:
-                    self._lock.notify_all()
+            elif end < self._wake:  # else it looks in time anyway: no wake-up per request
+                self._lock.notify_all()
         _current.call = call
         try:
             try:
@@ -174,36 +173,31 @@ class Watchdog:
             _current.call = None
             with self._lock:
                 self._calls.discard(call)
-                call._socks.clear()
-                if not self._calls:  # the watchdog thread lingers LINGER_S for the next request, then ends
-                    self._lock.notify_all()
+                call._socks.clear()  # the watchdog thread sees it gone at its next look
 
     def _watch(self) -> None:
+        # It looks every `period` (the cancel's poll, else LINGER_S) or at the earliest deadline, and
+        # ends after LINGER_S without a request: one thread, woken per request only for a deadline
+        # sooner than its next look (a thread and two wake-ups per request cost a URL build ~8% of its CPU).
+        period = POLL_S if self._cancelled is not None else LINGER_S
         with self._lock:
             idle_since = None
             while True:
                 now = time.monotonic()
-                if not self._calls:
-                    # Kept a moment for the next request (a thread per request cost a build ~5% of its
-                    # CPU); an idle Downloader holds no thread after that.
-                    idle_since = now if idle_since is None else idle_since
-                    if now - idle_since >= LINGER_S:
-                        break
-                    self._wake = idle_since + LINGER_S
-                    self._lock.wait(self._wake - now)
-                    continue
-                idle_since = None
-                if not self._is_stopped():
-                    for call in self._calls:
-                        if call.cut is None and call.end <= now:
-                            call._shut("deadline")
-                ends = [c.end - now for c in self._calls if c.cut is None]
-                if ends and self._cancelled is not None:
-                    ends.append(POLL_S)
-                self._wake = now + min(ends) if ends else float("inf")
-                self._lock.wait(min(ends) if ends else None)
+                if self._calls:
+                    idle_since = None
+                    if not self._is_stopped():
+                        for call in self._calls:
+                            if call.cut is None and call.end <= now:
+                                call._shut("deadline")
+                elif idle_since is None:
+                    idle_since = now
+                elif now - idle_since >= LINGER_S:
+                    break
+                self._wake = min([now + period, *(c.end for c in self._calls if c.cut is None)])
+                self._lock.wait(self._wake - now)
             self._wake = float("inf")
-            self._thread = None  # the next request starts another
+            self._thread = None  # the next request starts another; an idle Downloader holds no thread
 
 
 def current() -> Optional[Call]:
