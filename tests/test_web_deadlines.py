@@ -194,3 +194,20 @@ def test_one_watchdog_thread_serves_requests_one_after_another_and_ends_when_idl
         first.join(timeout=0.4 + 5)
         assert not first.is_alive(), "the watchdog thread outlived the idle Downloader by 5 s"
         assert fetcher._watchdog._thread is None
+
+
+def test_a_child_forked_while_the_watchdog_lingers_watches_its_own_requests():
+    # A forked child has none of its parent's threads: its first request starts its own watchdog.
+    with Server(IMAGES) as server:
+        fetcher = download.Downloader(download.HttpSettings(), None)
+        fetcher.fetch(server.url("/img/s0.jpg"))
+        pid = os.fork()
+        if pid == 0:
+            watched = False
+            try:
+                fetcher.fetch(server.url("/img/s1.jpg"))
+                watched = fetcher._watchdog._thread is not None and fetcher._watchdog._thread.is_alive()
+            finally:
+                os._exit(0 if watched else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child's request had no live watchdog thread"

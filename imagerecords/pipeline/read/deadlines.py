@@ -153,7 +153,7 @@ class Watchdog:
             if self._is_stopped():
                 raise Cancelled("downloads stopped")
             self._calls.add(call)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # not alive: in a child forked since
                 self._thread = threading.Thread(target=self._watch, name="imagerecords-deadlines", daemon=True)
                 self._thread.start()
             elif end < self._wake:  # else it looks in time anyway: no wake-up per request
