@@ -181,7 +181,7 @@ def test_a_signal_ends_a_build_whose_forked_workers_are_blocked_on_downloads(tmp
 def test_one_watchdog_thread_serves_requests_one_after_another_and_ends_when_idle(monkeypatch):
     # A thread started per request cost a URL build about 5% of its CPU (its image threads leave
     # moments with none in flight); an idle Downloader still holds no thread for long.
-    monkeypatch.setattr(deadlines, "LINGER_S", 0.4, raising=False)
+    monkeypatch.setattr(deadlines, "LINGER_S", 0.25, raising=False)
     with Server(IMAGES) as server:
         fetcher = download.Downloader(download.HttpSettings(), None)
         fetcher.fetch(server.url("/img/s0.jpg"))
@@ -191,7 +191,7 @@ def test_one_watchdog_thread_serves_requests_one_after_another_and_ends_when_idl
         for name in IMAGES:
             assert fetcher.fetch(server.url(f"/img/{name}")) == IMAGES[name]
             assert fetcher._watchdog._thread is first, "a request started a watchdog thread of its own"
-        first.join(timeout=0.4 + 5)
+        first.join(timeout=2 * 0.25 + 5)  # idle seen at its next look, then LINGER_S more
         assert not first.is_alive(), "the watchdog thread outlived the idle Downloader by 5 s"
         assert fetcher._watchdog._thread is None
 
