@@ -109,12 +109,32 @@ with concurrent.futures.ThreadPoolExecutor(threads) as ex:
 assert all(sizes), "an empty body"
 """
 
+# The checked ceiling: the build's processes and threads downloading only the images it keeps (argv[1]) and
+# giving each the builder's own per-image check (codec.prepare_image: a pass-through JPEG's draft
+# decode, the others' re-encode, the perceptual hash), writing nothing. What any build that checks
+# what it stores has to do: the bare ceiling above checks nothing, so on few cores no build reaches it.
+_CHECKED_CEILING = r"""
+import concurrent.futures, multiprocessing, sys
+urls = [line.split(",", 1)[0] for line in open(sys.argv[1]).read().splitlines()[1:]]
+workers, threads = int(sys.argv[2]), int(sys.argv[3])
+def process(part):  # in a process of its own (one GIL per core, as the build's workers): a pool of threads
+    import urllib3
+    from imagerecords.pipeline.encode import image_codec
+    pool, options = urllib3.PoolManager(maxsize=threads, block=True), image_codec.ImageOptions()
+    check = lambda url: len(image_codec.prepare_image(pool.request("GET", url).data, options, True).data)
+    with concurrent.futures.ThreadPoolExecutor(threads) as ex:
+        return list(ex.map(check, urls[part::workers]))
+with multiprocessing.get_context("fork").Pool(workers) as processes:
+    sizes = [size for part in processes.map(process, range(workers)) for size in part]
+assert len(sizes) == len(urls) and all(sizes), "an empty image"
+"""
+
 
 def bench_web_optouts(res, files: List[str], root: str, work: str, r: int, run_watched: Callable,
                       build_cmd: Callable) -> None:
     """One URL manifest in which every 10th image says `X-Robots-Tag: noai` and every 10th (offset 5)
     lies under a path robots.txt disallows: our build (opt-outs on, the default) against
-    img2dataset 1.47 (same URLs, processes and threads per process) and a bare fetch pool; images/s
+    img2dataset 1.47 (same URLs, processes and threads per process), a bare fetch pool and a checked one; images/s
     over the URLs, peak memory, and how many opted-out images each downloaded."""
     server = subprocess.Popen([sys.executable, "-c", _OPTOUT_SERVER, root], stdout=subprocess.PIPE, text=True)
     try:
@@ -127,6 +147,8 @@ def bench_web_optouts(res, files: List[str], root: str, work: str, r: int, run_w
         _manifest(manifest, [f"{u},{rel.split('/', 1)[0]}\n" for u, rel in zip(urls, rels)], "url")
         plain = os.path.join(work, "optout-plain-urls.csv")  # the same images, nothing opted out, nothing held
         _manifest(plain, [f"{u.replace('/o/', '/p/')},{rel.split('/', 1)[0]}\n" for u, rel in zip(urls, rels)], "url")
+        kept = os.path.join(work, "optout-kept-urls.csv")  # the images a build with the opt-outs on keeps
+        _manifest(kept, [f"{u},{rel.split('/', 1)[0]}\n" for u, rel, pre in zip(urls, rels, prefix) if not pre], "url")
         n = len(urls)
         workers = os.cpu_count() or 1
         threads = 16
@@ -151,6 +173,12 @@ def bench_web_optouts(res, files: List[str], root: str, work: str, r: int, run_w
         res.add("web_optouts", "ceiling_img_s", n / took, "img/s")
         res.add("web_optouts", "ceiling_peak_rss", ceiling_rss, "MB", higher_is_better=False)
         res.add("web_optouts", "urls_vs_ceiling", n / wall, "img/s", baseline="web_optouts/ceiling_img_s")
+        # the checked ceiling: the kept images fetched and checked as the build does, on as many threads;
+        # a rate over all n URLs, as ours (it sends no request for the opted-out ones: less work than ours)
+        took, _ = run_watched([sys.executable, "-c", _CHECKED_CEILING, kept, str(workers), str(threads)])
+        res.add("web_optouts", "checked_ceiling_img_s", n / took, "img/s")
+        res.add("web_optouts", "urls_vs_checked_ceiling", n / wall, "img/s",
+                baseline="web_optouts/checked_ceiling_img_s")
         _stats(port, "/__reset")
         res.notes.append(f"web_optouts: {n} URLs, {opted} opted out (X-Robots-Tag: noai or robots.txt); ours "
                          f"downloaded {ours['optout_bodies']} opted-out bodies and asked for "

@@ -36,7 +36,8 @@ GROUPS = {
     "train": ["plain_img_s", "reader_img_s", "reader_input_wait_share", "plain_input_wait_share"],
     "web": ["files_img_s", "files_peak_rss", "urls_img_s", "urls_peak_rss"],
     # measured with "web"; urls_opted_out_downloaded is checked apart (it must be 0)
-    "web_optouts": ["urls_img_s", "urls_peak_rss", "urls_checks_off_img_s", "ceiling_img_s", "urls_vs_ceiling"],
+    "web_optouts": ["urls_img_s", "urls_peak_rss", "urls_checks_off_img_s", "ceiling_img_s", "urls_vs_ceiling",
+                    "checked_ceiling_img_s", "urls_vs_checked_ceiling"],
 }
 
 

@@ -175,3 +175,39 @@ def test_a_signal_ends_a_build_whose_forked_workers_are_blocked_on_downloads(tmp
     assert len(stderr.splitlines()) == 1 and "stopped by SIGTERM" in stderr, stderr
     assert took < 2, f"the build took {took:.1f} s to end after SIGTERM"
     assert after == [], f"{len(after)} connections were opened after SIGTERM"
+
+
+
+def test_one_watchdog_thread_serves_requests_one_after_another_and_ends_when_idle(monkeypatch):
+    # A thread started per request cost a URL build about 5% of its CPU (its image threads leave
+    # moments with none in flight); an idle Downloader still holds no thread for long.
+    monkeypatch.setattr(deadlines, "LINGER_S", 0.25, raising=False)
+    with Server(IMAGES) as server:
+        fetcher = download.Downloader(download.HttpSettings(), None)
+        fetcher.fetch(server.url("/img/s0.jpg"))
+        first = fetcher._watchdog._thread
+        first.join(timeout=0.1)  # a thread that ended with its request would end within this
+        assert first.is_alive(), "the watchdog thread ended with the request: the next one starts another"
+        for name in IMAGES:
+            assert fetcher.fetch(server.url(f"/img/{name}")) == IMAGES[name]
+            assert fetcher._watchdog._thread is first, "a request started a watchdog thread of its own"
+        first.join(timeout=2 * 0.25 + 5)  # idle seen at its next look, then LINGER_S more
+        assert not first.is_alive(), "the watchdog thread outlived the idle Downloader by 5 s"
+        assert fetcher._watchdog._thread is None
+
+
+def test_a_child_forked_while_the_watchdog_lingers_watches_its_own_requests():
+    # A forked child has none of its parent's threads: its first request starts its own watchdog.
+    with Server(IMAGES) as server:
+        fetcher = download.Downloader(download.HttpSettings(), None)
+        fetcher.fetch(server.url("/img/s0.jpg"))
+        pid = os.fork()
+        if pid == 0:
+            watched = False
+            try:
+                fetcher.fetch(server.url("/img/s1.jpg"))
+                watched = fetcher._watchdog._thread is not None and fetcher._watchdog._thread.is_alive()
+            finally:
+                os._exit(0 if watched else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child's request had no live watchdog thread"
