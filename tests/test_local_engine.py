@@ -375,6 +375,9 @@ class Blocker:
 
 marker = sys.argv[2]
 if sys.argv[1] == "skipped":
+    # Automatic collections off first: one in this thread would run the Blocker's destructor here,
+    # and wait in it, instead of in the other thread's collection.
+    gc.disable()
     inside, release = threading.Event(), threading.Event()
     Blocker(inside, release)
     other = threading.Thread(target=gc.collect)
@@ -386,7 +389,6 @@ if sys.argv[1] == "skipped":
         release.set()
         other.join(60)
 
-    gc.disable()
     assert gc.collect() == 0 and not os.path.exists(marker), "gc.collect() ran during another collection"
     local._collect_fully(pause=waiting)
     gc.enable()
