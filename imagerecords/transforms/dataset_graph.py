@@ -61,8 +61,7 @@ def write_dataset(p: beam.Pipeline, refs, rejected: Sequence[Any], config: Build
         base_labels=base.labels if base is not None else None)
     # ImageRef with split and label_id set
     if config.writer == "shards":
-        shuffled = labelled["refs"] | "GlobalShuffle" >> GlobalShuffle(
-            config.split.seed, config.shards.num_shards, config.shards.target_shard_mb, config.shards.min_shards)
+        shuffled = labelled["refs"] | "GlobalShuffle" >> GlobalShuffle.of(config.split, config.shards)
         # ((split, shard index, num shards), [ImageRef sorted by hash])
         shards = shuffled["shards"]
         if carried is not None:  # the carried bytes join their shard

@@ -82,6 +82,11 @@ class GlobalShuffle(beam.PTransform):
         self._target_mb = target_shard_mb
         self._min_shards = min_shards
 
+    @classmethod
+    def of(cls, split, shards) -> "GlobalShuffle":
+        """The shuffle a build's SplitOptions (its seed) and ShardOptions (the shard counts) ask for."""
+        return cls(split.seed, shards.num_shards, shards.target_shard_mb, shards.min_shards)
+
     def _coarse(self, item) -> Tuple[str, planning.CoarsePlan]:
         split, (counts, num_bytes) = item
         n = planning.choose_num_shards(sum(counts.values()), num_bytes, self._num_shards, self._target_mb,
