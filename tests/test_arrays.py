@@ -5,7 +5,6 @@ number) so each record read back is matched to the row it came from.
 """
 
 import filecmp
-import glob
 import io
 import json
 import os
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import build, manifest_without_time, shard_files
+from conftest import build, shard_files
 from support.doc_blocks import blocks
 from imagerecords.cli import main as cli
 
@@ -177,21 +176,6 @@ def test_make_dataset_reads_png_arrays_and_refuses_raw_ones_in_one_line(float_bu
     with pytest.raises(ValueError, match=r"hold a float32\[28,28\] \(bytes\) tensor \(an arrays build\), not an "
                                          r"encoded image; read them with reader.as_dataset"):
         reader.make_dataset(str(out), "train", batch_size=4, image_size=16)
-
-
-@pytest.mark.slow
-def test_local_engine_and_direct_runner_write_the_same_bytes(rgb_build, tmp_path):
-    _, out = rgb_build
-    src = glob.glob(os.path.join(os.path.dirname(out), "*.npz"))[0]
-    direct = tmp_path / "direct"
-    build(src, direct, "--num_shards", 2, "--runner=DirectRunner")
-    names = [os.path.basename(p) for p in shard_files(out)]
-    assert names == [os.path.basename(p) for p in shard_files(direct)] and len(names) == 2
-    for a, b in zip(shard_files(out), shard_files(direct)):
-        assert filecmp.cmp(a, b, shallow=False), a
-    for name in ("errors.jsonl", "features.json", "label.labels.txt"):
-        assert filecmp.cmp(out / name, direct / name, shallow=False), name
-    assert manifest_without_time(out) == manifest_without_time(direct)
 
 
 @pytest.mark.slow

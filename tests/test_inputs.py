@@ -107,7 +107,6 @@ def linked_tree(tmp_path):
     return root, sizes
 
 
-@pytest.mark.slow
 def test_symlinked_folder_and_file_are_listed_and_a_loop_is_one_row(linked_tree):
     root, sizes = linked_tree
     want_refs = [(k, f"{root}/{k}", k.split("/")[0], n) for k, n in sizes.items()]
@@ -237,7 +236,6 @@ def test_unreadable_entries_are_rows_without_a_real_permission_error():
 # Root-level files -------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_files_directly_under_the_root_are_skipped_rows(tmp_path):
     root = tmp_path / "in"
     size = write_image(str(root / "cls/a.jpg"))
@@ -255,7 +253,6 @@ def test_files_directly_under_the_root_are_skipped_rows(tmp_path):
 # Oversize files ---------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_oversize_file_is_a_row_at_listing(tmp_path):
     root = tmp_path / "in"
     small = write_image(str(root / "cls/small.jpg"))
@@ -266,7 +263,6 @@ def test_oversize_file_is_a_row_at_listing(tmp_path):
                   [(f"{root}/cls/big.bin", "cls/big.bin", "read", reason, "", False)], max_file_bytes=2_000_000)
 
 
-@pytest.mark.slow
 def test_oversize_file_in_a_manifest_is_a_row_at_listing(tmp_path):
     with open(tmp_path / "big.jpg", "wb") as f:
         f.truncate(3_000_000)
@@ -428,7 +424,6 @@ def test_control_character_and_list_labels_in_a_jsonl_manifest_are_rows(tmp_path
     assert rows["nl.jpg"]["uri"] == "img/nl.jpg"
 
 
-@pytest.mark.slow
 def test_a_class_folder_with_a_newline_in_its_name_is_rows(tmp_path):
     from conftest import build
 

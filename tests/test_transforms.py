@@ -1,7 +1,7 @@
-"""Transform tests: each composite step on a real TestPipeline, asserted with assert_that."""
+"""Transform tests: each composite step on a real TestPipeline (DirectRunner in memory: the fast tier), asserted
+with assert_that."""
 
 import apache_beam as beam
-import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -15,7 +15,6 @@ def _refs(n, split="train"):
     return [ImageRef(f"c{i % 3}/{i:04d}.jpg", f"/x/{i}.jpg", f"c{i % 3}", split, size=100) for i in range(n)]
 
 
-@pytest.mark.slow
 def test_global_shuffle_balances_and_orders_by_hash():
     data = _refs(23) + _refs(5, "validation")
 
@@ -39,7 +38,6 @@ def test_global_shuffle_balances_and_orders_by_hash():
         assert_that(out["shards"], check, label="CheckShards")
 
 
-@pytest.mark.slow
 def test_global_shuffle_emits_empty_planned_shards():
     # Three copies of one key share a hash, so one shard holds them all and two stay empty.
     data = [ImageRef("same", f"/x/{i}.jpg", "a", "train", size=1) for i in range(3)]
@@ -50,7 +48,6 @@ def test_global_shuffle_emits_empty_planned_shards():
         assert_that(sizes | beam.Map(lambda kv: kv[0][1]), equal_to([0, 1, 2]), label="Indices")
 
 
-@pytest.mark.slow
 def test_assign_labels_builds_vocabulary_and_rejects_unknown():
     data = [ImageRef("a", "/a", "dog", ""), ImageRef("b", "/b", "cat", "validation"), ImageRef("c", "/c", "emu", "")]
     with TestPipeline() as p:
@@ -66,7 +63,6 @@ def test_assign_labels_builds_vocabulary_and_rejects_unknown():
                     equal_to([("/c", "label 'emu' is not in the label map", "label")]), label="Rejected")
 
 
-@pytest.mark.slow
 def test_list_images_and_read_manifest_agree(image_tree, tmp_path):
     root, files = image_tree
     manifest = tmp_path / "m.csv"
@@ -84,7 +80,6 @@ def test_list_images_and_read_manifest_agree(image_tree, tmp_path):
         assert_that(listed[REJECTED], equal_to([]), label="NothingRejectedAtListing")
 
 
-@pytest.mark.slow
 def test_repeated_keys_are_ordered_whatever_the_grouping():
     # The same key listed with two labels: the kept one must not depend on input order.
     a = ImageRef("k", "/x/a.jpg", "cat", "train", size=1, label_id=0)
@@ -115,7 +110,6 @@ def test_refs_cross_stages_with_the_compact_deterministic_coder():
     assert "ImageRefCoder" in str(typecoders.registry.get_coder(shards["shards"].element_type))
 
 
-@pytest.mark.slow
 def test_manifest_size_column_and_skip_stat_avoid_the_per_row_lookup(tmp_path):
     # The rows name files that do not exist: only a lookup could notice, and none is made.
     (tmp_path / "sized.csv").write_text("path,label,size\n/nowhere/a.jpg,cat,1234\n/nowhere/b.jpg,cat,x\n")

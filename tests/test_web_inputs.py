@@ -136,15 +136,6 @@ def test_two_builds_write_the_same_bytes_whatever_the_download_concurrency(serve
 
 
 @pytest.mark.slow
-def test_direct_runner_downloads_the_same_bytes(server, tmp_path):
-    path, args = _two_splits(server, tmp_path)
-    build(path, tmp_path / "local", *args)
-    build(path, tmp_path / "direct", *args, "--runner", "DirectRunner")
-    local, direct = (digests(str(tmp_path / n), str(tmp_path)) for n in ("local", "direct"))
-    assert local == direct
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2], ids=["threads", "two_worker_processes"])
 def test_no_more_connections_at_once_than_the_per_host_limit(tmp_path, workers):
     # Two worker processes each write a shard at once: the limit holds across them, not per process.

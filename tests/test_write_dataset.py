@@ -1,7 +1,8 @@
 """WriteDataset: a user's own pipeline (beam.Create of dict rows with JPEG bytes, string labels and a
-[null, 4] box feature) published by a plain p.run() in a subprocess, read back exactly, byte-identical
-to the command's build of the same rows as files; killed mid-write the old dataset stays; bad rows
-are rejected rows with their reason. The images are made by Pillow in the test (seeded noise)."""
+[null, 4] box feature) published by a plain p.run(), in a subprocess where a test kills it and in this
+process (in memory, one worker) where none does; killed mid-write the old dataset stays; bad rows are
+rejected rows with their reason. That it publishes the command's bytes for the same rows as files is
+in tests/test_beam_fast.py. The images are made by Pillow in the test (seeded noise)."""
 
 import glob
 import hashlib
@@ -85,6 +86,24 @@ DIRECT = ["--runner=DirectRunner", "--direct_num_workers=1", "--direct_running_m
 OPTIONS = {"features": FEATURES, "name": "pets"}
 
 
+def run_here(rows, out, options):
+    """SCRIPT's pipeline in this process, in memory on one worker (a second in all, against about ten
+    for a subprocess that imports Beam): (0, "") when it published, else (1, the error's text)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from conftest import _direct_as
+    from imagerecords.transforms import WriteDataset
+
+    p = beam.Pipeline(options=PipelineOptions(_direct_as(DIRECT)))
+    _ = p | beam.Create(rows, reshuffle=False) | WriteDataset(str(out), **options)
+    try:
+        p.run().wait_until_finish()
+    except Exception as error:  # the pipeline's failure, as a subprocess's stderr would end with it
+        return 1, f"{type(error).__name__}: {error}"
+    return 0, ""
+
+
 AR_SHARDS = "*.array_record-*"
 
 
@@ -130,8 +149,11 @@ def rows():
 
 @pytest.fixture(scope="module")
 def cli_build(rows, tmp_path_factory):
+    return command_build(rows, tmp_path_factory.mktemp("files"))
+
+
+def command_build(rows, folder):
     """The same rows as files: the images and a JSONL manifest with the box column, built by the command."""
-    folder = tmp_path_factory.mktemp("files")
     with open(folder / "m.jsonl", "w") as f:
         for r in rows:
             (folder / f"{r['key']}.jpg").write_bytes(r["image"])
@@ -141,19 +163,6 @@ def cli_build(rows, tmp_path_factory):
     out = folder / "out"
     build(folder / "m.jsonl", out, "--config", folder / "f.yaml", "--name", "pets")
     return out
-
-
-@pytest.mark.slow
-def test_direct_runner_publishes_what_the_reader_reads_and_the_commands_bytes(rows, cli_build, tmp_path):
-    out = tmp_path / "ds"
-    code, err = _run(tmp_path, rows, out, OPTIONS, DIRECT)
-    assert code == 0, err[-3000:]
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["num_rejected"] == 0 and manifest["name"] == "pets"
-    assert (out / "errors.jsonl").read_bytes() == b""
-    assert not (out / STAGING).exists() and not (out / LOCK).exists()
-    _check_every_value(out, rows)
-    assert _digests(out) == _digests(cli_build) and len(_digests(out)) == 8
 
 
 def test_prism_publishes_the_same_bytes(rows, cli_build, tmp_path, prism_binary):
@@ -244,7 +253,6 @@ def _kill_when(proc, marker, timeout=300):
     proc.wait()
 
 
-@pytest.mark.slow
 def test_bad_rows_are_rejected_rows_with_their_reasons(rows, tmp_path):
     good = rows[:30]
     bad = [
@@ -257,7 +265,7 @@ def test_bad_rows_are_rejected_rows_with_their_reasons(rows, tmp_path):
         {"key": "too-big", "image": b"\xff\xd8" + bytes(3 << 20), "label": "cat", "box": []},  # size
     ]
     out = tmp_path / "ds"
-    code, err = _run(tmp_path, good + bad, out, dict(OPTIONS, max_reject_fraction=0.5, max_file_mb=2), DIRECT)
+    code, err = run_here(good + bad, out, dict(OPTIONS, max_reject_fraction=0.5, max_file_mb=2))
     assert code == 0, err[-3000:]
     reasons = {(r["key"] or r["uri"]): r["reason"] for r in map(json.loads, open(out / "errors.jsonl"))}
     assert reasons["<str>"] == "a row must be a dict with 'image' or 'path' and 'label', got a str"
@@ -316,12 +324,11 @@ def test_an_existing_file_as_output_is_refused_when_the_transform_is_made(tmp_pa
         WriteDataset(str(tmp_path / "f"))
 
 
-@pytest.mark.slow
 def test_a_negative_integer_label_is_a_rejected_row_and_every_other_id_is_kept(rows, tmp_path):
     # One -1 ('unknown') among integer labels once turned them all into class names: 0->1, 10->3.
     picked = [dict(rows[i], label=label, box=[]) for i, label in enumerate([0, 10, -1, 3, 10])]
     out = tmp_path / "ds"
-    code, err = _run(tmp_path, picked, out, dict(OPTIONS, max_reject_fraction=0.5), DIRECT)
+    code, err = run_here(picked, out, dict(OPTIONS, max_reject_fraction=0.5))
     assert code == 0, err[-3000:]
     reasons = {r["key"]: r["reason"] for r in map(json.loads, open(out / "errors.jsonl"))}
     assert list(reasons) == [picked[2]["key"]] and reasons[picked[2]["key"]].startswith(
@@ -331,35 +338,23 @@ def test_a_negative_integer_label_is_a_rejected_row_and_every_other_id_is_kept(r
         r["key"]: r["label"] for r in picked if r["label"] >= 0}
 
 
-@pytest.mark.slow
 def test_a_repeated_key_is_a_duplicate_row(rows, tmp_path):
     out = tmp_path / "ds"
     twice = rows[:20] + [dict(rows[5], image=rows[6]["image"])]
-    code, err = _run(tmp_path, twice, out, dict(OPTIONS, max_reject_fraction=0.5), DIRECT)
+    code, err = run_here(twice, out, dict(OPTIONS, max_reject_fraction=0.5))
     assert code == 0, err[-3000:]
     found = [json.loads(line) for line in open(out / "errors.jsonl")]
     assert [(r["key"], r["stage"]) for r in found] == [("img005", "duplicate")]
     assert len(_read_back(out)) == 20
 
 
-@pytest.mark.slow
-def test_rows_with_paths_move_as_references_and_write_the_same_bytes(rows, cli_build, tmp_path):
-    folder = cli_build.parent  # the command's input: <key>.jpg beside m.jsonl
-    by_path = [{"path": str(folder / f"{r['key']}.jpg"), **{k: r[k] for k in ("key", "label", "box")}} for r in rows]
-    out = tmp_path / "ds"
-    code, err = _run(tmp_path, by_path, out, OPTIONS, DIRECT)
-    assert code == 0, err[-3000:]
-    assert _digests(out) == _digests(cli_build)
-
-
-@pytest.mark.slow
 def test_another_builds_lock_stops_the_pipeline_and_nothing_is_published(rows, tmp_path):
     from imagerecords.pipeline import lock as output_lock
 
     out = tmp_path / "ds"
     out.mkdir()
     with output_lock.OutputLock(str(out), "another-build"):  # held by this live process, as a running build does
-        code, err = _run(tmp_path, rows[:10], out, OPTIONS, DIRECT)
+        code, err = run_here(rows[:10], out, OPTIONS)
     # The shard writers stage nothing into an output another build holds; the commit never runs.
     assert code != 0 and "was not staged" in err
     assert not (out / "manifest.json").exists()
@@ -377,11 +372,9 @@ def test_the_default_key_is_the_bytes_digest_or_the_path_as_given(rows):
     assert (ref.key, ref.uri, ref.label, carried) == ("a/b.jpg", "/base/a/b.jpg", "3", None)
 
 
-@pytest.mark.slow
 def test_over_the_reject_budget_nothing_is_published_and_the_reasons_stay(rows, tmp_path):
     out = tmp_path / "ds"
-    code, err = _run(tmp_path, rows[:10] + [{"key": f"bad{i}", "label": "cat"} for i in range(3)], out, OPTIONS,
-                     DIRECT)
+    code, err = run_here(rows[:10] + [{"key": f"bad{i}", "label": "cat"} for i in range(3)], out, OPTIONS)
     assert code != 0 and "3 of 13 inputs rejected" in err and "over the budget of 1%" in err
     assert not (out / "manifest.json").exists()
     staged = {f: os.path.join(dp, f) for dp, _, fs in os.walk(out / STAGING) for f in fs}
