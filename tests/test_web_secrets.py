@@ -280,6 +280,7 @@ def test_the_pickled_graph_holds_no_token_of_the_headers_file(tmp_path):
 
     from imagerecords.pipeline.config import BuildConfig
     from imagerecords.builder.engines.beam.graph import build_pipeline
+    from imagerecords.pipeline.publish.build import Build
     from imagerecords.pipeline.sources.manifests import ManifestSource
     from imagerecords.transforms import WriteDataset
 
@@ -293,7 +294,7 @@ def test_the_pickled_graph_holds_no_token_of_the_headers_file(tmp_path):
                          http_headers=str(headers), http_user_agent=agent)
     info = ManifestSource().check(config)
     p = beam.Pipeline()
-    build_pipeline(p, config, build_id="b", versions={}, input_info=info)
+    build_pipeline(p, Build(config, "b", {}), input_info=info)
     q = beam.Pipeline()
     _ = (q | beam.Create([{"path": "http://127.0.0.1:9/x.jpg", "label": "cat"}])
          | WriteDataset(str(tmp_path / "wd"), http_headers=str(headers), http_user_agent=agent))

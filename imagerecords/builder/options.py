@@ -10,6 +10,7 @@ from imagerecords.builder.engines.beam.names import runner_problem
 from imagerecords.pipeline import config as config_lib
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline import naming
+from imagerecords.pipeline.naming import setting
 
 __all__ = ["BuildOptions", "Progress", "RUN_FIELDS"]
 
@@ -116,6 +117,10 @@ class BuildOptions:
         for name in ("break_lock", "detached", "ignore_split_column"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r:.80}")
+        # The settings that combine with how the build runs (those among the settings alone: BuildConfig).
+        if self.config.publish.append and (self.detached or any(a.startswith("--template_location") for a in args)):
+            raise ValueError(f"{setting('append')} needs the build to end in this process (no {setting('detached')}, "
+                             "no template): the version it adds to is read now and could be replaced before a later job")
 
     @classmethod
     def make(cls, input: str, output: str, **settings: Any) -> "BuildOptions":

@@ -26,6 +26,7 @@ from imagerecords.builder.options import BuildOptions, Progress
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.publish import lifecycle
+from imagerecords.pipeline.publish.build import Build
 from imagerecords.pipeline import lock as output_lock
 from imagerecords.pipeline.publish import appending
 
@@ -191,15 +192,8 @@ def run(options: BuildOptions, *, notify: Optional[Callable[[str], None]] = None
         options = dataclasses.replace(options, config=appending.with_dataset_settings(options.config,
                                                                                       options.settings_given))
     config = options.config
-    if config.writer == "beam" and config.publish.write_index:
-        raise errors.UsageError(f"{setting('write_index')} needs {setting('writer', 'shards')} (the Beam sink reports no record offsets)")
-    if config.writer == "beam" and config.publish.resume:
-        raise errors.UsageError(f"{setting('resume')} needs {setting('writer', 'shards')} (the Beam sink's shards have no fingerprints)")
     input_info = checks.check_input(config, ignore_split_column=options.ignore_split_column)
     if config.publish.append:
-        if options.detached or any(a.startswith("--template_location") for a in options.pipeline_options):
-            raise errors.UsageError(f"{setting('append')} needs the build to end in this process (no {setting('detached')}, no template): "
-                                    "the version it adds to is read now and could be replaced before a later job")
         appending.load_base(config)  # refused here, in one line, before the lock and the engine
     created = checks.check_output(config)
     try:
@@ -258,7 +252,9 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
                 notify(f"resuming: {reusable} staged shards of earlier builds can be reused if their fingerprints "
                        "match")
             stage.now = "engine"
-            _run_engine(engine, options, build_id=build_id, label_map=label_map, input_info=input_info,
+            # With --append, the published dataset as it is now, under the lock (read once per manifest).
+            base = appending.load_base(config) if config.publish.append else None
+            _run_engine(engine, options, Build(config, build_id, versions(), label_map, base), input_info=input_info,
                         log_path=log_path, engine_context=engine_context)
             handed_off = engine.handoff(lock)
             if handed_off:
@@ -284,8 +280,8 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
                    failed_hosts=results.failed_hosts)
 
 
-def _run_engine(engine: engines.Engine, options: BuildOptions, *, build_id: str, label_map, input_info,
-                log_path: Optional[str], engine_context) -> None:
+def _run_engine(engine: engines.Engine, options: BuildOptions, build: Build, *, input_info, log_path: Optional[str],
+                engine_context) -> None:
     """Runs the engine inside the caller's context (the command's log redirection), reporting
     progress for the local engine; a runner's error becomes one line, a signal stays a signal."""
     report = options.progress if engine.reports_progress else None
@@ -295,8 +291,7 @@ def _run_engine(engine: engines.Engine, options: BuildOptions, *, build_id: str,
             progress = _ProgressPoller(progress_dir, report) if report else contextlib.nullcontext()
             try:
                 with progress:
-                    engine.run(build_id=build_id, versions=versions(), label_map=label_map, input_info=input_info,
-                               progress_dir=progress_dir)
+                    engine.run(build, input_info=input_info, progress_dir=progress_dir)
             except KeyboardInterrupt:
                 engine.stop()
                 raise

@@ -468,6 +468,12 @@ class BuildConfig:
         problems += self.publish._problems()
         if self.publish.append and self.writer == "beam":
             problems.append(f"{setting('append')} needs {setting('writer', 'shards')}")
+        if self.publish.write_index and self.writer == "beam":
+            problems.append(f"{setting('write_index')} needs {setting('writer', 'shards')} (the Beam sink reports no "
+                            "record offsets)")
+        if self.publish.resume and self.writer == "beam":
+            problems.append(f"{setting('resume')} needs {setting('writer', 'shards')} (the Beam sink's shards have no "
+                            "fingerprints)")
         _raise_problems(problems)
 
     @classmethod

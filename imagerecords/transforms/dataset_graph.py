@@ -6,18 +6,17 @@ the user's rows; a build-level step is added here once, for both."""
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, List, Sequence
 
 import apache_beam as beam
 
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline import staging
-from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.plan import assign as assign_lib
 from imagerecords.pipeline.publish import appending
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.publish import lifecycle
-from imagerecords.pipeline.publish import results as results_lib
+from imagerecords.pipeline.publish.build import Build
 from imagerecords.pipeline.refs import ImageRef, LabelMap, Rejected
 from imagerecords.transforms.beam_sink import WriteWithBeamSink
 from imagerecords.transforms.common import CONTENTS, NEAR, REJECTED
@@ -29,10 +28,8 @@ from imagerecords.transforms.shuffle import GlobalShuffle
 from imagerecords.transforms.write_shards import WriteShards
 
 
-def write_dataset(p: beam.Pipeline, refs, rejected: Sequence[Any], config: BuildConfig, *, source,
-                  label_map: Optional[LabelMap], versions: Mapping[str, str], build_id: str = "",
-                  build_ids=None, carried=None, base: Optional[appending.Base] = None, known=None,
-                  commit: bool = False, own_job: bool = False):
+def write_dataset(p: beam.Pipeline, refs, rejected: Sequence[Any], build: Build, *, source, build_ids=None,
+                  carried=None, known=None, commit: bool = False, own_job: bool = False):
     """Adds a build behind `refs` to pipeline `p`: every shard lands in the output's staging area and
     the results last; with `commit`, a final step publishes them.
 
@@ -40,15 +37,13 @@ def write_dataset(p: beam.Pipeline, refs, rejected: Sequence[Any], config: Build
       p: the pipeline.
       refs: the listed ImageRefs (no split or label id yet).
       rejected: the PCollections of Rejected rows found before this point (the listing's, the rows').
-      config: what to build.
+      build: the build: its config, id ('' when `build_ids` names it as the job runs: WriteDataset),
+        versions, label map (None: the vocabulary seen) and, with --append, the published dataset
+        (its class ids grown, its hashes compared).
       source: the sources.Source whose reader the shard writers read the refs with (its downloads'
         per-host limit already divided among the job's downloaders).
-      label_map: the ids of `config.labels.label_map`; None for the vocabulary seen.
-      versions: library versions, recorded in the manifest.
-      build_id: the launcher's build id; '' when `build_ids` names it as the job runs (WriteDataset).
       build_ids: a singleton PCollection of the build id, or None.
       carried: (ImageRef, bytes) of rows that carried their image, joined to their shard (WriteDataset).
-      base: with --append, the published dataset: its class ids grown, its hashes compared.
       known: DuplicateGroups of the keys `base` holds unchanged, or None.
       commit: end with the commit on a worker (lifecycle.conclude: PIPELINE, or with `own_job` JOB, the
         lock its launcher took: a detached or templated command's job).
@@ -56,6 +51,7 @@ def write_dataset(p: beam.Pipeline, refs, rejected: Sequence[Any], config: Build
     Returns:
       The single BuildResults staged, or with `commit` the published Manifest.
     """
+    config, label_map, base, build_id = build.config, build.label_map, build.base, build.build_id
     labelled = refs | "AssignLabels" >> AssignLabels(
         label_map, source.label_type(config), config.labels.label_offset, config.split.splits, config.split.split_seed, config.features,
         base_labels=base.labels if base is not None else None)
@@ -97,8 +93,7 @@ def write_dataset(p: beam.Pipeline, refs, rejected: Sequence[Any], config: Build
             hashed = (hashed, p | "DatasetHashes" >> beam.Create(dataset)
                       | "Unhex" >> beam.Map(lambda item: (int(item[0], 16), *item[1:]))) | "WithDataset" >> beam.Flatten()
         outcome["near"] = hashed | "FindNearDuplicates" >> FindNearDuplicates()
-    results = outcome | "RecordResults" >> RecordResults(config.output, results_lib.header(
-        config, build_id=build_id, versions=versions, base=base.manifest.to_json() if base is not None else None))
+    results = outcome | "RecordResults" >> RecordResults(config.output, build.header())
     if not commit:
         return results
     # a single BuildResults, staged; the commit publishes it

@@ -20,10 +20,10 @@ from imagerecords.pipeline.refs import ImageRef, ManifestColumns, Rejected
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline import lock as output_lock
 from imagerecords.pipeline.read import download, input_files
-from imagerecords.pipeline.read.array_files import label_type
 from imagerecords.pipeline.sources.manifests import ManifestSource, check_http
 from imagerecords.pipeline.write import stream as write_stream
 from imagerecords.transforms.common import METRICS_NAMESPACE, REJECTED
+from imagerecords.pipeline.publish.build import Build
 from imagerecords.transforms.dataset_graph import write_dataset
 from imagerecords.transforms.write_shards import options_config
 
@@ -220,7 +220,7 @@ class WriteDataset(beam.PTransform):
         build_ids = rows.pipeline | "Once" >> beam.Create([None]) | "BuildId" >> beam.Map(_new_build_id)
         # Rows read as a manifest's: paths, FileSystems URIs, and http(s) URLs downloaded by the writers.
         source = politeness.divide(ManifestSource().bind(config), rows.pipeline.options)
-        return write_dataset(rows.pipeline, checked.refs, [checked[REJECTED]], config, source=source,
-                             label_map=self._label_map, versions=publish.versions(), build_ids=build_ids,
-                             carried=checked[_CARRIED], commit=True)
+        build = Build(config, "", publish.versions(), self._label_map)  # named as the job runs: build_ids
+        return write_dataset(rows.pipeline, checked.refs, [checked[REJECTED]], build, source=source,
+                             build_ids=build_ids, carried=checked[_CARRIED], commit=True)
 

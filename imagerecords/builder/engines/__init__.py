@@ -7,14 +7,14 @@ shard_writer.ShardWriter and write the same bytes.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 from imagerecords.builder.engines.local import LocalEngine
 from imagerecords.pipeline import sources, storage
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.errors import UsageError
 from imagerecords.pipeline.naming import setting
-from imagerecords.pipeline.refs import LabelMap
+from imagerecords.pipeline.publish.build import Build
 from imagerecords.pipeline.sources import InputInfo
 
 
@@ -32,9 +32,8 @@ class Engine(Protocol):
     def name_job(self, build_id: str) -> None:
         """Names the job after the build, where the runner has job names."""
 
-    def run(self, *, build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap],
-            input_info: InputInfo, progress_dir: Optional[str]) -> None:
-        """Runs the stages into the build's staging area; raises what the runner raised."""
+    def run(self, build: Build, *, input_info: InputInfo, progress_dir: Optional[str]) -> None:
+        """Runs the stages of `build` into its staging area; raises what the runner raised."""
 
     def stop(self) -> None:
         """Ends what the run left running (worker processes) after an interrupt."""

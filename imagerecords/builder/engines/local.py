@@ -42,6 +42,7 @@ from imagerecords.pipeline import processes, sources
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.plan import array_rows, near
 from imagerecords.pipeline.publish import appending
+from imagerecords.pipeline.publish.build import Build
 from imagerecords.pipeline.plan import assign as assign_lib
 from imagerecords.pipeline import refs as refs_lib
 from imagerecords.pipeline.plan import shard_plan as planning
@@ -356,10 +357,9 @@ def _collect_fully(pause: Callable[[float], None] = time.sleep) -> None:
     gc.collect()
 
 
-def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap],
-          input_info: sources.InputInfo, progress_dir: Optional[str], workers: Optional[int] = None
-          ) -> Tuple[publish.BuildResults, int]:
-    """Runs the whole build into `config.output`'s staging area and writes staging/results.json,
+def run(build: Build, *, input_info: sources.InputInfo, progress_dir: Optional[str], workers: Optional[int] = None
+        ) -> Tuple[publish.BuildResults, int]:
+    """Runs the whole build into its output's staging area and writes staging/results.json,
     as build_pipeline's graph does. Nothing is published here (see imagerecords.pipeline.publish.commit).
 
     Args:
@@ -369,16 +369,17 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
     Returns:
       The results written, and the worker processes used.
     """
+    config = build.config
     asked = workers is not None  # before `workers` names the pool's processes below
     forked = workers if asked else _auto_workers()
     source = sources.for_build(config)
     source.prepare(config)  # before the fork: what the workers share
-    writer = shard_writer.ShardWriter.of(config, build_id, source)
+    writer = shard_writer.ShardWriter.of(config, build.build_id, source)
     pool, cancel = _fork_workers(forked, writer, progress_dir) if forked else (None, None)
     workers = list(getattr(pool, "_processes", {}).values())  # the pool forgets a dead worker
     try:
-        return _build(config, writer, pool, cancel, forked, build_id=build_id, versions=versions, label_map=label_map,
-                      input_info=input_info, progress_dir=progress_dir, asked=asked)
+        return _build(build, writer, pool, cancel, forked, input_info=input_info, progress_dir=progress_dir,
+                      asked=asked)
     except BaseException as e:
         if pool is not None:
             if isinstance(e, concurrent.futures.BrokenExecutor):
@@ -393,9 +394,9 @@ def build(config: BuildConfig, *, build_id: str, versions: Mapping[str, str], la
 
 
 def _plan_refs(config: BuildConfig, input_info: sources.InputInfo, process_pool, forked: int,
-               label_map: Optional[LabelMap]):
-    """Lists, labels, assigns and plans a build ref by ref: (rejected rows, label map, shards, images
-    planned, known duplicate groups (an append's), the published dataset appended to or None)."""
+               label_map: Optional[LabelMap], base: Optional[appending.Base]):
+    """Lists, labels, assigns and plans a build ref by ref (with --append, against `base`, the published
+    dataset): (rejected rows, label map, shards, images planned, known duplicate groups (an append's))."""
     rejected: List[Rejected] = []
     refs: List[Tuple[int, ImageRef]] = []
     for pair in list_inputs(config, input_info, process_pool, forked):
@@ -404,9 +405,7 @@ def _plan_refs(config: BuildConfig, input_info: sources.InputInfo, process_pool,
         else:
             refs.append(pair)
     known: List[DuplicateGroup] = []
-    base = None
-    if config.publish.append:
-        base = appending.load_base(config)
+    if base is not None:
         refs, known = _against(config, base, refs, rejected)
     if base is not None:
         label_map = appending.grow_labels(base.labels, {r.label for _, r in refs}, label_map)
@@ -429,7 +428,7 @@ def _plan_refs(config: BuildConfig, input_info: sources.InputInfo, process_pool,
             kept += 1
     del refs[kept:]
     count = len(refs)
-    return rejected, label_map, plan(config, refs), count, known, base
+    return rejected, label_map, plan(config, refs), count, known
 
 
 def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap], pool=None
@@ -454,14 +453,15 @@ def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap], pool=None
             array_rows.Contents(config.input, assigned, label_map))
 
 
-def _build(config: BuildConfig, writer: shard_writer.ShardWriter, process_pool, process_cancel, forked: int, *,
-           build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap], input_info: sources.InputInfo,
-           progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
+def _build(build: Build, writer: shard_writer.ShardWriter, process_pool, process_cancel, forked: int, *,
+           input_info: sources.InputInfo, progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
+    config, base = build.config, build.base
     if array_rows.applies(config):
-        rejected, label_map, shards, count, contents = _plan_rows(config, label_map, process_pool)
-        known, base = [], None
+        rejected, label_map, shards, count, contents = _plan_rows(config, build.label_map, process_pool)
+        known = []
     else:
-        rejected, label_map, shards, count, known, base = _plan_refs(config, input_info, process_pool, forked, label_map)
+        rejected, label_map, shards, count, known = _plan_refs(config, input_info, process_pool, forked,
+                                                               build.label_map, base)
         contents = _Contents()
     workers = forked if asked or count >= PROCESS_MIN_IMAGES else 0
     planned = _Progress(progress_dir, lambda: False)
@@ -516,8 +516,7 @@ def _build(config: BuildConfig, writer: shard_writer.ShardWriter, process_pool, 
     results_written = results_lib.record_results(
         results, rejected, label_map, groups, output=config.output,
         find_duplicates=not config.publish.skip_duplicate_check or config.publish.append, near=near_groups,
-        build=results_lib.header(config, build_id=build_id, versions=versions,
-                                 base=base.manifest.to_json() if base is not None else None))
+        build=build.header())
     return results_written, workers
 
 
@@ -552,10 +551,8 @@ class LocalEngine:
     def name_job(self, build_id: str) -> None:
         pass
 
-    def run(self, *, build_id: str, versions: Mapping[str, str], label_map: Optional[LabelMap],
-            input_info: sources.InputInfo, progress_dir: Optional[str]) -> None:
-        _, used = build(self.config, build_id=build_id, versions=versions, label_map=label_map, input_info=input_info,
-                        progress_dir=progress_dir, workers=self.workers)
+    def run(self, build: Build, *, input_info: sources.InputInfo, progress_dir: Optional[str]) -> None:
+        _, used = run(build, input_info=input_info, progress_dir=progress_dir, workers=self.workers)
         self.description = f"local engine, {used} worker processes" if used else "local engine, in-process"
 
     def stop(self) -> None:

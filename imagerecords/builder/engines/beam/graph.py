@@ -4,7 +4,7 @@ the launcher decides."""
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional, Union
+from typing import Iterable, Optional, Union
 
 import apache_beam as beam
 
@@ -13,7 +13,7 @@ from imagerecords.pipeline import sources
 from imagerecords.pipeline.config import BuildConfig
 from imagerecords.pipeline.read import politeness
 from imagerecords.pipeline.publish import appending
-from imagerecords.pipeline import refs as refs_lib
+from imagerecords.pipeline.publish.build import Build
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, Rejected
 from imagerecords.pipeline.sources import InputInfo
 from imagerecords.transforms import ListSource
@@ -49,21 +49,15 @@ class _AgainstBaseFn(beam.DoFn):
             yield out
 
 
-def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, versions: Mapping[str, str],
-                   label_map: Optional[refs_lib.LabelMap] = None, input_info: Optional[InputInfo] = None,
-                   base: Optional[appending.Base] = None, commit: bool = False):
+def build_pipeline(p: beam.Pipeline, build: Build, *, input_info: Optional[InputInfo] = None, commit: bool = False):
     """Adds the whole build to pipeline `p`: every shard lands in the output's staging area, and the
     last step writes staging/results.json. Nothing is published here (see imagerecords.pipeline.publish.commit).
 
     Args:
       p: the pipeline.
-      config: what to build.
-      build_id: the launcher's build id, recorded in the results.
-      versions: library versions, recorded in the manifest.
-      label_map: the ids of `config.labels.label_map`, read by the launcher; None for the vocabulary seen.
+      build: the build (config, id, versions, label map; with --append the published dataset, whose
+        keys' refs are dropped, class ids grown and manifest recorded for the commit to merge).
       input_info: what the launcher's checks learned of the input (a CSV manifest's header line).
-      base: with --append, the published dataset (appending.load_base): refs of keys it holds are
-        dropped, its class ids grown, and its manifest recorded for the commit to merge.
       commit: end with the commit, as WriteDataset does (lifecycle.conclude on a worker, taking
         the lock its launcher took): a job that runs on without its launcher (a detached submit, a
         Dataflow template) publishes itself.
@@ -71,6 +65,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
     Returns:
       A PCollection holding the single publish.BuildResults written.
     """
+    config, base = build.config, build.base
     source = politeness.divide(sources.for_build(config), p.options)  # --http_per_host holds job-wide
     info = input_info if input_info is not None else InputInfo(source.kind)
     listing = source.beam_listing(config, info, transforms)
@@ -85,5 +80,4 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, *, build_id: str, vers
             REJECTED, _KNOWN, main="refs")
         refs, known = checked.refs, checked[_KNOWN]  # known: DuplicateGroup per key the dataset holds unchanged
         rejected.append(checked[REJECTED])
-    return write_dataset(p, refs, rejected, config, source=source, label_map=label_map, versions=versions,
-                         build_id=build_id, base=base, known=known, commit=commit, own_job=True)
+    return write_dataset(p, refs, rejected, build, source=source, known=known, commit=commit, own_job=True)

@@ -10,7 +10,7 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import (DirectOptions, FlinkRunnerOptions, GoogleCloudOptions, PipelineOptions,
@@ -22,7 +22,7 @@ from imagerecords.pipeline.errors import PipelineFailed, UsageError
 from imagerecords.pipeline.lock import is_zombie
 from imagerecords.pipeline.sources import InputInfo
 from imagerecords.pipeline.naming import setting
-from imagerecords.pipeline.publish import appending
+from imagerecords.pipeline.publish.build import Build
 
 
 class BeamEngine:
@@ -47,16 +47,11 @@ class BeamEngine:
             if not cloud.job_name:
                 cloud.job_name = f"imagerecords-{build_id.lower()}"
 
-    def run(self, *, build_id: str, versions: Mapping[str, str], label_map, input_info: InputInfo,
-            progress_dir: Optional[str] = None) -> None:
+    def run(self, build: Build, *, input_info: InputInfo, progress_dir: Optional[str] = None) -> None:
         self._before = set(_descendants(os.getpid()))  # the caller's own processes, which stop() spares
-        base = None
-        if self.config.publish.append:
-            base = appending.load_base(self.config)  # read once per manifest: the launcher's checks read it
         p = beam.Pipeline(options=self.options)
         # A job that runs on without this process ends with the commit itself.
-        build_pipeline(p, self.config, build_id=build_id, versions=versions, label_map=label_map,
-                       input_info=input_info, base=base, commit=bool(self.detached or self.template))
+        build_pipeline(p, build, input_info=input_info, commit=bool(self.detached or self.template))
         result = p.run()
         if self.detached:
             self.flink_job = _wait_until_on_flink(self.options, result)
