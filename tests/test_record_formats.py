@@ -127,3 +127,19 @@ def test_a_manifest_naming_an_unknown_format_is_refused_where_every_reader_loads
     for load in (load_manifest, info.load_info):  # the Grain and torch readers' loader, and tf.data's
         with pytest.raises(manifest_lib.ManifestError, match=r"manifest.json: record format 'parquet' is not one of"):
             load(str(out))
+
+
+def test_a_format_whose_library_is_missing_is_one_line_saying_what_to_install(monkeypatch):
+    # As on a reader-only install (or Windows): the array_record package cannot be imported.
+    import sys
+
+    monkeypatch.delitem(record_format._FORMATS, "array_record", raising=False)
+    monkeypatch.delitem(sys.modules, "imagerecords.format.array_record_format", raising=False)
+    for loaded in [m for m in sys.modules if m == "array_record" or m.startswith("array_record.")] + ["array_record"]:
+        monkeypatch.setitem(sys.modules, loaded, None)  # None in sys.modules: its import fails
+    with pytest.raises(record_format.FormatUnavailable) as caught:
+        record_format.get("array_record")
+    message = str(caught.value)
+    assert "\n" not in message and "record format 'array_record' needs the array-record package" in message
+    assert "pip install array-record" in message
+    assert isinstance(caught.value, imagerecords.Error) and isinstance(caught.value, ValueError)

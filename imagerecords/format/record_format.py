@@ -31,6 +31,10 @@ class UnknownFormat(Error, ValueError):
     """A record format name that no module registered (a flag, build() or a manifest.json)."""
 
 
+class FormatUnavailable(UnknownFormat):
+    """A known record format whose library is not installed here."""
+
+
 class RecordWriter:
     """What every format's writer of one file offers; after `close`: count, num_bytes, offsets (one
     locator per record, what `entries` gives back), sha256() and crc32c() of the whole file."""
@@ -143,8 +147,9 @@ class RecordFormat:
 # The registry -----------------------------------------------------------------------------------------
 
 _FORMATS: Dict[str, RecordFormat] = {}
-# Formats registered on first use, so that a TFRecord reader never imports a format's library.
-_LAZY = {"array_record": "imagerecords.format.array_record_format"}
+# Formats registered on first use, so that a TFRecord reader never imports a format's library: the
+# module that registers each, and the package its library comes in.
+_LAZY = {"array_record": ("imagerecords.format.array_record_format", "array-record")}
 
 
 def register(fmt: RecordFormat) -> RecordFormat:
@@ -163,11 +168,16 @@ def get(name: Optional[str] = None) -> RecordFormat:
     """The format named `name` (None: the default, TFRecord).
 
     Raises:
-      UnknownFormat: naming the formats there are.
+      UnknownFormat: naming the formats there are; FormatUnavailable, one whose library is missing.
     """
     name = name or DEFAULT
     if name not in _FORMATS and name in _LAZY:
-        importlib.import_module(_LAZY[name])
+        module, package = _LAZY[name]
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise FormatUnavailable(f"record format {name!r} needs the {package} package, which is not installed here "
+                                    f"({e.name or e}): pip install {package} (imagerecords[build] brings it)") from None
     try:
         return _FORMATS[name]
     except (KeyError, TypeError):
