@@ -157,16 +157,11 @@ def _recorded_image(parameters: Mapping[str, Any]) -> Dict[str, Any]:
     return image
 
 
-def _settings_of(config) -> Dict[str, Any]:
-    """`config` as one make_config layer: its flat settings, the image options among them."""
-    return config.flat()
-
-
 def _given_by_default(config) -> FrozenSet[str]:
     """The settings of `config` that differ from their defaults: what a caller that says nothing
     else about them must have set."""
     defaults = {k: v for k, v in config_lib.defaults().items() if k != "features"}
-    mine = _settings_of(config)
+    mine = config.flat()
     given = {k for k, v in mine.items() if k in defaults and v != defaults[k]}
     return frozenset(given | ({"features"} if config.features else set()))
 
@@ -205,7 +200,7 @@ def with_dataset_settings(config, given: Optional[Collection[str]] = None):
     theirs.update(name=manifest.name, schema=manifest.schema, seed=manifest.seed,
                   features={k: {f: v for f, v in dict(spec).items() if f != "names"}  # class lists grow as an append's
                             for k, spec in manifest.features.items()})
-    settings = _settings_of(config)
+    settings = config.flat()  # one make_config layer: the flat settings, the image's among them
     for key, value in theirs.items():
         if key in given:
             continue
