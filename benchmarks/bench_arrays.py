@@ -110,7 +110,7 @@ def launcher(npz):
         pickle.dumps(shards.take(key), protocol=pickle.HIGHEST_PROTOCOL)
     refs_s = time.perf_counter() - started
     started = time.perf_counter()
-    shards = local._plan_rows(config, None)[2]
+    shards = local._Shards(local._list_rows(config, None)[2], config.shards)
     for key in shards.keys():
         pickle.dumps(shards.take(key), protocol=pickle.HIGHEST_PROTOCOL)
     return refs_s, time.perf_counter() - started

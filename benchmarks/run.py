@@ -622,7 +622,7 @@ def bench_scale(res: Results, work: str, build_rows: int, plan_rows: int):
     os.remove(man)
     with open(js) as f:
         pl = json.load(f)
-    for step in ("list", "assign", "plan", "total"):
+    for step in ("list", "assign", "plan", "take", "total"):
         res.add("scale", f"plan_rows{plan_rows}_{step}", pl[f"{step}_s"], "s", higher_is_better=False)
     res.add("scale", f"plan_rows{plan_rows}_peak_rss", pl["peak_rss_mb"], "MB", higher_is_better=False)
     res.add("scale", f"plan_rows{plan_rows}_bytes_per_row", pl["bytes_per_row"], "B", higher_is_better=False,

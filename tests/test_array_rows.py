@@ -129,7 +129,7 @@ def _ref_path_shards(config, label_map):
         out = assign_lib.assign(r, label_map, tuple(config.split.splits) if config.split.splits else None, config.split.split_seed)
         (rejected.append(out) if isinstance(out, Rejected) else kept.append((h, out)))
     shards = local.plan(config, kept)
-    return {k: assign_lib.shard_order(shards.take(k)) for k in shards.keys()}, shards.plans, rejected, label_map
+    return {k: assign_lib.shard_order(shards.take(k).pairs()) for k in shards.keys()}, shards.plans, rejected, label_map
 
 
 @pytest.mark.parametrize("labels", [_labels_int, _labels_names, None])
@@ -147,7 +147,8 @@ def test_rows_path_gives_the_ref_paths_shards(tmp_path, labels, label_map):
     assert array_rows.applies(config)
     expected, plans, rejected, expected_map = _ref_path_shards(config, label_map)
 
-    got_rejected, got_map, shards, count, _ = local._plan_rows(config, label_map)
+    got_rejected, got_map, table, _ = local._list_rows(config, label_map)
+    count, shards = len(table), local._Shards(table, config.shards)
     assert got_map == expected_map
     assert shards.plans == plans
     assert shards.keys() == sorted(expected)

@@ -28,7 +28,7 @@ GROUPS = {
     "memory": ["default_base_peak_rss", "default_rows20_kib_per_image", "default_rows60_kib_per_image",
                "default_slope_kib_per_image"],
     "scale": ["build_rows2000_wall", "build_rows2000_peak", "build_rows2000_bytes_per_row", "build_base_peak",
-              "plan_rows5000_total", "plan_rows5000_peak_rss", "plan_rows5000_bytes_per_row"],
+              "plan_rows5000_take", "plan_rows5000_total", "plan_rows5000_peak_rss", "plan_rows5000_bytes_per_row"],
     "reader": ["decode_limit_img_s", "crop_resize_limit_img_s", "reader_train_uint8_vs_crop_resize_limit",
                "plain_train_img_s", "reader_train_img_s", "reader_train_uint8_img_s",
                "reader_eval_img_s", "ttfb_train", "ttfb_eval", "reader_train_vs_interleave",

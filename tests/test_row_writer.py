@@ -63,7 +63,8 @@ def _stage_both_ways(tmp_path, monkeypatch, arrays_in, name, label_map=None, **o
                                **options).config
     assert array_rows.applies(config)
     arrays.forget_if_changed(str(path))
-    _, label_map, planned, _, _ = local._plan_rows(config, label_map)
+    _, label_map, table, _ = local._list_rows(config, label_map)
+    planned = local._Shards(table, config.shards)
     shards = {key: planned.take(key) for key in planned.keys()}
     monkeypatch.setattr(staging, "owns_output", lambda output, build_id: True)  # no lock: no launcher here
     staged = {}
@@ -123,7 +124,8 @@ def test_a_resumed_row_shard_reuses_the_staged_one(tmp_path, monkeypatch):
     out = str(tmp_path / "out")
     config = BuildOptions.make(str(path), out, num_shards=2).config
     arrays.forget_if_changed(str(path))
-    _, label_map, planned, _, _ = local._plan_rows(config, None)
+    _, label_map, table, _ = local._list_rows(config, None)
+    planned = local._Shards(table, config.shards)
     shards = {key: planned.take(key) for key in planned.keys()}
     monkeypatch.setattr(staging, "owns_output", lambda output, build_id: True)
     first = "first-build"

@@ -13,19 +13,20 @@ duplicates.jsonl are byte-identical (tested); only the orchestration differs:
 
     list (class folders one per task, manifest byte ranges; each ref with its shuffle hash)
     → vocabulary → assign split and label id
-    → per split: shard plan (planning.plan_shards) → (hash, ref) pairs grouped per shard
+    → one plan (plan/columns.py): each split's shard count and boundaries from the inputs'
+      hash, split and size columns, each shard the positions of its inputs in hash order
     → shards sorted and written concurrently (worker processes, or threads here for small
       inputs), images of a shard prepared on a small thread pool → results.json
 
 With worker processes the listing runs in them too; the launcher only gathers, assigns, plans
-and records. An arrays build (array_rows.applies) holds no ref per row here: its rows are listed,
-assigned and planned as NumPy columns, each shard's writer gets its row indices (array_rows.RowShard)
-and sends back its content digests in one piece (array_rows.RowContents).
+and records. Inputs reach the plan as a table of either kind: refs (columns.RefTable, every
+input kind), or an arrays build's rows (array_rows.applies), which are listed and assigned as
+NumPy columns with no ref per row (array_rows.RowTable): each of its shards' writer gets the row
+indices (array_rows.RowShard) and sends back its content digests in one piece (array_rows.RowContents).
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import ctypes
 import gc
@@ -36,11 +37,11 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from imagerecords.pipeline import processes, sources
 from imagerecords.pipeline.config import BuildConfig
-from imagerecords.pipeline.plan import array_rows, near
+from imagerecords.pipeline.plan import array_rows, columns, near
 from imagerecords.pipeline.publish import appending
 from imagerecords.pipeline.publish.build import Build
 from imagerecords.pipeline.plan import assign as assign_lib
@@ -52,7 +53,7 @@ from imagerecords.pipeline.publish import results as results_lib
 from imagerecords.pipeline.read import array_files as arrays
 from imagerecords.pipeline.write import shard_writer
 
-ShardKey = Tuple[str, int, int]
+ShardKey = columns.ShardKey
 
 
 # (shuffle hash, ref), or (0, row) for an input that is not a ref: the launcher keeps a ref's pair
@@ -88,50 +89,26 @@ def list_inputs(config: BuildConfig, info: Optional[sources.InputInfo], pool=Non
 
 
 class _Shards:
-    """Refs grouped per planned shard, each shard's list handed out once (and then forgotten)."""
+    """The build's plan (columns.plan over its table): each shard's members made from its positions
+    when it is handed out, once."""
 
-    def __init__(self):
-        self.plans: Dict[str, planning.ShardPlan] = {}
-        self._members: Dict[ShardKey, List[Tuple[int, ImageRef]]] = {}
-
-    def add_split(self, plan: planning.ShardPlan, hashed: List[Tuple[int, ImageRef]]) -> None:
-        self.plans[plan.split] = plan
-        groups: List[List[Tuple[int, ImageRef]]] = [[] for _ in range(plan.num_shards)]
-        for h, ref in hashed:
-            groups[plan.shard_of(h)].append((h, ref))
-        for i, members in enumerate(groups):
-            self._members[(plan.split, i, plan.num_shards)] = members
-
-    def add_rows(self, plans: Mapping[str, planning.ShardPlan], shards: Mapping[ShardKey, array_rows.RowShard]
-                 ) -> None:
-        """An arrays build's plans and shards (array_rows.plan): each shard's rows, not its refs."""
-        self.plans.update(plans)
-        self._members.update(shards)
+    def __init__(self, table: columns.Table, shards):
+        self._table = table
+        self.plans, self._positions = columns.plan(table.columns(), shards)
 
     def keys(self) -> List[ShardKey]:
-        return sorted(self._members)
+        return sorted(self._positions)
 
-    def take(self, key: ShardKey) -> Union[List[Tuple[int, ImageRef]], array_rows.RowShard]:
-        """The shard's (shuffle hash, ref) pairs, unordered: its writer sorts them (assign_lib.shard_order)."""
-        return self._members.pop(key)
+    def take(self, key: ShardKey) -> Union[columns.RefShard, array_rows.RowShard]:
+        """The shard's refs with their shuffle hashes (its writer sorts them: assign_lib.shard_order),
+        or an arrays build's RowShard."""
+        return self._table.members(key, self._positions.pop(key))
 
 
 def plan(config: BuildConfig, refs: List[Tuple[int, ImageRef]]) -> _Shards:
     """Cuts each split into shards exactly as GlobalShuffle does, from (shuffle hash, ref) pairs.
-    Empties `refs` as it goes."""
-    by_split: Dict[str, List[Tuple[int, ImageRef]]] = collections.defaultdict(list)
-    num_bytes: Dict[str, int] = collections.Counter()
-    while refs:
-        h, ref = refs.pop()
-        by_split[ref.split].append((h, ref))
-        num_bytes[ref.split] += max(ref.size, 0)
-    shards = _Shards()
-    for split in sorted(by_split):
-        hashed = by_split.pop(split)
-        n = planning.choose_num_shards(len(hashed), num_bytes[split], config.shards.num_shards, config.shards.target_shard_mb,
-                                       config.shards.min_shards)
-        shards.add_split(planning.plan_shards(split, [h for h, _ in hashed], num_bytes[split], n), hashed)
-    return shards
+    Takes over `refs` (columns.RefTable)."""
+    return _Shards(columns.RefTable(refs), config.shards)
 
 
 Member = Tuple[str, str, str, str]  # (key, split, uri, label name) of a written image
@@ -226,11 +203,11 @@ class _Writer:
         self._images = (concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="imagerecords-image")
                         if threads > 1 else None)
 
-    def __call__(self, key: ShardKey, members: Union[List[Tuple[int, ImageRef]], array_rows.RowShard],
+    def __call__(self, key: ShardKey, members: Union[columns.RefShard, array_rows.RowShard],
                  labels: LabelMap) -> shard_writer.StagedShard:
         rows = isinstance(members, array_rows.RowShard)
         # A row shard is written from its columns (row_writer), its contents already compact.
-        ordered = members if rows else assign_lib.shard_order(members)
+        ordered = members if rows else assign_lib.shard_order(members.pairs())
         staged = self._writer.write(key, ordered, labels, read_bytes=self._read,
                                     executor=self._images, window=2 * self._threads, observe=self._progress)
         if rows:  # a shard reused by --resume comes back as (digest, member) pairs
@@ -295,7 +272,7 @@ def end_workers(pool) -> None:
         manager.join(5)
 
 
-def _write_in_worker(key: ShardKey, members: Union[List[Tuple[int, ImageRef]], array_rows.RowShard],
+def _write_in_worker(key: ShardKey, members: Union[columns.RefShard, array_rows.RowShard],
                      labels: LabelMap) -> shard_writer.StagedShard:
     if not isinstance(members, array_rows.RowShard):
         return _WORKER["writer"](key, members, labels)
@@ -393,10 +370,11 @@ def run(build: Build, *, input_info: sources.InputInfo, progress_dir: Optional[s
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _plan_refs(config: BuildConfig, input_info: sources.InputInfo, process_pool, forked: int,
-               label_map: Optional[LabelMap], base: Optional[appending.Base]):
-    """Lists, labels, assigns and plans a build ref by ref (with --append, against `base`, the published
-    dataset): (rejected rows, label map, shards, images planned, known duplicate groups (an append's))."""
+def _list_refs(config: BuildConfig, input_info: sources.InputInfo, process_pool, forked: int,
+               label_map: Optional[LabelMap], base: Optional[appending.Base]
+               ) -> Tuple[List[Rejected], LabelMap, columns.RefTable, List[DuplicateGroup]]:
+    """Lists, labels and assigns a build ref by ref (with --append, against `base`, the published
+    dataset): (rejected rows, label map, the refs to plan, known duplicate groups (an append's))."""
     rejected: List[Rejected] = []
     refs: List[Tuple[int, ImageRef]] = []
     for pair in list_inputs(config, input_info, process_pool, forked):
@@ -427,15 +405,14 @@ def _plan_refs(config: BuildConfig, input_info: sources.InputInfo, process_pool,
             refs[kept] = (h, out)
             kept += 1
     del refs[kept:]
-    count = len(refs)
-    return rejected, label_map, plan(config, refs), count, known
+    return rejected, label_map, columns.RefTable(refs), known
 
 
-def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap], pool=None
-               ) -> Tuple[List[Rejected], LabelMap, "_Shards", int, array_rows.Contents]:
-    """_plan_refs for an arrays build (array_rows.applies), on NumPy columns: (rejected rows, label
-    map, shards holding rows, images planned, the duplicate check of their records); the rows' key
-    hashes are shared by `pool`'s workers when there is one."""
+def _list_rows(config: BuildConfig, label_map: Optional[LabelMap], pool=None
+               ) -> Tuple[List[Rejected], LabelMap, array_rows.RowTable, array_rows.Contents]:
+    """_list_refs for an arrays build (array_rows.applies), on NumPy columns: (rejected rows, label
+    map, the rows to plan, the duplicate check of their records); the rows' key hashes are shared by
+    `pool`'s workers when there is one."""
     arrays.forget_if_changed(config.input)
     n = arrays.opened(config.input, config.schema, config.image.image_encoding)[1]
     # Started before the listing: a row's key hashes need only its number.
@@ -446,23 +423,23 @@ def _plan_rows(config: BuildConfig, label_map: Optional[LabelMap], pool=None
         label_map = refs_lib.vocabulary(listed.texts, sources.of(config.input).label_type(config), config.labels.label_offset)
     assigned = array_rows.assign(listed, label_map, tuple(config.split.splits) if config.split.splits else None,
                                  config.split.split_seed, config.split.seed, pool, shuffled, split)
-    plans, members = array_rows.plan(assigned, config.input, listed.row_bytes, config)
-    shards = _Shards()
-    shards.add_rows(plans, members)
-    return (listed.rejected + assigned.rejected, label_map, shards, len(assigned.rows),
+    return (listed.rejected + assigned.rejected, label_map, array_rows.RowTable(assigned, config.input, listed.row_bytes),
             array_rows.Contents(config.input, assigned, label_map))
 
 
 def _build(build: Build, writer: shard_writer.ShardWriter, process_pool, process_cancel, forked: int, *,
            input_info: sources.InputInfo, progress_dir: Optional[str], asked: bool) -> Tuple[publish.BuildResults, int]:
     config, base = build.config, build.base
+    table: columns.Table
     if array_rows.applies(config):
-        rejected, label_map, shards, count, contents = _plan_rows(config, build.label_map, process_pool)
+        rejected, label_map, table, contents = _list_rows(config, build.label_map, process_pool)
         known = []
     else:
-        rejected, label_map, shards, count, known = _plan_refs(config, input_info, process_pool, forked,
-                                                               build.label_map, base)
+        rejected, label_map, table, known = _list_refs(config, input_info, process_pool, forked, build.label_map, base)
         contents = _Contents()
+    count = len(table)
+    shards = _Shards(table, config.shards)  # one plan, whichever way the inputs were listed
+    del table
     workers = forked if asked or count >= PROCESS_MIN_IMAGES else 0
     planned = _Progress(progress_dir, lambda: False)
     for p in shards.plans.values():

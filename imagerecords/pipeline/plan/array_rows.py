@@ -1,10 +1,11 @@
-"""An arrays input's rows as NumPy columns: listed, assigned and planned without a ref per row.
+"""An arrays input's rows as NumPy columns: listed and assigned without a ref per row.
 
 The local engine's launcher takes this path for an arrays build (engines/local.py): row indices,
-64-bit shuffle hashes, split codes and label codes are arrays, and each shard goes to its writer
-as (shard key, RowShard), whose refs are made there. Every value is the one the ref path gives
-(arrays.list_refs, refs.shuffle_hash / assign_split, assign.assign, planning.plan_shards,
-assign.shard_order), so the shards, errors.jsonl and duplicates.jsonl are byte-identical (tested).
+64-bit shuffle hashes, split codes and label codes are arrays, planned by the plan every local
+build takes (columns.plan, over RowTable), and each shard goes to its writer as (shard key,
+RowShard), whose refs are made there. Every value is the one the ref path gives (arrays.list_refs,
+refs.shuffle_hash / assign_split, assign.assign, assign.shard_order), so the shards, errors.jsonl
+and duplicates.jsonl are byte-identical (tested).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from imagerecords.pipeline import refs as refs_lib
-from imagerecords.pipeline.plan import shard_plan as planning
+from imagerecords.pipeline.plan import columns as columns_lib
 from imagerecords.pipeline.refs import DuplicateGroup, ImageRef, LabelMap, Rejected
 from imagerecords.pipeline.read import array_files as arrays
 
@@ -259,34 +260,26 @@ class RowShard:
                 for i, c in zip(self.rows.tolist(), self.codes.tolist())]
 
 
-def plan(assigned: Assigned, path: str, row_bytes: int, config
-         ) -> Tuple[Dict[str, planning.ShardPlan], Dict[Tuple[str, int, int], RowShard]]:
-    """Each split's ShardPlan (planning.plan_shards' boundaries) and each shard's RowShard."""
-    plans: Dict[str, planning.ShardPlan] = {}
-    shards: Dict[Tuple[str, int, int], RowShard] = {}
-    for s in sorted(range(len(assigned.names)), key=lambda s: assigned.names[s]):
-        split = assigned.names[s]
-        mine = np.flatnonzero(assigned.splits == s)
-        if not len(mine):
-            continue
-        # Rows ascend, so a stable sort breaks equal hashes by key, as assign.shard_order does.
-        order = mine[np.argsort(assigned.hashes[mine], kind="stable")]
-        ordered = assigned.hashes[order]
-        count = len(order)
-        num_bytes = count * max(row_bytes, 0)
-        n = planning.choose_num_shards(count, num_bytes, config.shards.num_shards, config.shards.target_shard_mb, config.shards.min_shards)
-        p = planning.plan_sorted(split, ordered, num_bytes, n)
-        plans[split] = p
-        # Shard i holds the hashes in [boundary i, boundary i+1) (ShardPlan.shard_of).
-        cuts = np.searchsorted(ordered, np.array(p.boundaries, np.uint64), side="left").tolist() if n > 1 else []
-        rows, codes = assigned.rows[order], assigned.codes[order]
-        for i, (lo, hi) in enumerate(zip([0] + cuts, cuts + [count])):
-            used = np.unique(codes[lo:hi])
-            local = np.searchsorted(used, codes[lo:hi])
-            shards[(split, i, n)] = RowShard(path, split, row_bytes, rows[lo:hi].copy(), local,
-                                             tuple((assigned.texts[c], assigned.label_ids[c])
-                                                   for c in used.tolist()))
-    return plans, shards
+class RowTable:
+    """An arrays build's assigned rows as the plan's columns (columns.plan); a shard's members are
+    its RowShard."""
+
+    def __init__(self, assigned: Assigned, path: str, row_bytes: int):
+        self.assigned, self._path, self._row_bytes = assigned, path, row_bytes
+
+    def __len__(self) -> int:
+        return len(self.assigned.rows)
+
+    def columns(self) -> columns_lib.Columns:
+        a = self.assigned
+        return columns_lib.Columns(a.hashes, a.splits, a.names, self._row_bytes)
+
+    def members(self, key: columns_lib.ShardKey, positions: Any) -> RowShard:
+        a = self.assigned
+        codes = a.codes[positions]
+        used = np.unique(codes)
+        return RowShard(self._path, key[0], self._row_bytes, a.rows[positions], np.searchsorted(used, codes),
+                        tuple((a.texts[c], a.label_ids[c]) for c in used.tolist()))
 
 
 @dataclasses.dataclass
