@@ -490,12 +490,13 @@ def test_the_verdict_holds_dead_links_to_their_own_budget_and_an_append_to_the_d
 
 
 def test_finish_prints_the_failed_hosts_and_the_near_duplicate_groups_it_published(tmp_path, capsys):
-    # A build whose launcher did not commit (a detached job's): its results name the failed hosts, and the
-    # duplicates.jsonl it staged holds a near-duplicate group across splits; `imagerecords finish` says both.
+    # A build whose launcher did not commit (a detached job's): its results name the failed hosts and
+    # count a near-duplicate group across splits (the one its duplicates.jsonl holds); `imagerecords finish` says both.
     from imagerecords.cli import main as cli
 
     out = tmp_path / "out"
-    results = dataclasses.replace(_results(), failed_hosts=(("dead.example:80", 3, (("HTTP 404", 2), ("Timeout", 1))),))
+    results = dataclasses.replace(_results(), failed_hosts=(("dead.example:80", 3, (("HTTP 404", 2), ("Timeout", 1))),),
+                                  near_groups=(1, 1))
     _stage(out, results, [b"new0", b"new1"])
     near = {"conflict": False, "distance": 3, "kind": "near", "labels": ["a"], "leak": True, "members": [],
             "splits": ["train", "validation"]}

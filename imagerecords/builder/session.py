@@ -153,6 +153,7 @@ class Outcome:
       planned_by_count: the shards were planned by count, as no input size was known (URL rows,
         --skip_stat without a size column) and no num_shards was given.
       failed_hosts: the hosts with the most URLs that failed or were opted out, by reason (hosts.HostRow).
+      near_groups: (near-duplicate groups found, those of them across splits).
     """
 
     manifest: Optional[Manifest]
@@ -162,6 +163,7 @@ class Outcome:
     handed_off: Optional[str] = None
     planned_by_count: bool = False
     failed_hosts: Tuple = ()
+    near_groups: Tuple[int, int] = (0, 0)
 
 
 def _log_note(text: str) -> None:
@@ -277,7 +279,7 @@ def _build(options: BuildOptions, input_info: "InputInfo", *, notify: Callable[[
     return Outcome(manifest, time.monotonic() - start, engine.description,
                    ignored_columns=tuple(checks.ignored_columns(config, input_info)),
                    planned_by_count=config.shards.num_shards is None and not input_info.sizes_known,
-                   failed_hosts=results.failed_hosts)
+                   failed_hosts=results.failed_hosts, near_groups=results.near_groups)
 
 
 def _run_engine(engine: engines.Engine, options: BuildOptions, build: Build, *, input_info, log_path: Optional[str],

@@ -20,7 +20,6 @@ from imagerecords.pipeline.naming import flag_names
 from imagerecords.pipeline.plan.shard_plan import UNSIZED_IMAGE_BYTES
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.publish import hosts
-from imagerecords.pipeline.publish import results as results_lib
 
 LOG_DIR = os.path.join(tempfile.gettempdir(), "imagerecords-logs")
 
@@ -157,20 +156,21 @@ def _run(argv: Sequence[str]) -> Optional[Manifest]:
         return None
     print_summary(outcome.manifest, options.config.output, outcome.seconds, engine=outcome.engine,
                   ignored=outcome.ignored_columns, unit=unit, by_count=outcome.planned_by_count,
-                  failed_hosts=outcome.failed_hosts, near=results_lib.near_groups_in(options.config.output))
+                  failed_hosts=outcome.failed_hosts, near=outcome.near_groups)
     return outcome.manifest
 
 
-def finish(output: str, break_lock: bool = False) -> Tuple[Manifest, Sequence]:
+def finish(output: str, break_lock: bool = False) -> Tuple[Manifest, Optional[publish.BuildResults]]:
     """`imagerecords finish`: session.finish, with its notes on stderr; returns the published manifest
-    and the hosts with the most failed or opted-out URLs (from the staged results, if readable)."""
+    and the staged results it published, if readable (their failed hosts and near-duplicate counts
+    are the summary's)."""
     try:
         staged = publish.read_results(output)
     except errors.BuildError:
         staged = None  # finish says why in its own words
     manifest = session.finish(output, break_lock,
                               notify=lambda text: print(f"imagerecords finish: {text}", file=sys.stderr))
-    return manifest, staged.failed_hosts if staged is not None else ()
+    return manifest, staged
 
 
 def print_summary(manifest: Manifest, output: str, seconds: float, stream=None, engine: str = "",

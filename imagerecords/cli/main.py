@@ -124,13 +124,12 @@ def _command(command: str, rest: Sequence[str]) -> int:
     if command == "finish":
         # the command's own modules: see verify()
         from imagerecords.cli.launcher import finish, print_summary
-        from imagerecords.pipeline.publish.results import near_groups_in
 
         args = _one_folder(command, rest)
         start = time.monotonic()
-        manifest, failed_hosts = finish(args.output, args.break_lock)
-        print_summary(manifest, args.output, time.monotonic() - start, built=False, failed_hosts=failed_hosts,
-                      near=near_groups_in(args.output))
+        manifest, staged = finish(args.output, args.break_lock)
+        print_summary(manifest, args.output, time.monotonic() - start, built=False,
+                      failed_hosts=staged.failed_hosts if staged else (), near=staged.near_groups if staged else (0, 0))
         return 0
     if command == "verify":
         # the command's own modules: see verify()

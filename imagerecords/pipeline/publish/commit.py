@@ -115,6 +115,8 @@ class BuildResults:
       num_opted_out: errors.jsonl rows of stage opted_out (URLs whose site opted out): in no budget.
       failed_hosts: the hosts with the most URLs that failed or were opted out, by reason
         (hosts.HostRow); shown by the summary, not written into the manifest.
+      near_groups: (near-duplicate groups in duplicates.jsonl, those of them across splits);
+        shown by the summary, not written into the manifest.
       num_duplicate_groups: rows of duplicates.jsonl of files under two keys or more (-1: not looked for).
       num_leaking_groups: those spanning more than one split.
       num_label_conflicts: those whose members carry different labels.
@@ -146,6 +148,7 @@ class BuildResults:
     num_download_failures: int = 0
     num_opted_out: int = 0
     failed_hosts: Tuple[Tuple[str, int, Tuple[Tuple[str, int], ...]], ...] = ()
+    near_groups: Tuple[int, int] = (0, 0)
 
     def to_json(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -158,6 +161,8 @@ class BuildResults:
         d["shards"] = tuple(dataset_files.ShardResult.from_json(s) for s in d["shards"])
         if "failed_hosts" in d:
             d["failed_hosts"] = hosts.from_json(d["failed_hosts"])
+        if "near_groups" in d:
+            d["near_groups"] = tuple(d["near_groups"])
         return cls(**d)
 
     @property

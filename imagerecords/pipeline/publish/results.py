@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 from imagerecords.format.manifest import DUPLICATES, ERRORS
 from imagerecords.pipeline import staging
 from imagerecords.pipeline import storage
 from imagerecords.pipeline.config import BuildConfig
-from imagerecords.pipeline.plan.near import KIND as NEAR_KIND, NearGroup
+from imagerecords.pipeline.plan.near import NearGroup
 from imagerecords.pipeline.refs import DuplicateGroup, LabelMap, Rejected
 from imagerecords.pipeline.publish import commit as publish
 from imagerecords.pipeline.publish import hosts
@@ -33,20 +32,6 @@ def duplicates_jsonl(groups: Sequence[DuplicateGroup], near: Sequence[NearGroup]
         yield (g.to_json() + "\n").encode("utf-8")
     for n in sorted(near, key=lambda g: (not g.leaks, not g.conflicts, g.members)):
         yield (n.to_json() + "\n").encode("utf-8")
-
-
-def near_groups_in(output: str) -> Tuple[int, int]:
-    """(near-duplicate groups, those of them across splits) in the duplicates.jsonl `output` publishes."""
-    path = storage.join(output, DUPLICATES)
-    groups = leaking = 0
-    if storage.exists(path):
-        for line in storage.read_bytes(path).decode("utf-8").split("\n"):
-            if NEAR_KIND in line:  # cheap test first: most rows of a large report are identical files
-                row = json.loads(line)
-                if row.get("kind") == NEAR_KIND:
-                    groups += 1
-                    leaking += bool(row.get("leak"))
-    return groups, leaking
 
 
 def header(config: BuildConfig, *, build_id: str, versions: Mapping[str, str],
@@ -80,6 +65,7 @@ def record_results(results: Sequence[ShardResult], rejected: Sequence[Rejected],
                                num_rejected=len(rejected) - skipped - opted_out, num_skipped=skipped,
                                num_download_failures=downloads, num_opted_out=opted_out,
                                failed_hosts=hosts.top_hosts(rejected),
+                               near_groups=(len(near or ()), sum(1 for n in near or () if n.leaks)),
                                num_duplicate_groups=len(groups) if find_duplicates else -1,
                                num_leaking_groups=sum(1 for g in groups if g.leaks),
                                num_label_conflicts=sum(1 for g in groups if g.conflicts),
