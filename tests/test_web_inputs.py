@@ -150,6 +150,20 @@ def test_no_more_connections_at_once_than_the_per_host_limit(tmp_path, workers):
         assert server.max_open <= 2 * max(workers, 1), server.max_open
 
 
+@pytest.mark.slow
+def test_each_worker_process_downloads_with_its_threads(tmp_path):
+    # --threads is a shard writer's download concurrency in the local engine's worker processes too
+    # (they prepare local files with 2 threads): 2 processes of 6 threads keep 12 requests in flight.
+    # The server holds every answer until 12 are (2 s at most), so the count does not hang on timing.
+    with Server(IMAGES, gate=12) as server:
+        rows = [(server.url(f"/img/p{i % GOOD:02d}.jpg?copy={i}"), "cat") for i in range(48)]
+        server.images.update({f"p{i % GOOD:02d}.jpg?copy={i}": IMAGES[f"p{i % GOOD:02d}.jpg"] for i in range(48)})
+        manifest = build(_manifest(tmp_path, rows), tmp_path / "out", *FAST, "--http_per_host", 64, "--threads", 6,
+                         "--num_shards", 2, "--skip_duplicate_check", "--local_workers", 2)
+        assert manifest.num_examples == 48
+        assert server.max_in_flight == 12, server.max_in_flight
+
+
 def test_headers_reach_the_server_and_no_file_or_log(server, tmp_path, capfd):
     secret = "Bearer s3cr3t-t0ken-4fd9"
     headers = tmp_path / "headers.txt"

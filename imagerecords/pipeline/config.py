@@ -373,7 +373,8 @@ class BuildConfig:
         web), or than `max_reject_fraction` when that is larger; with --append, of the dataset's
         records and this build's inputs together, so retrying the URLs that failed passes while
         some stay dead.
-      threads: decode threads inside each shard writer.
+      threads: image threads inside each shard writer (the local engine's worker processes: for
+        URL rows; for files they keep 2, enough to keep a core busy).
       http_workers: downloads at once per worker process, for manifest rows that are http(s) URLs (each
         shard writer fetches with its `threads` image threads: the smaller bound wins).
       http_per_host: requests at once to one host for the whole build: shared by the local engine's

@@ -50,7 +50,9 @@ class Server:
     100 bytes sent, then closed), /resetmid (10000 of 20000 bytes, then a reset), /huge
     (Content-Length 4 GiB, 100 bytes sent), /dripheaders (the status line and
     headers one byte every 0.2 s, for a minute), /continue (`100 Continue` every 0.2 s, for a
-    minute). `delay` slows every /img answer.
+    minute). `delay` slows every /img answer; with `gate`, each /img answer waits until `gate`
+    requests have been in flight at once (or GATE_S pass), so a client's concurrency shows in
+    `max_in_flight` whatever the timing.
 
     Opt-outs (each the image NAME, its body held back after the headers until the client closes the
     connection or HOLD_S pass, so `body_sent[path]` counts the body bytes a client made it send):
@@ -63,21 +65,24 @@ class Server:
     """
 
     HOLD_S = 0.2
+    GATE_S = 2.0
     _OPT_OUT_HEADERS = {"noai": [("X-Robots-Tag", "noai")], "ours": [("X-Robots-Tag", "imagerecords: noimageai")],
                         "theirs": [("X-Robots-Tag", "otherbot: noai")],
                         "lines": [("X-Robots-Tag", "otherbot: noindex"), ("X-Robots-Tag", "nofollow, noimageindex")],
                         "tdm": [("tdm-reservation", "1")], "held": []}
 
     def __init__(self, images: Mapping[str, bytes], delay: float = 0.0, name: str = "127.0.0.1",
-                 robots: Optional[str] = None, robots_status: int = 404):
+                 robots: Optional[str] = None, robots_status: int = 404, gate: int = 0):
         self.images = dict(images)
         self.delay = delay
+        self.gate = gate
         self.name = name
         self.robots = robots
         self.robots_status = robots_status
         self.body_sent: Dict[str, int] = collections.Counter()
         self.robots_headers: List[Dict[str, str]] = []  # one per /robots.txt request (not in `requests`)
         self.lock = threading.Lock()
+        self._more_in_flight = threading.Condition(self.lock)
         self.requests: Dict[str, int] = collections.Counter()
         self.headers: List[Dict[str, str]] = []
         self.headers_of: Dict[str, List[Dict[str, str]]] = collections.defaultdict(list)  # by request path
@@ -130,6 +135,7 @@ class Server:
                         owner._busy_since = time.monotonic()
                     owner.in_flight += 1
                     owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
+                    owner._more_in_flight.notify_all()
                     if self.path == "/robots.txt":  # counted apart: the other counts are the downloads'
                         owner.robots_headers.append(dict(self.headers.items()))
                     else:
@@ -227,6 +233,9 @@ class Server:
         elif kind in self._OPT_OUT_HEADERS and name in self.images:
             self._held(h, path, self.images[name], self._OPT_OUT_HEADERS[kind])
         elif path.startswith("/img/") and name in self.images:
+            if self.gate:
+                with self._more_in_flight:
+                    self._more_in_flight.wait_for(lambda: self.max_in_flight >= self.gate, self.GATE_S)
             if self.delay:
                 time.sleep(self.delay)
             self._send(h, 200, self.images[name])

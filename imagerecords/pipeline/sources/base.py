@@ -104,6 +104,11 @@ class Source:
     def prepare(self, config) -> None:
         """Runs in the launcher before worker processes start (what they should share)."""
 
+    def downloads(self, config, info: InputInfo) -> bool:
+        """Whether reading its inputs waits on the network (URL rows): a shard writer then reads as
+        many at once as it has image threads (config.threads), not only as many as keep its CPU busy."""
+        return False
+
     def shared_by(self, downloaders: int) -> "Source":
         """This source when `downloaders` read it at once on a Beam runner, each with its share of a
         per-host limit (read/politeness.share). Default: itself (it downloads nothing)."""

@@ -67,15 +67,18 @@ class ManifestSource(Source):
         info = read_manifest_head(path)
         if info.kind == "csv":
             _check_csv_columns(config, info)
-        first_path = refs_lib.row_path(dict(info.first_row), config.manifest_columns())
         if config.columns.size_column not in info.columns:
             # No size column: every size is a stat, which URL rows and --skip_stat do not make.
-            info = dataclasses.replace(info, sizes_known=not config.columns.skip_stat
-                                       and not (isinstance(first_path, str) and download.is_url(first_path)))
+            info = dataclasses.replace(info, sizes_known=not config.columns.skip_stat and not self.downloads(config, info))
         if config.split.splits and config.columns.split_column in info.columns and not ignore_split_column:
             raise UsageError(f"{setting('splits')} would replace the '{config.columns.split_column}' column of {path}: drop {setting('splits')} "
                              f"to keep the manifest's splits, or add {setting('ignore_split_column')} to reassign every row by hash")
         return info
+
+    def downloads(self, config, info: InputInfo) -> bool:
+        """Its rows are URLs: the first row's path is one (a manifest is read as its first row says)."""
+        first_path = refs_lib.row_path(dict(info.first_row), config.manifest_columns())
+        return isinstance(first_path, str) and download.is_url(first_path)
 
     def parts(self, config, info: InputInfo, workers: int) -> Sequence[Part]:
         if not workers:
