@@ -89,6 +89,8 @@ class Server:
         self.in_flight = self.max_in_flight = 0
         self.busy_s = 0.0  # seconds with a request in flight (ended: counted when in_flight drops to 0)
         self._busy_since = 0.0
+        # Connections open at once among those that carried a download: a robots.txt read is closed by
+        # the client at once, and its end reaches this count a moment later (it would read as one too many).
         self.open = self.max_open = 0
         self.large_sent = 0
         self.hung_up: Dict[str, float] = {}  # seconds from a /dripheaders or /continue request to the client's hang-up
@@ -113,10 +115,9 @@ class Server:
 
             def setup(self):
                 super().setup()
+                self.downloading = False  # in `open` from its first request that is not a robots.txt read
                 with owner.lock:
                     owner._connections.add(self.connection)
-                    owner.open += 1
-                    owner.max_open = max(owner.max_open, owner.open)
 
             def finish(self):
                 try:
@@ -124,7 +125,7 @@ class Server:
                 finally:
                     with owner.lock:
                         owner._connections.discard(self.connection)
-                        owner.open -= 1
+                        owner.open -= self.downloading
 
             def log_message(self, *args):
                 pass
@@ -139,6 +140,10 @@ class Server:
                     if self.path == "/robots.txt":  # counted apart: the other counts are the downloads'
                         owner.robots_headers.append(dict(self.headers.items()))
                     else:
+                        if not self.downloading:
+                            self.downloading = True
+                            owner.open += 1
+                            owner.max_open = max(owner.max_open, owner.open)
                         owner.requests[self.path] += 1
                         owner.headers.append(dict(self.headers.items()))
                         owner.headers_of[self.path].append(dict(self.headers.items()))
