@@ -33,7 +33,8 @@ class Columns:
       hashes: each input's shuffle hash (uint64).
       splits: each input's index into `names` (int64).
       names: the split names.
-      sizes: each input's bytes (int64, 0 where unknown), or one size for every input.
+      sizes: each input's bytes (int64; a negative size is unknown and counts 0), or one size for
+        every input.
     """
 
     hashes: Any
