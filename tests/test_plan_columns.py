@@ -61,6 +61,18 @@ def test_refs_are_cut_as_the_ref_by_ref_plan_cuts_them(n, settings):
     assert len(table) == n and all(r is None for r in table.refs)
 
 
+def test_sizes_past_int64_neither_crash_nor_wrap_around():
+    # A manifest's size column may say anything finite: a size past int64 is held at MAX_SIZE, and
+    # sizes that sum past int64 are summed exactly (a wrapped, negative total would plan by count).
+    config = BuildConfig.of(input="/in", output="/out", target_shard_mb=1)
+    big = [2**64 + 5, 2**62, 2**62, 7, -1]
+    pairs = [(h, ImageRef(f"k{i}", f"/in/{i}.jpg", "cat", "train", size, 0)) for i, (h, size) in
+             enumerate(zip([5, 1, 4, 2, 3], big))]
+    plans = local._Shards(columns.RefTable(pairs), config.shards).plans
+    assert plans["train"].num_bytes == columns.MAX_SIZE + 2**62 + 2**62 + 7
+    assert plans["train"].num_shards == 5  # as many shards as inputs, never more
+
+
 def test_an_arrays_size_for_every_row_counts_as_the_same_sizes_one_by_one():
     rng = np.random.default_rng(1)
     hashes = rng.integers(0, 2**64, 4000, dtype=np.uint64)

@@ -24,6 +24,19 @@ from imagerecords.pipeline.refs import ImageRef
 # (split, shard index, shards in the split)
 ShardKey = Tuple[str, int, int]
 
+# A size column is int64: a listed size past it (a manifest's size column may say anything finite) is
+# held as this, a file of 9.2 EB, which plans as many shards as the split has inputs either way.
+MAX_SIZE = 2**63 - 1
+
+
+def _total(sizes: Any) -> int:
+    """The sum of the known sizes (negative: unknown, 0), exact: summed as Python ints when an
+    int64 sum could overflow."""
+    known = np.maximum(sizes, 0)
+    if not len(known) or int(known.max()) <= MAX_SIZE // len(known):
+        return int(known.sum())
+    return sum(known.tolist())
+
 
 @dataclasses.dataclass
 class Columns:
@@ -72,7 +85,7 @@ def plan(columns: Columns, shards) -> Tuple[Dict[str, planning.ShardPlan], Dict[
         ordered = columns.hashes[order]
         count = len(order)
         sizes = columns.sizes
-        num_bytes = count * max(sizes, 0) if isinstance(sizes, int) else int(np.maximum(sizes[order], 0).sum())
+        num_bytes = count * max(sizes, 0) if isinstance(sizes, int) else _total(sizes[order])
         n = planning.choose_num_shards(count, num_bytes, shards.num_shards, shards.target_shard_mb, shards.min_shards)
         p = plans[split] = planning.plan_sorted(split, ordered, num_bytes, n)
         # Shard i holds the hashes in [boundary i, boundary i+1) (ShardPlan.shard_of).
@@ -109,7 +122,7 @@ class RefTable:
         names: Dict[str, int] = {}
         self.hashes = np.fromiter((h for h, _ in pairs), np.uint64, n)
         self.splits = np.fromiter((names.setdefault(r.split, len(names)) for _, r in pairs), np.int64, n)
-        self.sizes = np.fromiter((r.size for _, r in pairs), np.int64, n)
+        self.sizes = np.fromiter((min(r.size, MAX_SIZE) for _, r in pairs), np.int64, n)
         self.names = list(names)
         for i in range(n):  # the pair and its hash object go; the hash stays in its column
             pairs[i] = pairs[i][1]
