@@ -46,6 +46,16 @@ def direct(image_tree, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def kept_up(cluster):
+    """The pipeline arguments of the byte-identity builds after the first: through one job server
+    kept up for the module (--job_endpoint, what docs/flink.md advises for many builds), so each
+    saves the ~20 s of a job server's start. The first build (flink_build), the detached submit and
+    the TaskManager loss keep the default path, FlinkRunner starting a job server of its own."""
+    with cluster.job_server() as server:
+        yield cluster.pipeline_args(job_endpoint=server.endpoint)
+
+
 def assert_same_dataset(out, reference):
     names = [os.path.basename(p) for p in shard_files(out)]
     assert names == [os.path.basename(p) for p in shard_files(reference)] and len(names) == 4
@@ -156,7 +166,7 @@ def test_a_detached_submit_returns_and_its_job_publishes_itself(cluster, image_t
 
 # Before the TaskManager-loss test: the cluster it leaves behind has lost a TaskManager's slot.
 @pytest.mark.slow
-def test_a_declared_features_build_on_flink_is_byte_identical(cluster, tmp_path):
+def test_a_declared_features_build_on_flink_is_byte_identical(cluster, kept_up, tmp_path):
     """Issue 17: boxes, class lists, a float, a caption and two image features, written by the SDK
     workers on the cluster, give the local engine's bytes."""
     from imagerecords.cli.launcher import run
@@ -170,7 +180,7 @@ def test_a_declared_features_build_on_flink_is_byte_identical(cluster, tmp_path)
     args = ["--input", str(tmp_path / "m.jsonl"), "--config", str(tmp_path / "f.yaml"), "--num_shards", "2",
             "--no_progress"]
     run([*args, "--output", str(tmp_path / "local")])
-    run([*args, "--output", str(tmp_path / "flink"), *cluster.pipeline_args()])
+    run([*args, "--output", str(tmp_path / "flink"), *kept_up])
     local, on_flink = shard_files(tmp_path / "local"), shard_files(tmp_path / "flink")
     assert [os.path.basename(p) for p in local] == [os.path.basename(p) for p in on_flink] and len(local) == 2
     for a, b in zip(local, on_flink):
@@ -179,7 +189,7 @@ def test_a_declared_features_build_on_flink_is_byte_identical(cluster, tmp_path)
 
 
 @pytest.mark.slow
-def test_a_url_manifest_is_downloaded_by_the_flink_workers_into_the_local_bytes(cluster, tmp_path):
+def test_a_url_manifest_is_downloaded_by_the_flink_workers_into_the_local_bytes(cluster, kept_up, tmp_path):
     """Issue 31: http URLs fetched by the SDK workers on the cluster give the local engine's bytes,
     and the launcher fetches none of them."""
     from imagerecords.cli.launcher import run
@@ -195,13 +205,13 @@ def test_a_url_manifest_is_downloaded_by_the_flink_workers_into_the_local_bytes(
                 "--no_progress"]
         run([*args, "--output", str(tmp_path / "local")])
         assert sum(server.requests.values()) == 11
-        run([*args, "--output", str(tmp_path / "flink"), *cluster.pipeline_args()])
+        run([*args, "--output", str(tmp_path / "flink"), *kept_up])
         assert sum(server.requests.values()) == 22  # each URL once more, by a worker
     assert_same_dataset(tmp_path / "flink", tmp_path / "local")
 
 
 @pytest.mark.slow
-def test_http_per_host_holds_across_the_flink_workers(cluster, tmp_path):
+def test_http_per_host_holds_across_the_flink_workers(cluster, kept_up, tmp_path):
     """Issue 41: --http_per_host 3 on a job of --parallelism 2 gives each shard writer 1 request at
     once to the host (of its 4 image threads): the server never sees more than the 2 writers' 2,
     however their shards overlap (one writer alone would reach 3 with the limit per process)."""
@@ -215,13 +225,13 @@ def test_http_per_host_holds_across_the_flink_workers(cluster, tmp_path):
         rows = [f"{server.url(f'/img/p{i:02d}.jpg')},cat,photo{i:02d}\n" for i in range(n)]
         (tmp_path / "urls.csv").write_text("url,label,key\n" + "".join(rows))
         run(["--input", str(tmp_path / "urls.csv"), "--path_column", "url", "--num_shards", "8", "--threads", "4",
-             "--http_per_host", "3", "--no_progress", "--output", str(tmp_path / "out"), *cluster.pipeline_args()])
+             "--http_per_host", "3", "--no_progress", "--output", str(tmp_path / "out"), *kept_up])
         assert sum(server.requests.values()) == n
         assert 1 <= server.max_in_flight <= 2, server.max_in_flight
 
 
 @pytest.mark.slow
-def test_arrays_build_on_flink_is_byte_identical_to_direct_runner(cluster, tmp_path):
+def test_arrays_build_on_flink_is_byte_identical_to_direct_runner(cluster, kept_up, tmp_path):
     """An .npz input (float32 28x28 raw, uint8 labels as classes, a float64 tensor) on the cluster's
     SDK workers writes the bytes DirectRunner writes."""
     import numpy as np
@@ -237,7 +247,7 @@ def test_arrays_build_on_flink_is_byte_identical_to_direct_runner(cluster, tmp_p
     reference = tmp_path / "direct"
     run([*args, "--output", str(reference), "--no_progress", "--runner=DirectRunner"])
     out = tmp_path / "flink"
-    run([*args, "--output", str(out), *cluster.pipeline_args()])
+    run([*args, "--output", str(out), *kept_up])
     assert_same_dataset(out, reference)
     assert json.loads((out / "manifest.json").read_text())["features"]["extra"]["dtype"] == "float64"
 
