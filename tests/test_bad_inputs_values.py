@@ -386,3 +386,17 @@ def test_a_negative_integer_label_is_a_rejected_row_never_a_switch_to_class_name
     assert (out / "label.labels.txt").read_text() == "".join(f"{i}\n" for i in range(11))
     assert {k: int(ex["label"][0]) for k, ex in _stored(out).items()} == {"img0.png": 0, "img1.png": 10,
                                                                          "img3.png": 3}
+
+
+def test_a_manifest_size_past_int64_plans_and_builds(tmp_path):
+    # Out of range: a size column may say anything the --max_file_mb limit allows (here 2e13 MB, past
+    # int64's 9.2e18 bytes). The local engine's plan holds such a size at 9.2 EB and sums the rest
+    # exactly: every row is written, as many shards as rows, no OverflowError.
+    rows = []
+    for i, size in enumerate([15 * 10**18, 2**62, 2**62]):
+        Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(tmp_path / f"i{i}.jpg")
+        rows.append(f"{tmp_path / f'i{i}.jpg'},{'ab'[i % 2]},{size}\n")
+    (tmp_path / "m.csv").write_text("path,label,size\n" + "".join(rows))
+    manifest = build(tmp_path / "m.csv", tmp_path / "out", "--max_file_mb", "2e13")
+    assert manifest.num_examples == 3 and manifest.num_rejected == 0
+    assert [len(s.shards) for s in manifest.splits] == [3]
