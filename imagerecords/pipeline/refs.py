@@ -103,7 +103,17 @@ class Rejected:
 
 
 class GroupFlags:
-    """The flags a duplicates.jsonl row carries, from its `splits` and `labels` (exact and near groups)."""
+    """The flags a duplicates.jsonl row carries, from its `members` ((key, split, uri, label name),
+    ...) (exact and near groups)."""
+
+    # Cached: sorting, the report's counts and each row ask for these (an append writes a row per old key).
+    @functools.cached_property
+    def splits(self) -> Tuple[str, ...]:
+        return tuple(sorted({member[1] for member in self.members}))
+
+    @functools.cached_property
+    def labels(self) -> Tuple[str, ...]:
+        return tuple(sorted({member[3] for member in self.members}))
 
     @property
     def leaks(self) -> bool:
@@ -127,15 +137,6 @@ class DuplicateGroup(GroupFlags):
 
     content: str
     members: Tuple[Tuple[str, str, str, str], ...]
-
-    # Cached: sorting, the report's counts and each row ask for these (an append writes a row per old key).
-    @functools.cached_property
-    def splits(self) -> Tuple[str, ...]:
-        return tuple(sorted({member[1] for member in self.members}))
-
-    @functools.cached_property
-    def labels(self) -> Tuple[str, ...]:
-        return tuple(sorted({member[3] for member in self.members}))
 
     @property
     def already_present(self) -> bool:

@@ -15,7 +15,6 @@ dict of buckets); Beam groups the keys with a GroupByKey (FindNearDuplicates).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -138,14 +137,6 @@ class NearGroup(GroupFlags):
     members: Tuple[Tuple[str, str, str, str], ...]
     hashes: Tuple[int, ...]
     distance: int
-
-    @functools.cached_property
-    def splits(self) -> Tuple[str, ...]:
-        return tuple(sorted({m[1] for m in self.members}))
-
-    @functools.cached_property
-    def labels(self) -> Tuple[str, ...]:
-        return tuple(sorted({m[3] for m in self.members}))
 
     def to_json(self) -> str:
         return json.dumps({"conflict": self.conflicts, "distance": self.distance, "kind": KIND,
