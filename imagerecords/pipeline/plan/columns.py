@@ -55,9 +55,6 @@ class Columns:
     names: Sequence[str]
     sizes: Union[int, Any]
 
-    def __len__(self) -> int:
-        return len(self.hashes)
-
 
 class Table(Protocol):
     """A build's kept inputs: the plan's columns, and the members of a shard from its positions."""
